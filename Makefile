@@ -1,0 +1,31 @@
+# The two commands of the README: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+# Use the machine's local wheel directory when it has one (the CPU torch build).
+FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels)
+PIP    := $(PY) -m pip install --disable-pip-version-check -q -c constraints.txt $(FIND_LINKS)
+
+.PHONY: demo test lint bench clean
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) --upgrade pip
+	$(PIP) -e '.[dev]'
+	touch $@
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q -n 2 --dist loadgroup tests
+
+demo: $(VENV)/.installed
+	$(PY) -m dslc demo
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/dslc lint plans
+	$(VENV)/bin/ruff check dslc tests benchmarks
+
+bench: $(VENV)/.installed
+	$(PY) benchmarks/lint_speed.py
+
+clean:
+	rm -rf $(VENV) build dist

@@ -1,0 +1,3 @@
+"""dslc: a compiler for parallel training plans."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,302 @@
+"""The typed intermediate representation.
+
+Everything after ``lower`` consumes these frozen dataclasses and nothing else:
+units are resolved to SI (bytes, bytes/s, seconds, FLOP/s), every default is
+explicit, and every node keeps the span of the source it came from so later
+stages can still point at a line.
+
+Vocabulary (after torchtitan): an *axis* is a mesh axis (dp, tp, pp, cp, ep);
+a *dim* is a tensor dimension.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from math import prod
+
+from .diagnostics import Span
+
+AXES = ("dp", "tp", "pp", "cp", "ep")
+ARCHS = ("gpt2", "llama", "mixtral")
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1")
+PRECISIONS = ("fp32", "bf16", "fp16")
+RECOMPUTE = ("none", "selective", "full")
+CP_METHODS = ("ring", "ulysses")
+LINK_SCOPES = ("node", "cluster")
+OPTIMIZERS = ("adamw", "adam", "sgd")
+LR_SCHEDULES = ("constant", "cosine", "linear")
+DATA_KINDS = ("synthetic", "text", "tokens")
+
+
+@dataclass(frozen=True)
+class Device:
+    """A accelerator from the catalog (or overridden in the cluster block)."""
+
+    name: str
+    peak_flops: float  # dense bf16 FLOP/s
+    memory: int  # bytes
+
+
+@dataclass(frozen=True)
+class Link:
+    name: str
+    scope: str  # "node": inside one node only; "cluster": between nodes
+    bandwidth: float  # bytes/s, per direction per GPU
+    latency: float  # seconds
+    span: Span
+
+
+@dataclass(frozen=True)
+class Cluster:
+    name: str
+    nodes: int
+    gpus_per_node: int
+    device: Device
+    links: tuple[Link, ...]
+    span: Span
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def link(self, name: str) -> Link | None:
+        return next((lk for lk in self.links if lk.name == name), None)
+
+
+@dataclass(frozen=True)
+class Model:
+    """A transformer. ``experts == 0`` means a dense model."""
+
+    name: str
+    arch: str  # gpt2 | llama | mixtral
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int  # == heads unless grouped-query attention
+    ffn: int  # intermediate size of the MLP (per expert for MoE)
+    vocab: int
+    seq_len: int
+    norm_eps: float
+    rope_theta: float  # unused by gpt2 (learned positions)
+    tie_embeddings: bool
+    dropout: float
+    experts: int  # 0 for dense
+    top_k: int  # 0 for dense
+    capacity_factor: float  # 0.0 means no capacity limit (dropless)
+    aux_loss_weight: float
+    span: Span
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def is_moe(self) -> bool:
+        return self.experts > 0
+
+
+@dataclass(frozen=True)
+class MeshAxis:
+    name: str  # one of AXES
+    size: int
+    link: str  # name of a Link of the cluster
+    span: Span
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """Ordered axes, outermost first; the last axis has stride 1.
+
+    rank = Σ coordinate(axis) × stride(axis).
+    """
+
+    axes: tuple[MeshAxis, ...]
+    span: Span
+
+    def size(self, name: str) -> int:
+        ax = self.axis(name)
+        return ax.size if ax else 1
+
+    def axis(self, name: str) -> MeshAxis | None:
+        return next((a for a in self.axes if a.name == name), None)
+
+    def stride(self, name: str) -> int:
+        names = [a.name for a in self.axes]
+        if name not in names:
+            return 0
+        return prod(a.size for a in self.axes[names.index(name) + 1 :])
+
+    @property
+    def world_size(self) -> int:
+        return prod(a.size for a in self.axes)
+
+    def coords(self, rank: int) -> dict[str, int]:
+        """Coordinate of ``rank`` on every axis (absent axes are 0)."""
+        out = {n: 0 for n in AXES}
+        for a in self.axes:
+            out[a.name] = (rank // self.stride(a.name)) % a.size
+        return out
+
+    def group(self, name: str, rank: int) -> tuple[int, ...]:
+        """Ranks of ``rank``'s group along axis ``name`` (itself if absent)."""
+        ax = self.axis(name)
+        if ax is None:
+            return (rank,)
+        stride = self.stride(name)
+        base = rank - self.coords(rank)[name] * stride
+        return tuple(base + i * stride for i in range(ax.size))
+
+    def groups(self, name: str) -> tuple[tuple[int, ...], ...]:
+        """All groups along axis ``name``, in order of their lowest rank."""
+        seen: dict[tuple[int, ...], None] = {}
+        for r in range(self.world_size):
+            seen.setdefault(self.group(name, r), None)
+        return tuple(seen)
+
+
+@dataclass(frozen=True)
+class TensorParallel:
+    sequence_parallel: bool
+    span: Span | None
+
+
+@dataclass(frozen=True)
+class DataParallel:
+    zero: int  # 0 replicated | 1 optimizer | 2 + gradients | 3 + parameters
+    span: Span | None
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    schedule: str  # one of SCHEDULES
+    virtual_stages: int  # per rank; > 1 only for interleaved_1f1b
+    microbatches: int
+    layers_per_stage: tuple[int, ...] | None  # explicit split, one per (virtual) stage
+    span: Span | None
+
+
+@dataclass(frozen=True)
+class ContextParallel:
+    method: str  # ring | ulysses
+    load_balance: bool  # ring: split the sequence into 2·cp chunks (zig-zag)
+    span: Span | None
+
+
+@dataclass(frozen=True)
+class Optimizer:
+    name: str  # adamw | adam | sgd
+    lr: float
+    betas: tuple[float, float]
+    eps: float
+    weight_decay: float
+    momentum: float  # sgd only
+    span: Span | None
+
+
+@dataclass(frozen=True)
+class LRSchedule:
+    name: str  # constant | cosine | linear
+    warmup: int  # steps
+    min_lr: float  # absolute, reached at decay_steps
+    decay_steps: int  # defaults to train.steps
+    span: Span | None
+
+
+@dataclass(frozen=True)
+class Data:
+    kind: str  # synthetic | text | tokens
+    path: str | None  # as written in the plan (text/tokens only)
+    resolved_path: str | None  # relative to the plan file's directory
+    span: Span | None
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    every: int  # steps
+    dir: str
+    span: Span | None
+
+
+@dataclass(frozen=True)
+class Train:
+    steps: int
+    micro_batch: int
+    global_batch: int
+    precision: str  # fp32 | bf16 | fp16
+    recompute: str  # none | selective | full
+    grad_clip: float  # 0.0 disables clipping
+    seed: int
+    loss_scale: str  # "dynamic" | "none" (fp16 only matters)
+    optimizer: Optimizer
+    lr_schedule: LRSchedule
+    data: Data
+    checkpoint: Checkpoint | None
+    span: Span | None
+
+
+@dataclass(frozen=True)
+class Plan:
+    name: str
+    file: str  # the .plan file that defines it
+    model: Model
+    cluster: Cluster
+    mesh: Mesh
+    tensor_parallel: TensorParallel
+    data_parallel: DataParallel
+    pipeline: Pipeline
+    context_parallel: ContextParallel
+    train: Train
+    span: Span
+
+    # -- derived sizes, used by every later stage ---------------------------
+    @property
+    def dp(self) -> int:
+        return self.mesh.size("dp")
+
+    @property
+    def tp(self) -> int:
+        return self.mesh.size("tp")
+
+    @property
+    def pp(self) -> int:
+        return self.mesh.size("pp")
+
+    @property
+    def cp(self) -> int:
+        return self.mesh.size("cp")
+
+    @property
+    def ep(self) -> int:
+        return self.mesh.size("ep")
+
+    @property
+    def world_size(self) -> int:
+        return self.mesh.world_size
+
+    @property
+    def data_parallel_size(self) -> int:
+        """Ranks that see different data: dp × ep (ep ranks act as dp for dense weights)."""
+        return self.dp * self.ep
+
+    @property
+    def microbatches(self) -> int:
+        return self.pipeline.microbatches
+
+    def stage_layers(self) -> tuple[int, ...]:
+        """Layers of each model chunk, in layer order (pp × virtual_stages chunks).
+
+        Chunk c runs on pipeline rank c % pp (interleaved assignment)."""
+        if self.pipeline.layers_per_stage:
+            return self.pipeline.layers_per_stage
+        n = self.pp * self.pipeline.virtual_stages
+        q, r = divmod(self.model.layers, n)
+        # earlier chunks get the remainder; the last stage also carries the head
+        return tuple(q + (1 if i < r else 0) for i in range(n))
+
+
+@dataclass(frozen=True)
+class Program:
+    """Everything one lint/compile run read: plans and the definitions in scope."""
+
+    plans: tuple[Plan, ...]
+    files: tuple[str, ...] = field(default=())
