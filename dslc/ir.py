@@ -11,6 +11,7 @@ a *dim* is a tensor dimension.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from math import prod
 
@@ -247,6 +248,19 @@ class Plan:
     context_parallel: ContextParallel
     train: Train
     span: Span
+    # Where each setting was written, by dotted key ("model.heads", "mesh.tp",
+    # "train.global_batch"), so a check can point at the line it is about.
+    spans: Mapping[str, Span] = field(default_factory=dict, compare=False, repr=False)
+
+    def where(self, *keys: str) -> Span:
+        """The span of the first of ``keys`` written in the plan, else the
+        enclosing block's (``model.heads`` falls back to ``model``), else the plan's."""
+        for key in keys:
+            while key:
+                if key in self.spans:
+                    return self.spans[key]
+                key = key.rpartition(".")[0]
+        return self.span
 
     # -- derived sizes, used by every later stage ---------------------------
     @property

@@ -1,0 +1,216 @@
+"""Semantic checks of a lowered plan: one function per rule, each returning
+diagnostics that name the numbers involved and point at the key they are
+about (``plan.where("model.heads")``). See dslc/codes.py for the catalogue.
+"""
+
+from __future__ import annotations
+
+import os
+from math import gcd
+from typing import Callable, Iterator
+
+from .diagnostics import Diagnostic, error, warning
+from .ir import Plan
+
+Check = Callable[[Plan], Iterator[Diagnostic]]
+CHECKS: list[Check] = []
+
+
+def rule(fn: Check) -> Check:
+    CHECKS.append(fn)
+    return fn
+
+
+def check_plan(plan: Plan) -> list[Diagnostic]:
+    out: list[Diagnostic] = []
+    for fn in CHECKS:
+        out.extend(fn(plan))
+    return out
+
+
+def _axes_desc(plan: Plan) -> str:
+    return " × ".join(f"{a.name}={a.size}" for a in plan.mesh.axes) or "no axes"
+
+
+# -- mesh and placement -----------------------------------------------------
+
+
+@rule
+def mesh_matches_cluster(plan: Plan):
+    c = plan.cluster
+    if plan.world_size != c.world_size:
+        yield error(
+            "E030",
+            plan.where("mesh"),
+            f"mesh has {plan.world_size} ranks ({_axes_desc(plan)}) but cluster '{c.name}' has "
+            f"{c.world_size} GPUs ({c.nodes} node{'s' * (c.nodes != 1)} × {c.gpus_per_node})",
+            "make the product of the mesh axes equal nodes × gpus_per_node",
+        )
+
+
+def crossing_group(world: int, gpus_per_node: int, size: int, stride: int) -> tuple[int, ...] | None:
+    """The first group of an axis (``size`` ranks ``stride`` apart) whose ranks
+    are not all on one node, or None. Groups repeat with period
+    lcm(size·stride, gpus_per_node), so only one period is scanned."""
+    span = size * stride
+    period = span * gpus_per_node // gcd(span, gpus_per_node)
+    for hi in range(0, min(world, period), span):
+        for lo in range(stride):
+            base = hi + lo
+            last = base + (size - 1) * stride
+            if base // gpus_per_node != last // gpus_per_node:
+                return tuple(base + i * stride for i in range(size))
+    return None
+
+
+@rule
+def placement(plan: Plan):
+    c = plan.cluster
+    if plan.world_size != c.world_size:
+        return
+    for ax in plan.mesh.axes:
+        link = c.link(ax.link)
+        if link is None or ax.size == 1:
+            continue
+        if link.scope == "node":
+            stride = plan.mesh.stride(ax.name)
+            group = crossing_group(plan.world_size, c.gpus_per_node, ax.size, stride)
+            if group is not None:
+                g = c.gpus_per_node
+                nodes = sorted({r // g for r in group})
+                shown = ", ".join(map(str, group[:8])) + (", …" if len(group) > 8 else "")
+                boundary = (group[0] // g + 1) * g
+                yield error(
+                    "E034",
+                    ax.span,
+                    f"{ax.name}={ax.size} spans {len(nodes)} nodes but is placed on {link.name} (scope: node)",
+                    f"with stride {stride} its group [{shown}] crosses the node boundary at rank "
+                    f"{boundary} ({g} GPUs per node); move {ax.name} later in the mesh (smaller "
+                    f"stride) or place it on a cluster-scope link",
+                )
+        elif ax.name == "tp":
+            yield warning(
+                "W035",
+                ax.span,
+                f"tp={ax.size} is placed on {link.name} (scope: cluster): tensor parallelism "
+                f"all-reduces every layer and is usually confined to a node",
+                "put tp last in the mesh on a node-scope link",
+            )
+
+
+# -- model shapes -----------------------------------------------------------
+
+
+@rule
+def model_shapes(plan: Plan):
+    m, tp = plan.model, plan.tp
+    if m.hidden % m.heads:
+        yield error("E040", plan.where("model.hidden", "model.heads"), f"hidden={m.hidden} is not divisible by heads={m.heads}", "hidden must be heads × head_dim")
+    if m.heads % m.kv_heads:
+        yield error("E042", plan.where("model.kv_heads"), f"heads={m.heads} is not divisible by kv_heads={m.kv_heads}", "each key/value head serves a whole group of query heads")
+    if tp > 1:
+        if m.heads % tp:
+            yield error("E041", plan.where("mesh.tp"), f"heads={m.heads} is not divisible by tp={tp}", f"use a tp that divides {m.heads}")
+        elif m.kv_heads % tp:
+            yield error("E042", plan.where("mesh.tp"), f"kv_heads={m.kv_heads} is not divisible by tp={tp}", f"grouped-query attention splits the kv heads over tp; use tp ≤ {m.kv_heads} dividing it")
+        if m.ffn % tp:
+            yield error("E043", plan.where("model.ffn", "mesh.tp"), f"ffn={m.ffn} is not divisible by tp={tp}", f"use an ffn that is a multiple of {tp}")
+        if m.vocab % tp:
+            padded = -(-m.vocab // tp) * tp
+            yield warning("W044", plan.where("model.vocab"), f"vocab={m.vocab} is not divisible by tp={tp}; it is padded to {padded}", f"set vocab = {padded} to make the padding explicit")
+
+
+# -- pipeline ---------------------------------------------------------------
+
+
+@rule
+def pipeline(plan: Plan):
+    p, pl, layers = plan.pp, plan.pipeline, plan.model.layers
+    v, m = pl.virtual_stages, pl.microbatches
+    if pl.schedule == "interleaved_1f1b" and p > 1 and v < 2:
+        yield error("E056", plan.where("pipeline.virtual_stages", "pipeline.schedule"), f"interleaved_1f1b needs virtual_stages ≥ 2, got {v}", "set virtual_stages = 2 or use schedule = 1f1b")
+    if v > 1 and pl.schedule != "interleaved_1f1b":
+        yield error("E056", plan.where("pipeline.virtual_stages"), f"virtual_stages={v} needs schedule = interleaved_1f1b, not {pl.schedule}")
+    if p == 1:
+        if any(k in plan.spans for k in ("pipeline.schedule", "pipeline.virtual_stages", "pipeline.layers_per_stage")):
+            yield warning("W057", plan.where("pipeline"), "pipeline options have no effect: the mesh has no pp axis", "add `pp = N on <link>` to the mesh, or remove them")
+        return
+    chunks = p * v
+    if pl.layers_per_stage is not None:
+        where = plan.where("pipeline.layers_per_stage")
+        if len(pl.layers_per_stage) != chunks:
+            yield error("E051", where, f"layers_per_stage lists {len(pl.layers_per_stage)} stages but the plan has {chunks} (pp={p} × virtual_stages={v})")
+        elif sum(pl.layers_per_stage) != layers:
+            yield error("E051", where, f"layers_per_stage sums to {sum(pl.layers_per_stage)} but the model has {layers} layers")
+        if any(n < 1 for n in pl.layers_per_stage):
+            yield error("E052", where, f"stage {[n < 1 for n in pl.layers_per_stage].index(True)} has no layers", "every stage needs at least one layer")
+    elif chunks > layers:
+        yield error("E050", plan.where("mesh.pp", "pipeline.virtual_stages"), f"pp={p} × virtual_stages={v} = {chunks} stages but the model has only {layers} layers", f"use at most {layers} stages in all")
+    if pl.schedule in ("1f1b", "zb_h1", "interleaved_1f1b") and m < p:
+        yield error("E053", plan.where("pipeline.microbatches", "train.global_batch"), f"{pl.schedule} needs microbatches ≥ pp, got microbatches={m} < pp={p}", f"raise microbatches to at least {p} (global_batch = micro_batch × microbatches × dp)")
+    elif pl.schedule == "interleaved_1f1b" and m % p:
+        yield error("E054", plan.where("pipeline.microbatches"), f"interleaved_1f1b needs microbatches divisible by pp, got microbatches={m}, pp={p}", f"use {m - m % p or p} or {m + p - m % p}")
+    if pl.schedule == "gpipe" and (p - 1) / m > 0.25:
+        yield warning("W055", plan.where("pipeline.schedule"), f"gpipe with pp={p} and microbatches={m} idles {(p - 1) / m:.0%} of the time in the pipeline bubble ((p−1)/m)", f"use ≥ {4 * (p - 1)} micro-batches, or schedule = 1f1b")
+
+
+# -- sequence and context parallel ------------------------------------------
+
+
+@rule
+def sequence_context(plan: Plan):
+    s, tp, cp = plan.model.seq_len, plan.tp, plan.cp
+    if plan.tensor_parallel.sequence_parallel:
+        if tp == 1:
+            yield error("E060", plan.where("tensor_parallel.sequence_parallel"), "sequence_parallel needs a tp axis larger than 1", "add `tp = N on <link>` to the mesh or remove sequence_parallel")
+        elif (s // cp) % tp or s % cp:
+            yield error("E061", plan.where("tensor_parallel.sequence_parallel"), f"sequence parallel splits the sequence over tp, but seq_len={s}" + (f" / cp={cp}" if cp > 1 else "") + f" is not divisible by tp={tp}")
+    if cp > 1:
+        cpo = plan.context_parallel
+        chunks = 2 * cp if cpo.method == "ring" and cpo.load_balance else cp
+        if s % chunks:
+            why = f"2·cp={chunks} chunks (ring with load balancing)" if chunks != cp else f"cp={cp}"
+            yield error("E062", plan.where("mesh.cp"), f"seq_len={s} is not divisible by {why}")
+        if cpo.method == "ulysses":
+            m = plan.model
+            if m.heads % cp or m.kv_heads % cp:
+                yield error("E045", plan.where("mesh.cp"), f"Ulysses all-to-all splits heads over cp, but heads={m.heads}, kv_heads={m.kv_heads} are not both divisible by cp={cp}", "use method = ring")
+    elif "context_parallel" in plan.spans:
+        yield warning("W063", plan.where("context_parallel"), "context_parallel options have no effect: the mesh has no cp axis")
+
+
+# -- experts ----------------------------------------------------------------
+
+
+@rule
+def experts(plan: Plan):
+    m, ep = plan.model, plan.ep
+    if not m.is_moe:
+        if plan.mesh.axis("ep") is not None:
+            yield error("E073", plan.where("mesh.ep"), f"the mesh has an ep axis but {m.arch} is a dense model with no experts", "remove ep, or use arch = mixtral")
+        return
+    if m.experts % ep:
+        yield error("E070", plan.where("mesh.ep", "model.experts"), f"experts={m.experts} are not divisible by ep={ep}", f"use an ep that divides {m.experts}")
+    if m.top_k > m.experts:
+        yield error("E071", plan.where("model.top_k"), f"top_k={m.top_k} is larger than experts={m.experts}")
+
+
+# -- training ---------------------------------------------------------------
+
+
+@rule
+def training(plan: Plan):
+    t = plan.train
+    ranks = plan.data_parallel_size
+    expected = t.micro_batch * plan.microbatches * ranks
+    if t.global_batch != expected:
+        parts = f"micro_batch={t.micro_batch} × microbatches={plan.microbatches} × dp={plan.dp}" + (f" × ep={plan.ep}" if plan.ep > 1 else "")
+        yield error("E080", plan.where("train.global_batch", "pipeline.microbatches"), f"global_batch={t.global_batch} but {parts} = {expected}", "ep ranks take their own data like dp ranks" if plan.ep > 1 else f"set global_batch = {expected} or change the micro-batch count")
+    z = plan.data_parallel.zero
+    if z not in (0, 1, 2, 3):
+        yield error("E081", plan.where("data_parallel.zero"), f"zero must be 0, 1, 2 or 3, got {z}", "0 replicates, 1 shards optimizer state, 2 also gradients, 3 also parameters")
+    if t.precision == "fp16" and t.loss_scale == "none":
+        yield warning("W082", plan.where("train.loss_scale", "train.precision"), "fp16 without loss scaling: small gradients underflow to zero", "use loss_scale = dynamic, or precision = bf16")
+    d = t.data
+    if d.resolved_path and not d.resolved_path.startswith("<") and not os.path.exists(d.resolved_path):
+        yield warning("W083", plan.where("train.data"), f"data file {d.path} not found (looked for {d.resolved_path})", "the training script checks again when it starts")

@@ -1,0 +1,235 @@
+"""Command line: ``dslc lint | compile | explain | schedule``.
+
+Exit codes: 0 clean, 1 plan errors (warnings too with ``--strict``), 2 usage
+or I/O errors (one line on stderr), 3 an internal error (a bug: please report
+it; ``DSLC_DEBUG=1`` shows the traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from . import __version__
+from .diagnostics import RENDERERS, Diagnostic, Sources, has_errors, render_text
+from .lower import LoadResult, load_paths, load_text
+
+
+class UsageError(Exception):
+    """A one-line usage or I/O error (exit 2)."""
+
+
+# --------------------------------------------------------------------------
+# inputs
+
+
+def expand(paths: Sequence[str]) -> list[str]:
+    """Files as given; directories searched recursively for ``*.plan``."""
+    out: list[str] = []
+    for p in paths:
+        if p == "-":
+            out.append(p)
+        elif os.path.isdir(p):
+            found = sorted(str(f) for f in Path(p).rglob("*.plan") if f.is_file())
+            if not found:
+                raise UsageError(f"no .plan files under {p}")
+            out.extend(found)
+        elif os.path.exists(p):
+            out.append(p)
+        else:
+            raise UsageError(f"no such file or directory: {p}")
+    return out
+
+
+def load(paths: Sequence[str]) -> LoadResult:
+    files = expand(paths)
+    try:
+        if files == ["-"]:
+            return load_text(sys.stdin.buffer.read(), "<stdin>")
+        if "-" in files:
+            raise UsageError("'-' (standard input) cannot be mixed with files")
+        return load_paths(files)
+    except PermissionError as e:
+        raise UsageError(f"cannot read {e.filename}: permission denied") from None
+    except IsADirectoryError as e:
+        raise UsageError(f"{e.filename} is a directory") from None
+    except OSError as e:
+        raise UsageError(f"cannot read {e.filename or ''}: {e.strerror}") from None
+
+
+def emit(diags: list[Diagnostic], sources: Sources, fmt: str = "text", stream=None) -> None:
+    stream = stream or sys.stderr
+    if fmt == "text":
+        colour = stream.isatty() and "NO_COLOR" not in os.environ
+        stream.write(render_text(diags, sources, colour=colour))
+    else:
+        stream.write(RENDERERS[fmt](diags, sources))
+
+
+def pick(result: LoadResult, name: str | None):
+    plans = result.plans
+    if name is not None:
+        chosen = [p for p in plans if p.name == name]
+        if not chosen:
+            raise UsageError(f"no plan named {name!r} (plans: {', '.join(p.name for p in plans) or 'none'})")
+        return chosen
+    if not plans and not has_errors(result.diagnostics):
+        raise UsageError("no plan in the given files (only clusters or models?)")
+    return list(plans)
+
+
+# --------------------------------------------------------------------------
+# commands
+
+
+def cmd_lint(args) -> int:
+    result = load(args.paths)
+    diags = result.diagnostics
+    emit(diags, result.sources, args.format, sys.stdout)
+    if args.format == "text" and not diags:
+        n = len(result.plans)
+        print(f"ok: {n} plan{'s' * (n != 1)} in {len(result.program.files)} file{'s' * (len(result.program.files) != 1)}", file=sys.stderr)
+    return 1 if has_errors(diags, args.strict) else 0
+
+
+def cmd_compile(args) -> int:
+    from . import codegen
+    from .diagnostics import error
+
+    result = load(args.paths)
+    emit(result.diagnostics, result.sources)
+    if has_errors(result.diagnostics):
+        print("dslc: not compiled: the plans have errors", file=sys.stderr)
+        return 1
+    root = Path(args.output)
+    failed, stale = [], []
+    for plan in pick(result, args.plan):
+        try:
+            if args.check:
+                stale += codegen.stale(plan, root)
+            else:
+                out = codegen.write(plan, root)
+                print(f"wrote {out}/", file=sys.stderr)
+        except codegen.Unsupported as e:
+            if args.check:
+                print(f"note: {plan.name}: not compiled: {e}", file=sys.stderr)
+            else:
+                failed.append(error("E100", plan.span, f"plan '{plan.name}' cannot be compiled yet: {e}"))
+        except codegen.CodegenError as e:
+            raise UsageError(str(e)) from None
+    if failed:
+        emit(failed, result.sources)
+        return 1
+    if stale:
+        for s in stale:
+            print(f"stale: {s}", file=sys.stderr)
+        print(f"dslc: generated code is out of date; run: dslc compile {' '.join(args.paths)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_explain(args) -> int:
+    from . import report
+
+    result = load([args.plan_file])
+    emit(result.diagnostics, result.sources)
+    if has_errors(result.diagnostics):
+        return 1
+    plans = pick(result, args.plan)
+    if args.json:
+        import json
+
+        docs = [report.to_json(report.explain(p)) for p in plans]
+        print(json.dumps(docs[0] if len(docs) == 1 else docs, indent=2, allow_nan=False))
+    else:
+        print("\n\n".join(report.render_text(report.explain(p)) for p in plans))
+    return 0
+
+
+def cmd_schedule(args) -> int:
+    from . import draw, schedule
+
+    result = load([args.plan_file])
+    emit(result.diagnostics, result.sources)
+    if has_errors(result.diagnostics):
+        return 1
+    plans = pick(result, args.plan)
+    if len(plans) > 1:
+        raise UsageError(f"{args.plan_file} holds {len(plans)} plans; pick one with --plan")
+    plan = plans[0]
+    pl = plan.pipeline
+    actions = schedule.build(pl.schedule, plan.pp, pl.microbatches, pl.virtual_stages)
+    problems = schedule.verify(actions)
+    if problems:
+        for p in problems:
+            print(f"error: {p}", file=sys.stderr)
+        return 1
+    sim = schedule.simulate(actions, 1.0, 2.0, 0.0, 0.0) if pl.schedule != "zb_h1" else schedule.simulate(actions, 1.0, 1.0, 1.0, 0.0)
+    print(draw.text_grid(actions, sim))
+    if args.output:
+        try:
+            draw.draw(actions, sim, args.output)
+        except OSError as e:
+            raise UsageError(f"cannot write {args.output}: {e.strerror}") from None
+        print(f"wrote {args.output}", file=sys.stderr)
+    return 0
+
+
+# --------------------------------------------------------------------------
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="dslc", description="Compiler for parallel training plans.")
+    ap.add_argument("--version", action="version", version=f"dslc {__version__}")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("lint", help="check plans and report every problem")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="plan files or directories ('-' for stdin)")
+    p.add_argument("--format", choices=("text", "json", "github", "sarif"), default="text")
+    p.add_argument("--strict", action="store_true", help="warnings fail the run too")
+    p.set_defaults(fn=cmd_lint)
+
+    p = sub.add_parser("compile", help="generate train.py and launch.sh for each plan")
+    p.add_argument("paths", nargs="+", metavar="PLAN")
+    p.add_argument("-o", "--output", default="generated", help="output root (default: generated/)")
+    p.add_argument("--check", action="store_true", help="exit 1 if the generated files are out of date")
+    p.add_argument("--plan", help="compile only the plan of this name")
+    p.set_defaults(fn=cmd_compile)
+
+    p = sub.add_parser("explain", help="memory, traffic, FLOPs and step time of a plan")
+    p.add_argument("plan_file", metavar="PLAN")
+    p.add_argument("--plan", help="the plan of this name (default: all in the file)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(fn=cmd_explain)
+
+    p = sub.add_parser("schedule", help="compute, verify and draw the pipeline schedule")
+    p.add_argument("plan_file", metavar="PLAN")
+    p.add_argument("--plan", help="the plan of this name")
+    p.add_argument("-o", "--output", help="write a picture (.png or .svg)")
+    p.set_defaults(fn=cmd_schedule)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except UsageError as e:
+        print(f"dslc: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as e:  # a bug in dslc, not in the plan
+        if os.environ.get("DSLC_DEBUG"):
+            raise
+        print(f"dslc: internal error: {type(e).__name__}: {e} (set DSLC_DEBUG=1 for details)", file=sys.stderr)
+        return 3
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,310 @@
+"""AST → IR: resolve imports and names, check keys, types and units, fill in
+every default, and build the frozen IR of each plan.
+
+A *unit* of compilation is one root file with its transitive imports; names
+(clusters, models, plans) are global within a unit. Diagnostics are
+collected, never raised: a bad key gets its default so that every other
+error of the file is still reported.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import ast, ir
+from .check import check_plan
+from .diagnostics import Diagnostic, Sources, Span, error, warning
+from .parse import decode, parse
+from .schema import Fields, Reader
+
+IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+@dataclass
+class LoadResult:
+    program: ir.Program
+    diagnostics: list[Diagnostic]
+    sources: Sources
+
+    @property
+    def plans(self) -> tuple[ir.Plan, ...]:
+        return self.program.plans
+
+
+# --------------------------------------------------------------------------
+# reading files and imports
+
+
+@dataclass
+class _Unit:
+    root: str
+    files: list[str] = field(default_factory=list)  # root first, then imports (DFS)
+
+
+class _Loader:
+    def __init__(self, sources: Sources, diags: list[Diagnostic]):
+        self.sources = sources
+        self.diags = diags
+        self.asts: dict[str, ast.File | None] = {}
+
+    def read(self, path: str, data: bytes | None = None) -> ast.File | None:
+        if path in self.asts:
+            return self.asts[path]
+        if data is None:
+            data = Path(path).read_bytes()
+        text, d = decode(data, path)
+        tree = None
+        if text is not None:
+            self.sources.texts[path] = text
+            tree, d = parse(text, path)
+        self.diags.extend(d)
+        self.asts[path] = tree
+        return tree
+
+    def unit(self, root: str) -> _Unit:
+        unit = _Unit(root)
+        self._visit(root, unit, stack=[])
+        return unit
+
+    def _visit(self, path: str, unit: _Unit, stack: list[str]) -> None:
+        if path in unit.files:
+            return
+        unit.files.append(path)
+        tree = self.asts.get(path)
+        if tree is None:
+            return
+        base = os.path.dirname(path)
+        for item in tree.items:
+            if not isinstance(item, ast.Import):
+                continue
+            target = os.path.normpath(os.path.join(base, item.path))
+            if target in stack + [path]:
+                chain = " → ".join(stack[stack.index(target) :] + [path, target]) if target in stack else f"{path} → {target}"
+                self.diags.append(
+                    error("E006", item.span, f"import cycle: {chain}", "move the shared definitions into a file both can import")
+                )
+                continue
+            if target not in self.asts:
+                try:
+                    self.read(target)
+                except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+                    self.asts[target] = None
+                    self.diags.append(error("E005", item.span, f"import not found: {item.path}", f"looked for {target} (paths are relative to the importing file)"))
+                    continue
+                except OSError as e:
+                    self.asts[target] = None
+                    self.diags.append(error("E005", item.span, f"cannot read import {item.path}: {e.strerror}"))
+                    continue
+            self._visit(target, unit, stack + [path])
+
+
+def load_paths(paths: list[Path | str], check: bool = True) -> LoadResult:
+    """Load and lower files (each with its imports). ``OSError`` from a root
+    path propagates: the CLI turns it into a one-line I/O error."""
+    sources, diags = Sources(), []
+    loader = _Loader(sources, diags)
+    roots = []
+    for p in paths:
+        path = os.path.normpath(str(p))
+        loader.read(path)
+        roots.append(path)
+    return _lower_units(loader, roots, check)
+
+
+def load_text(text: str | bytes, filename: str = "<stdin>", check: bool = True) -> LoadResult:
+    sources, diags = Sources(), []
+    loader = _Loader(sources, diags)
+    data = text.encode("utf-8") if isinstance(text, str) else text
+    loader.read(filename, data)
+    return _lower_units(loader, [filename], check)
+
+
+def _lower_units(loader: _Loader, roots: list[str], check: bool) -> LoadResult:
+    plans: list[ir.Plan] = []
+    diags = loader.diags
+    for root in roots:
+        unit = loader.unit(root)
+        lowered, d = _lower_unit(unit, loader.asts)
+        diags.extend(d)
+        for plan in lowered:
+            plans.append(plan)
+            if check:
+                diags.extend(check_plan(plan))
+    unique = list(dict.fromkeys(diags))  # a shared import's diagnostics once
+    unique.sort(key=Diagnostic.sort_key)
+    files = tuple(loader.sources.texts)
+    return LoadResult(ir.Program(tuple(plans), files), unique, loader.sources)
+
+
+# --------------------------------------------------------------------------
+# definitions
+
+
+TOP_BLOCKS = ("cluster", "model", "plan")
+
+
+def _lower_unit(unit: _Unit, asts: dict[str, ast.File | None]) -> tuple[list[ir.Plan], list[Diagnostic]]:
+    diags: list[Diagnostic] = []
+    r = Reader(diags)
+    defs: dict[str, dict[str, ast.Block]] = {k: {} for k in TOP_BLOCKS}
+    for path in unit.files:
+        tree = asts.get(path)
+        if tree is None:
+            continue
+        for item in tree.items:
+            if isinstance(item, ast.Import):
+                continue
+            if item.kind not in TOP_BLOCKS:
+                diags.append(r.unknown("E016", f"unknown block '{item.kind}'", item.kind, TOP_BLOCKS, item.kind_span))
+                continue
+            if item.name is None:
+                diags.append(error("E012", item.kind_span, f"a top-level {item.kind} needs a name", f"write `{item.kind} my_{item.kind} {{ … }}`"))
+                continue
+            if not IDENT.match(item.name):
+                diags.append(error("E020", item.name_span, f"'{item.name}' is not a valid {item.kind} name", "names start with a letter or '_' and hold letters, digits and '_'"))
+                continue
+            seen = defs[item.kind].get(item.name)
+            if seen is not None:
+                diags.append(error("E017", item.name_span, f"{item.kind} '{item.name}' is defined twice", f"first defined at {seen.name_span}"))
+                continue
+            defs[item.kind][item.name] = item
+
+    lw = _Lowerer(r, defs)
+    plans = []
+    for block in defs["plan"].values():
+        plan = lw.plan(block)
+        if plan is not None:
+            plans.append(plan)
+
+    # Definitions in a file that holds plans but that no plan uses.
+    plan_files = {b.span.file for b in defs["plan"].values()}
+    for kind in ("cluster", "model"):
+        for name, block in defs[kind].items():
+            if block.span.file in plan_files and name not in lw.used[kind]:
+                diags.append(warning("W022", block.name_span, f"{kind} '{name}' is defined but no plan uses it", f"remove it, or use it with `{kind} = {name}`"))
+    return plans, diags
+
+
+class _Lowerer:
+    def __init__(self, reader: Reader, defs: dict[str, dict[str, ast.Block]]):
+        self.r = reader
+        self.defs = defs
+        self.used: dict[str, set[str]] = {"cluster": set(), "model": set()}
+        self._cache: dict[tuple[str, int], object] = {}
+
+    # -- references ---------------------------------------------------------
+    def _resolve(self, kind: str, fields: Fields, spans: dict[str, Span]):
+        """``model = name`` / ``cluster = name``, or an inline block."""
+        ref, blocks = fields.assigns.get(kind), fields.blocks.get(kind, [])
+        if ref is not None and blocks:
+            self.r.diags.append(error("E011", blocks[0].kind_span, f"{kind} is given twice", f"first given at {ref.span}"))
+        if ref is not None:
+            spans[kind] = ref.span
+            name = self.r.ident(ref)
+            if name is None:
+                return None
+            block = self.defs[kind].get(name)
+            if block is None:
+                self.r.diags.append(self.r.unknown("E018", f"unknown {kind} '{name}'", name, self.defs[kind], ref.value.span))
+                return None
+            self.used[kind].add(name)
+        elif blocks:
+            block = blocks[0]
+            spans[kind] = block.kind_span
+        else:
+            block = None
+        if block is not None:
+            for a in block.body:
+                if isinstance(a, ast.Assign):
+                    spans[f"{kind}.{a.key}"] = a.span
+            return self._lower_def(kind, block)
+        self.r.diags.append(error("E012", fields.block.kind_span, f"plan '{fields.block.name}' has no {kind}", f"add `{kind} = <name>` or an inline `{kind} … {{ }}` block"))
+        return None
+
+    def _lower_def(self, kind: str, block: ast.Block):
+        key = (kind, id(block))
+        if key not in self._cache:  # lower a shared definition once
+            self._cache[key] = self.cluster(block) if kind == "cluster" else self.model(block)
+        return self._cache[key]
+
+    # -- cluster ------------------------------------------------------------
+    def cluster(self, block: ast.Block) -> ir.Cluster | None:
+        from .catalog import DEVICES, LINKS
+
+        r = self.r
+        f = r.fields(block, ("nodes", "gpus_per_node", "device", "peak_flops", "device_memory"), blocks=("link",))
+        nodes = r.int(f, "nodes", required=True, minimum=1)
+        gpn = r.int(f, "gpus_per_node", required=True, minimum=1)
+        dev_name = r.choice(f, "device", tuple(DEVICES), required=True)
+        dev = DEVICES.get(dev_name) if dev_name else None
+        peak = r.quantity(f, "peak_flops", "flops", dev.peak_flops if dev else None, minimum=0, exclusive=True)
+        mem = r.quantity(f, "device_memory", "size", dev.memory if dev else None, minimum=0, exclusive=True)
+        links: list[ir.Link] = []
+        for lb in f.blocks.get("link", []):
+            if lb.name is None:
+                r.diags.append(error("E012", lb.kind_span, "a link needs a name", "write `link nvlink { … }`"))
+                continue
+            if any(lk.name == lb.name for lk in links):
+                r.diags.append(error("E017", lb.name_span, f"link '{lb.name}' is defined twice"))
+                continue
+            cat = LINKS.get(lb.name)
+            lf = r.fields(lb, ("scope", "bandwidth", "latency"))
+            scope = r.choice(lf, "scope", ir.LINK_SCOPES, cat[0] if cat else None, required=cat is None)
+            bw = r.quantity(lf, "bandwidth", "rate", cat[1] if cat else None, required=cat is None, minimum=0, exclusive=True, catalog=lb.name)
+            lat = r.quantity(lf, "latency", "time", cat[2] if cat else 0.0, minimum=0, catalog=lb.name if cat else None)
+            if scope and bw is not None and lat is not None:
+                links.append(ir.Link(lb.name, scope, float(bw), float(lat), lb.span))
+        if None in (nodes, gpn, dev, peak, mem):
+            return None
+        return ir.Cluster(block.name or "cluster", nodes, gpn, ir.Device(dev.name, float(peak), int(mem)), tuple(links), block.span)
+
+    # -- model --------------------------------------------------------------
+    MODEL_KEYS = ("arch", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len", "norm_eps", "rope_theta", "tie_embeddings", "dropout")
+    EXPERT_KEYS = ("experts", "top_k", "capacity_factor", "aux_loss_weight")
+
+    def model(self, block: ast.Block) -> ir.Model | None:
+        r = self.r
+        f = r.fields(block, self.MODEL_KEYS + self.EXPERT_KEYS)
+        default_arch = block.name if block.name in ir.ARCHS else None
+        arch = r.choice(f, "arch", ir.ARCHS, default_arch)
+        if arch is None and "arch" not in f.assigns:
+            r.diags.append(error("E012", block.name_span or block.kind_span, f"model '{block.name}' has no architecture", f"add `arch = llama` (one of {', '.join(ir.ARCHS)}), or name the block after its architecture"))
+            return None
+        layers = r.int(f, "layers", required=True, minimum=1)
+        hidden = r.int(f, "hidden", required=True, minimum=1)
+        heads = r.int(f, "heads", required=True, minimum=1)
+        vocab = r.int(f, "vocab", required=True, minimum=1)
+        seq_len = r.int(f, "seq_len", required=True, minimum=1)
+        kv_heads = r.int(f, "kv_heads", heads, minimum=1)
+        if arch == "gpt2":
+            ffn_default = 4 * hidden if hidden else None
+        else:  # llama: 2/3 of 4h for SwiGLU, rounded up to a multiple of 256
+            ffn_default = -(-int(8 * hidden / 3) // 256) * 256 if hidden else None
+        ffn = r.int(f, "ffn", ffn_default, minimum=1)
+        norm_eps = r.float(f, "norm_eps", 1e-5, minimum=0, exclusive=True)
+        rope_theta = r.float(f, "rope_theta", 10000.0, minimum=0, exclusive=True)
+        tie = r.bool(f, "tie_embeddings", arch == "gpt2")
+        dropout = r.float(f, "dropout", 0.0, minimum=0, maximum=1)
+        moe = arch == "mixtral"
+        for key in self.EXPERT_KEYS:
+            if not moe and key in f.assigns:
+                r.diags.append(error("E072", f.assigns[key].span, f"'{key}' is an expert option but {arch} is a dense model", "use arch = mixtral for a mixture of experts"))
+        experts = r.int(f, "experts", required=moe, minimum=1) if moe else 0
+        top_k = r.int(f, "top_k", 2, minimum=1) if moe else 0
+        cap = r.float(f, "capacity_factor", 0.0, minimum=0) if moe else 0.0
+        aux = r.float(f, "aux_loss_weight", 0.01, minimum=0) if moe else 0.0
+        values = (arch, layers, hidden, heads, kv_heads, ffn, vocab, seq_len, norm_eps, rope_theta, tie, dropout, experts, top_k, cap, aux)
+        if any(v is None for v in values):
+            return None
+        return ir.Model(block.name or arch, *values, block.span)
+
+    # -- plan ---------------------------------------------------------------
+    PLAN_BLOCKS = ("model", "cluster", "mesh", "tensor_parallel", "data_parallel", "pipeline", "context_parallel", "experts", "train")
+
+    def plan(self, block: ast.Block) -> ir.Plan | None:
+        from .lower_plan import lower_plan
+
+        return lower_plan(self, block)

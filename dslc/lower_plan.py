@@ -1,0 +1,233 @@
+"""Lowering of one ``plan`` block: mesh, parallel options and training.
+
+Defaults are made explicit here (see docs/language.md for the table).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from . import ast, ir
+from .diagnostics import Span, error
+from .schema import Fields
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .lower import _Lowerer
+
+
+def lower_plan(lw: "_Lowerer", block: ast.Block) -> ir.Plan | None:
+    r = lw.r
+    spans: dict[str, Span] = {}
+    f = r.fields(block, ("model", "cluster"), blocks=lw.PLAN_BLOCKS)
+    for kind in ("model", "cluster"):
+        r.single(f, kind)  # diagnoses a second inline block
+    model = lw._resolve("model", f, spans)
+    cluster = lw._resolve("cluster", f, spans)
+
+    def sub(kind: str, keys=(), blocks=(), axes=False) -> Fields:
+        b = r.single(f, kind)
+        if b is None:
+            return Fields(ast.Block(kind, block.span, None, None, (), block.span))
+        spans[kind] = b.kind_span
+        if b.name is not None and kind not in ("optimizer", "lr_schedule"):
+            r.diags.append(error("E013", b.name_span, f"a {kind} block takes no name", f"write `{kind} {{ … }}`"))
+        sf = r.fields(b, keys, blocks, axes=axes)
+        for key, a in sf.assigns.items():
+            spans[f"{kind}.{key}"] = a.span
+        return sf
+
+    mesh = _mesh(lw, sub("mesh", axes=True), cluster, spans)
+
+    tpf = sub("tensor_parallel", ("sequence_parallel",))
+    tp = ir.TensorParallel(r.bool(tpf, "sequence_parallel", False), spans.get("tensor_parallel"))
+
+    dpf = sub("data_parallel", ("zero",))
+    dp = ir.DataParallel(r.int(dpf, "zero", 0), spans.get("data_parallel"))
+
+    cpf = sub("context_parallel", ("method", "load_balance"))
+    cp = ir.ContextParallel(r.choice(cpf, "method", ir.CP_METHODS, "ring") or "ring", r.bool(cpf, "load_balance", True), spans.get("context_parallel"))
+
+    # experts { } sets a mixtral model's expert options for this plan
+    ef = sub("experts", ("count", "top_k", "capacity_factor", "aux_loss_weight"))
+    if ef.assigns and model is not None:
+        if not model.is_moe:
+            r.diags.append(error("E072", spans["experts"], f"an experts block needs a mixture-of-experts model, but {model.arch} is dense", "use arch = mixtral"))
+        else:
+            from dataclasses import replace
+
+            for key in ("count", "top_k", "capacity_factor", "aux_loss_weight"):
+                if key in ef.assigns and f"model.{'experts' if key == 'count' else key}" in spans:
+                    r.diags.append(error("E011", ef.assigns[key].key_span, f"'{key}' is set both in the model and in the experts block"))
+            model = replace(
+                model,
+                experts=r.int(ef, "count", model.experts, minimum=1),
+                top_k=r.int(ef, "top_k", model.top_k, minimum=1),
+                capacity_factor=r.float(ef, "capacity_factor", model.capacity_factor, minimum=0),
+                aux_loss_weight=r.float(ef, "aux_loss_weight", model.aux_loss_weight, minimum=0),
+            )
+            spans.update({"model.experts": spans.get("experts.count", spans["experts"]), "model.top_k": spans.get("experts.top_k", spans["experts"])})
+
+    tf = sub("train", ("steps", "micro_batch", "global_batch", "precision", "recompute", "grad_clip", "seed", "loss_scale", "data"), blocks=("optimizer", "lr_schedule", "checkpoint"))
+    ppf = sub("pipeline", ("schedule", "virtual_stages", "microbatches", "layers_per_stage"))
+    micro_batch = r.int(tf, "micro_batch", 1, minimum=1)
+    global_batch = r.int(tf, "global_batch", None, minimum=1)
+    data_ranks = mesh.size("dp") * mesh.size("ep") if mesh else 1
+    microbatches = r.int(ppf, "microbatches", None, minimum=1)
+    if microbatches is None:  # derived from the global batch when it divides
+        per_step = micro_batch * data_ranks
+        microbatches = max(1, global_batch // per_step) if global_batch else 1
+    if global_batch is None:
+        global_batch = micro_batch * microbatches * data_ranks
+    layers_per_stage = _int_list(r, ppf, "layers_per_stage")
+    pipeline = ir.Pipeline(
+        r.choice(ppf, "schedule", ir.SCHEDULES, "1f1b") or "1f1b",
+        r.int(ppf, "virtual_stages", 1, minimum=1),
+        microbatches,
+        layers_per_stage,
+        spans.get("pipeline"),
+    )
+
+    train = _train(lw, tf, block, cluster, micro_batch, global_batch, spans)
+
+    if model is None or cluster is None or mesh is None or train is None:
+        return None
+    return ir.Plan(block.name, block.span.file, model, cluster, mesh, tp, dp, pipeline, cp, train, block.span, spans)
+
+
+def _int_list(r, f: Fields, key: str) -> tuple[int, ...] | None:
+    a = f.assigns.get(key)
+    if a is None:
+        return None
+    items = a.value.items if isinstance(a.value, (ast.List, ast.Tuple)) else None
+    if items is None or not all(isinstance(i, ast.Number) and isinstance(i.value, int) for i in items):
+        r._wrong(a, "a list of whole numbers such as [8, 8, 8, 8]")
+        return None
+    return tuple(i.value for i in items)
+
+
+def _mesh(lw: "_Lowerer", f: Fields, cluster: ir.Cluster | None, spans: dict[str, Span]) -> ir.Mesh | None:
+    r = lw.r
+    axes: list[ir.MeshAxis] = []
+    ok = True
+    for a in f.block.body:
+        if isinstance(a, ast.Assign):  # `tp = 4` or `tp = 4 nvlink`: the link is missing
+            link = a.value.unit if isinstance(a.value, ast.Quantity) else "<link>"
+            r.diags.append(error("E036", a.span, f"mesh axis '{a.key}' is not placed on a link", f"write `{a.key} = {getattr(a.value, 'value', 'N')} on {link}`"))
+            ok = False
+    for ax in f.axes:
+        if ax.name not in ir.AXES:
+            r.diags.append(r.unknown("E033", f"unknown mesh axis '{ax.name}'", ax.name, ir.AXES, ax.name_span))
+            ok = False
+            continue
+        if any(x.name == ax.name for x in axes):
+            first = next(x for x in axes if x.name == ax.name)
+            r.diags.append(error("E032", ax.name_span, f"mesh axis '{ax.name}' is given twice", f"first given at {first.span}"))
+            ok = False
+            continue
+        size = ax.size.value if isinstance(ax.size, ast.Number) else None
+        if not isinstance(size, int):
+            r.diags.append(error("E013", ax.size.span, f"the size of axis '{ax.name}' must be a whole number"))
+            ok = False
+            continue
+        if size < 1:
+            r.diags.append(error("E015", ax.size.span, f"the size of axis '{ax.name}' must be positive, got {size}"))
+            ok = False
+            continue
+        if cluster is not None and cluster.link(ax.link) is None:
+            names = [lk.name for lk in cluster.links]
+            d = r.unknown("E031", f"axis '{ax.name}' is placed on '{ax.link}', which cluster '{cluster.name}' does not define", ax.link, names, ax.link_span)
+            r.diags.append(d)
+            ok = False
+        spans[f"mesh.{ax.name}"] = ax.span
+        axes.append(ir.MeshAxis(ax.name, size, ax.link, ax.span))
+    return ir.Mesh(tuple(axes), spans.get("mesh", f.block.span)) if ok else None
+
+
+def _train(lw, f: Fields, plan_block, cluster, micro_batch, global_batch, spans) -> ir.Train | None:
+    r = lw.r
+    steps = r.int(f, "steps", 100, minimum=1)
+    default_precision = "fp32" if cluster is not None and cluster.device.name == "cpu" else "bf16"
+    precision = r.choice(f, "precision", ir.PRECISIONS, default_precision) or default_precision
+    recompute = r.choice(f, "recompute", ir.RECOMPUTE, "none") or "none"
+    grad_clip = r.float(f, "grad_clip", 1.0, minimum=0)
+    seed = r.int(f, "seed", 1234, minimum=0)
+    loss_scale = r.choice(f, "loss_scale", ("dynamic", "none"), "dynamic") or "dynamic"
+
+    opt_block = r.single(f, "optimizer")
+    if opt_block is not None:
+        spans["train.optimizer"] = opt_block.kind_span
+        of = r.fields(opt_block, ("lr", "betas", "eps", "weight_decay", "momentum"))
+        name = opt_block.name or "adamw"
+        if name not in ir.OPTIMIZERS:
+            r.diags.append(r.unknown("E019", f"unknown optimizer '{name}'", name, ir.OPTIMIZERS, opt_block.name_span))
+            name = "adamw"
+    else:
+        of, name = None, "adamw"
+    get = (lambda fn, key, default, **kw: fn(of, key, default, **kw)) if of else (lambda fn, key, default, **kw: default)
+    lr = get(r.float, "lr", 3e-4, minimum=0, exclusive=True)
+    betas = _betas(r, of) if of else (0.9, 0.95)
+    optimizer = ir.Optimizer(name, lr, betas, get(r.float, "eps", 1e-8, minimum=0, exclusive=True), get(r.float, "weight_decay", 0.1, minimum=0), get(r.float, "momentum", 0.9, minimum=0, maximum=1), spans.get("train.optimizer"))
+
+    sched_block = r.single(f, "lr_schedule")
+    sname, sf = "cosine", None
+    if sched_block is not None:
+        spans["train.lr_schedule"] = sched_block.kind_span
+        sf = r.fields(sched_block, ("warmup", "min_lr", "decay_steps"))
+        sname = sched_block.name or "cosine"
+        if sname not in ir.LR_SCHEDULES:
+            r.diags.append(r.unknown("E019", f"unknown lr schedule '{sname}'", sname, ir.LR_SCHEDULES, sched_block.name_span))
+            sname = "cosine"
+    sget = (lambda fn, key, default, **kw: fn(sf, key, default, **kw)) if sf else (lambda fn, key, default, **kw: default)
+    lr_schedule = ir.LRSchedule(sname, sget(r.int, "warmup", 0, minimum=0), sget(r.float, "min_lr", (lr or 3e-4) * 0.1, minimum=0), sget(r.int, "decay_steps", steps or 100, minimum=1), spans.get("train.lr_schedule"))
+
+    data = _data(r, f, plan_block)
+
+    ck_block = r.single(f, "checkpoint")
+    checkpoint = None
+    if ck_block is not None:
+        spans["train.checkpoint"] = ck_block.kind_span
+        cf = r.fields(ck_block, ("every", "dir"))
+        every, cdir = r.int(cf, "every", required=True, minimum=1), r.string(cf, "dir", required=True)
+        if every is not None and cdir is not None:
+            checkpoint = ir.Checkpoint(every, cdir, ck_block.span)
+    if None in (steps, grad_clip, seed, lr, data, micro_batch):
+        return None
+    return ir.Train(steps, micro_batch, global_batch, precision, recompute, grad_clip, seed, loss_scale, optimizer, lr_schedule, data, checkpoint, spans.get("train"))
+
+
+def _betas(r, of: Fields) -> tuple[float, float]:
+    a = of.assigns.get("betas")
+    if a is None:
+        return (0.9, 0.95)
+    items = a.value.items if isinstance(a.value, ast.Tuple) else ()
+    if len(items) != 2 or not all(isinstance(i, ast.Number) for i in items):
+        r._wrong(a, "a pair of numbers such as (0.9, 0.95)")
+        return (0.9, 0.95)
+    b1, b2 = (float(i.value) for i in items)
+    if not (0 <= b1 < 1 and 0 <= b2 < 1):
+        r.diags.append(error("E015", a.value.span, f"betas must each be in [0, 1), got ({b1:g}, {b2:g})"))
+    return (b1, b2)
+
+
+def _data(r, f: Fields, plan_block) -> ir.Data | None:
+    a = f.assigns.get("data")
+    if a is None:
+        return ir.Data("synthetic", None, None, None)
+    v = a.value
+    if isinstance(v, ast.Ident) and v.name == "synthetic":
+        return ir.Data("synthetic", None, None, a.span)
+    if isinstance(v, ast.Call) and v.name in ("text", "tokens"):
+        if len(v.args) != 1 or not isinstance(v.args[0], ast.String):
+            r._wrong(a, f'{v.name}("path") with one path in quotes')
+            return None
+        path = v.args[0].value
+        base = os.path.dirname(plan_block.span.file) if not plan_block.span.file.startswith("<") else ""
+        return ir.Data(v.name, path, os.path.normpath(os.path.join(base, path)), a.span)
+    word = v.name if isinstance(v, (ast.Ident, ast.Call)) else None
+    if word:
+        r.diags.append(r.unknown("E019", f"unknown data source '{word}'", word, ("synthetic", "text", "tokens"), v.span))
+    else:
+        r._wrong(a, 'synthetic, text("file.txt") or tokens("file.bin")')
+    return None
+

@@ -1,0 +1,289 @@
+"""Text → AST. The Lark parser is built once (LALR, strict) and cached; a
+non-recursive Transformer turns its tree into frozen AST nodes, so no later
+stage sees a Lark type and deep nesting never exhausts Python's stack.
+
+Syntax errors become diagnostics that speak the language's words (a name, a
+number, '{') rather than Lark's terminal names.
+"""
+
+from __future__ import annotations
+
+import ast as pyast
+from functools import cache
+
+from lark import Lark, Token, v_args
+from lark.visitors import Transformer_NonRecursive
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+
+from . import ast
+from .diagnostics import Diagnostic, Span, error
+from .resources import resource_dir
+
+MAX_BYTES = 4 * 1024 * 1024
+
+# What each terminal is, in words a plan author knows.
+_WORDS = {
+    "NAME": "a name",
+    "NUMBER": "a number",
+    "QUANTITY": "a number with a unit",
+    "STRING": 'a string ("…")',
+    "LBRACE": "'{'",
+    "RBRACE": "'}'",
+    "EQUAL": "'='",
+    "SEMICOLON": "';'",
+    "LPAR": "'('",
+    "RPAR": "')'",
+    "LSQB": "'['",
+    "RSQB": "']'",
+    "COMMA": "','",
+    "IMPORT": "'import'",
+    "ON": "'on' and a link name",
+    "TRUE": "true",
+    "FALSE": "false",
+    "$END": "the end of the file",
+}
+
+
+def _span(file: str, meta_or_tok) -> Span:
+    m = meta_or_tok
+    return Span(file, m.line, m.column, m.end_line, m.end_column)
+
+
+def _number(text: str) -> int | float:
+    clean = text.replace("_", "")
+    try:
+        return int(clean)
+    except ValueError:
+        return float(clean)
+
+
+class _Build(Transformer_NonRecursive):
+    """Lark parse-tree callbacks → frozen AST nodes (see ast.py)."""
+
+    def __init__(self, file: str):
+        super().__init__()
+        self.file = file
+
+    def sp(self, x) -> Span:
+        return _span(self.file, x)
+
+    # -- values -------------------------------------------------------------
+    @v_args(inline=True)
+    def number(self, tok: Token):
+        return ast.Number(_number(tok), str(tok), self.sp(tok))
+
+    @v_args(inline=True)
+    def quantity(self, tok: Token):
+        text = str(tok)
+        i = len(text)
+        while i > 0 and not (text[i - 1].isdigit() or text[i - 1] in "._"):
+            i -= 1
+        num, unit = text[:i], text[i:].strip()
+        return ast.Quantity(_number(num), unit, self.sp(tok))
+
+    @v_args(inline=True)
+    def string(self, tok: Token):
+        try:
+            value = pyast.literal_eval(str(tok))
+        except (ValueError, SyntaxError):  # an escape Python does not know
+            value = str(tok)[1:-1]
+        return ast.String(value, self.sp(tok))
+
+    @v_args(meta=True)
+    def true(self, meta, _):
+        return ast.Bool(True, self.sp(meta))
+
+    @v_args(meta=True)
+    def false(self, meta, _):
+        return ast.Bool(False, self.sp(meta))
+
+    @v_args(inline=True)
+    def ident(self, tok: Token):
+        return ast.Ident(str(tok), self.sp(tok))
+
+    @v_args(meta=True)
+    def call(self, meta, children):
+        name, *args = children
+        return ast.Call(str(name), tuple(a for a in args if a is not None), self.sp(meta))
+
+    @v_args(meta=True)
+    def tuple(self, meta, children):
+        return ast.Tuple(tuple(children), self.sp(meta))
+
+    @v_args(meta=True)
+    def list(self, meta, children):
+        return ast.List(tuple(c for c in children if c is not None), self.sp(meta))
+
+    # -- statements ---------------------------------------------------------
+    @v_args(meta=True)
+    def assign(self, meta, children):
+        key, value = children
+        return ast.Assign(str(key), self.sp(key), value, self.sp(meta))
+
+    @v_args(meta=True)
+    def axis(self, meta, children):
+        name, size, link = children
+        return ast.Axis(str(name), self.sp(name), size, str(link), self.sp(link), self.sp(meta))
+
+    @v_args(meta=True)
+    def block(self, meta, children):
+        kind, name, *body = children
+        return ast.Block(
+            str(kind),
+            self.sp(kind),
+            str(name) if name is not None else None,
+            self.sp(name) if name is not None else None,
+            tuple(body),
+            self.sp(meta),
+        )
+
+    @v_args(meta=True)
+    def import_stmt(self, meta, children):
+        (tok,) = children
+        path = pyast.literal_eval(str(tok)) if "\\" in tok else str(tok)[1:-1]
+        return ast.Import(path, self.sp(meta))
+
+
+@cache
+def _grammar_text() -> str:
+    return (resource_dir("grammar") / "plan.lark").read_text(encoding="utf-8")
+
+
+@cache
+def parser() -> Lark:
+    """The LALR parser, built once per process (LALR parsing is iterative, and
+    so is the transformer that builds the AST: deep nesting never recurses)."""
+    return Lark(
+        _grammar_text(),
+        parser="lalr",
+        strict=True,
+        propagate_positions=True,
+        maybe_placeholders=True,
+    )
+
+
+def decode(data: bytes, file: str) -> tuple[str | None, list[Diagnostic]]:
+    """Bytes → text, or a diagnostic for binary, non-UTF-8 or oversized input."""
+    here = Span.point(file)
+    if len(data) > MAX_BYTES:
+        return None, [
+            error(
+                "E008",
+                here,
+                f"file is {len(data) / 2**20:.1f} MiB; a plan file may be at most "
+                f"{MAX_BYTES // 2**20} MiB",
+                "is this really a plan file?",
+            )
+        ]
+    if b"\0" in data:
+        return None, [error("E004", here, "file is binary (contains NUL bytes), not a plan")]
+    try:
+        return data.decode("utf-8"), []
+    except UnicodeDecodeError as e:
+        before = data[: e.start]
+        line = before.count(b"\n") + 1
+        col = e.start - (before.rfind(b"\n") + 1) + 1
+        return None, [
+            error(
+                "E004",
+                Span.point(file, line, col),
+                f"file is not valid UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start})",
+                "plan files are UTF-8 text",
+            )
+        ]
+
+
+def parse(text: str, file: str) -> tuple[ast.File | None, list[Diagnostic]]:
+    """Parse one file's text. On a syntax error returns (None, [diagnostic])."""
+    try:
+        tree = _Build(file).transform(parser().parse(text))
+    except UnexpectedInput as e:
+        return None, [_syntax_error(e, text, file)]
+    except RecursionError:  # pragma: no cover - defensive; parsing is iterative
+        return None, [error("E007", Span.point(file), "plan is nested too deeply")]
+    items = tuple(c for c in tree.children if isinstance(c, (ast.Import, ast.Block)))
+    return ast.File(file, items), []
+
+
+# --------------------------------------------------------------------------
+# syntax errors in plain words
+
+# A catalogue of typical mistakes (lark's match_examples picks the closest).
+_EXAMPLES = {
+    "missing '=' between a key and its value": [
+        "plan p { layers 32 }",
+        'plan p { data "x" }',
+        "plan p { train { steps 3 } }",
+    ],
+    "missing value after '='": [
+        "plan p { layers = }",
+        "plan p { layers = ; }",
+        "plan p { train { steps = } }",
+    ],
+    "a block starts with a name and '{'": [
+        "{ }",
+        "= 3",
+    ],
+    "a value must be a number, a quantity, a string, a name, true or false": [
+        "plan p { x = = }",
+        "plan p { x = { } }",
+    ],
+}
+
+
+def _describe_token(tok: Token) -> str:
+    kind = tok.type
+    if kind == "$END":
+        return "the end of the file"
+    if kind == "NAME":
+        return f"name '{tok}'"
+    if kind in ("NUMBER", "QUANTITY"):
+        return f"number '{tok}'"
+    if kind == "STRING":
+        return f"string {tok}"
+    return f"'{tok}'"
+
+
+def _expected(names) -> str:
+    words = sorted({_WORDS.get(n, n.lower()) for n in names})
+    if not words:
+        return "something else"
+    if len(words) == 1:
+        return words[0]
+    return ", ".join(words[:-1]) + " or " + words[-1]
+
+
+def _syntax_error(e: UnexpectedInput, text: str, file: str) -> Diagnostic:
+    line = getattr(e, "line", 1) or 1
+    col = getattr(e, "column", 1) or 1
+    if isinstance(e, UnexpectedEOF) or (
+        isinstance(e, UnexpectedToken) and e.token.type == "$END"
+    ):
+        lines = text.splitlines() or [""]
+        span = Span(file, len(lines), len(lines[-1]) + 1, len(lines), len(lines[-1]) + 2)
+        opened = text.count("{") - text.count("}")
+        hint = (
+            f"{opened} block{'s' * (opened != 1)} still open: add '}}'"
+            if opened > 0
+            else "the last statement is incomplete"
+        )
+        return error("E003", span, "unexpected end of file", hint)
+    if isinstance(e, UnexpectedCharacters):
+        ch = text[e.pos_in_stream] if e.pos_in_stream < len(text) else "?"
+        shown = repr(ch)[1:-1] if not ch.isprintable() else ch
+        return error(
+            "E002",
+            Span(file, line, col, line, col + 1),
+            f"unexpected character '{shown}'",
+            f"expected {_expected(e.allowed)}" if e.allowed else None,
+        )
+    assert isinstance(e, UnexpectedToken)
+    tok = e.token
+    width = max(1, len(str(tok))) if tok.end_line == tok.line else 1
+    label = None
+    try:
+        label = e.match_examples(parser().parse, _EXAMPLES, use_accepts=True)
+    except Exception:  # the catalogue is a nicety; never let it hide the error
+        label = None
+    message = f"unexpected {_describe_token(tok)}; expected {_expected(e.accepts or e.expected)}"
+    return error("E001", Span(file, line, col, line, col + width), message, label)

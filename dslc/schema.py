@@ -1,0 +1,258 @@
+"""Reading a block's keys: unknown and duplicate keys, types, units, ranges.
+
+Every reader method records a diagnostic and returns the default (or None
+for a required key) instead of raising, so one run reports every mistake.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from . import ast
+from .diagnostics import Diagnostic, Span, error, note
+
+# -- units, resolved to SI: bytes, bytes/s, seconds, FLOP/s -----------------
+_SIZE = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+_BITS = {"b": 1 / 8, "Kb": 1e3 / 8, "Mb": 1e6 / 8, "Gb": 1e9 / 8, "Tb": 1e12 / 8}
+UNITS: dict[str, dict[str, float]] = {
+    "size": dict(_SIZE),
+    "rate": {f"{u}/s": v for u, v in (_SIZE | _BITS).items()},
+    "time": {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0},
+    "flops": {"FLOP/s": 1.0, "GFLOP/s": 1e9, "TFLOP/s": 1e12, "PFLOP/s": 1e15},
+}
+_DIM_WORDS = {"size": "a size", "rate": "a bandwidth", "time": "a time", "flops": "a compute rate"}
+_EXAMPLE = {"size": "80 GiB", "rate": "450 GB/s", "time": "2 us", "flops": "989 TFLOP/s"}
+
+
+def suggest(word: str, options: Iterable[str]) -> str | None:
+    """'did you mean …?' for a misspelled key or name."""
+    opts = list(options)
+    close = difflib.get_close_matches(word, opts, n=1, cutoff=0.6)
+    if not close:
+        low = {o.lower(): o for o in opts}
+        close = difflib.get_close_matches(word.lower(), list(low), n=1, cutoff=0.6)
+        close = [low[c] for c in close]
+    return close[0] if close else None
+
+
+def describe(v: ast.Value) -> str:
+    match v:
+        case ast.Number():
+            return f"the number {v.text}"
+        case ast.Quantity():
+            return f"the quantity {v.value:g} {v.unit}"
+        case ast.String():
+            return "a string"
+        case ast.Bool():
+            return f"the boolean {'true' if v.value else 'false'}"
+        case ast.Ident():
+            return f"the name '{v.name}'"
+        case ast.Call():
+            return f"a call of {v.name}(…)"
+        case ast.Tuple() | ast.List():
+            return "a list"
+    return "a value"  # pragma: no cover
+
+
+@dataclass
+class Fields:
+    """A block's statements, sorted by kind; duplicates already diagnosed."""
+
+    block: ast.Block
+    assigns: dict[str, ast.Assign] = field(default_factory=dict)
+    blocks: dict[str, list[ast.Block]] = field(default_factory=dict)
+    axes: list[ast.Axis] = field(default_factory=list)
+
+
+class Reader:
+    def __init__(self, diags: list[Diagnostic]):
+        self.diags = diags
+
+    def unknown(self, code: str, message: str, word: str, options: Iterable[str], span: Span) -> Diagnostic:
+        opts = sorted(options)
+        guess = suggest(word, opts)
+        if guess:
+            hint = f"did you mean '{guess}'?"
+        elif opts and len(opts) <= 12:
+            hint = "expected one of: " + ", ".join(opts)
+        else:
+            hint = None
+        return error(code, span, message, hint)
+
+    def fields(self, block: ast.Block, keys: Iterable[str], blocks: Iterable[str] = (), axes: bool = False) -> Fields:
+        keys, blocks = tuple(keys), tuple(blocks)
+        f = Fields(block)
+        where = f"in {block.kind}" + (f" '{block.name}'" if block.name else "")
+        for st in block.body:
+            if isinstance(st, ast.Assign):
+                # `model = name` / `cluster = name` refer to a block kind
+                if st.key not in keys and st.key not in blocks:
+                    self.diags.append(self.unknown("E010", f"unknown key '{st.key}' {where}", st.key, keys + blocks, st.key_span))
+                elif st.key in f.assigns:
+                    self.diags.append(error("E011", st.key_span, f"'{st.key}' is set twice {where}", f"first set at {f.assigns[st.key].key_span}"))
+                else:
+                    f.assigns[st.key] = st
+            elif isinstance(st, ast.Block):
+                if st.kind not in blocks:
+                    self.diags.append(self.unknown("E016", f"unknown block '{st.kind}' {where}", st.kind, blocks + keys, st.kind_span))
+                else:
+                    f.blocks.setdefault(st.kind, []).append(st)
+            elif axes:
+                f.axes.append(st)
+            else:
+                self.diags.append(error("E013", st.span, f"'{st.name} = … on {st.link}' places a mesh axis, which only a mesh block holds", "move it into `mesh { }`"))
+        return f
+
+    def single(self, f: Fields, kind: str) -> ast.Block | None:
+        """The one sub-block of ``kind`` (duplicates diagnosed)."""
+        found = f.blocks.get(kind, [])
+        for extra in found[1:]:
+            self.diags.append(error("E011", extra.kind_span, f"'{kind}' block is given twice", f"first given at {found[0].kind_span}"))
+        return found[0] if found else None
+
+    # -- typed getters ------------------------------------------------------
+    def _missing(self, f: Fields, key: str) -> None:
+        b = f.block
+        where = f"{b.kind}" + (f" '{b.name}'" if b.name else "")
+        self.diags.append(error("E012", b.name_span or b.kind_span, f"{where} is missing required key '{key}'", f"add `{key} = …` to the block"))
+
+    def _wrong(self, a: ast.Assign, want: str, hint: str | None = None) -> None:
+        self.diags.append(error("E013", a.value.span, f"'{a.key}' must be {want}, not {describe(a.value)}", hint))
+
+    def _range(self, a: ast.Assign, v, minimum, maximum, exclusive: bool) -> bool:
+        low_bad = minimum is not None and (v <= minimum if exclusive else v < minimum)
+        high_bad = maximum is not None and v > maximum
+        if low_bad or high_bad:
+            if exclusive and minimum == 0 and maximum is None:
+                want = "positive"
+            elif maximum is None:
+                want = f"at least {minimum:g}" if not exclusive else f"greater than {minimum:g}"
+            elif minimum is None:
+                want = f"at most {maximum:g}"
+            else:
+                want = f"between {minimum:g} and {maximum:g}"
+            self.diags.append(error("E015", a.value.span, f"'{a.key}' must be {want}, got {v:g}"))
+            return False
+        return True
+
+    def _get(self, f: Fields, key: str, default, required: bool):
+        a = f.assigns.get(key)
+        if a is None and required:
+            self._missing(f, key)
+        return a
+
+    def int(self, f: Fields, key: str, default=None, required=False, minimum=None, maximum=None):
+        a = self._get(f, key, default, required)
+        if a is None:
+            return default
+        v = a.value
+        if not isinstance(v, ast.Number) or not isinstance(v.value, int):
+            hint = None
+            if isinstance(v, ast.Number) and float(v.value).is_integer():
+                hint = f"write {int(v.value)}"
+            self._wrong(a, "a whole number", hint)
+            return None if required else default
+        if minimum is not None and minimum >= 1 and v.value < 1:
+            self.diags.append(error("E015", v.span, f"'{key}' must be positive, got {v.value}"))
+            return None if required else default
+        if not self._range(a, v.value, minimum, maximum, False):
+            return None if required else default
+        return v.value
+
+    def float(self, f: Fields, key: str, default=None, required=False, minimum=None, maximum=None, exclusive=False):
+        a = self._get(f, key, default, required)
+        if a is None:
+            return default
+        if not isinstance(a.value, ast.Number):
+            self._wrong(a, "a number")
+            return None if required else default
+        if not self._range(a, a.value.value, minimum, maximum, exclusive):
+            return None if required else default
+        return float(a.value.value)
+
+    def bool(self, f: Fields, key: str, default=None, required=False):
+        a = self._get(f, key, default, required)
+        if a is None:
+            return default
+        if not isinstance(a.value, ast.Bool):
+            self._wrong(a, "true or false")
+            return None if required else default
+        return a.value.value
+
+    def string(self, f: Fields, key: str, default=None, required=False):
+        a = self._get(f, key, default, required)
+        if a is None:
+            return default
+        if not isinstance(a.value, ast.String):
+            self._wrong(a, 'a string in quotes ("…")')
+            return None if required else default
+        return a.value.value
+
+    def ident(self, a: ast.Assign) -> str | None:
+        if not isinstance(a.value, ast.Ident):
+            self._wrong(a, "a name")
+            return None
+        return a.value.name
+
+    def choice(self, f: Fields, key: str, choices: tuple[str, ...], default=None, required=False):
+        a = self._get(f, key, default, required)
+        if a is None:
+            return default
+        v = a.value
+        word = v.name if isinstance(v, ast.Ident) else v.text if isinstance(v, ast.Number) else None
+        if word is None:
+            self._wrong(a, "one of " + ", ".join(choices))
+            return None if required else default
+        if word not in choices:
+            self.diags.append(self.unknown("E019", f"'{word}' is not a valid {key}", word, choices, v.span))
+            return None if required else default
+        return word
+
+    def quantity(self, f: Fields, key: str, dim: str, default=None, required=False, minimum=None, exclusive=False, catalog: str | None = None):
+        a = self._get(f, key, default, required)
+        if a is None:
+            if catalog is not None and default is not None:
+                self.diags.append(note("N021", f.block.span, f"{key} of {catalog} not given; using the catalog's {_format(default, dim)}", f"set `{key} = …` to override"))
+            return default
+        v = a.value
+        table = UNITS[dim]
+        if isinstance(v, ast.Number):
+            if v.value == 0:
+                value = 0.0
+            else:
+                self.diags.append(error("E014", v.span, f"'{key}' needs a unit", f"write it as {describe_dim(dim)}, e.g. `{key} = {_EXAMPLE[dim]}`"))
+                return None if required else default
+        elif isinstance(v, ast.Quantity):
+            if v.unit not in table:
+                other = next((d for d, t in UNITS.items() if v.unit in t), None)
+                if other:
+                    msg = f"'{key}' needs {describe_dim(dim)}, but '{v.unit}' is the unit of {describe_dim(other)}"
+                else:
+                    msg = f"unknown unit '{v.unit}' for '{key}'"
+                guess = suggest(v.unit, table)
+                hint = f"did you mean '{guess}'?" if guess else f"e.g. `{key} = {_EXAMPLE[dim]}`"
+                self.diags.append(error("E014", v.span, msg, hint))
+                return None if required else default
+            value = v.value * table[v.unit]
+        else:
+            self._wrong(a, f"{describe_dim(dim)} such as {_EXAMPLE[dim]}")
+            return None if required else default
+        if not self._range(a, value, minimum, None, exclusive):
+            return None if required else default
+        return value
+
+
+def describe_dim(dim: str) -> str:
+    return _DIM_WORDS[dim]
+
+
+def _format(value: float, dim: str) -> str:
+    if dim == "rate":
+        return f"{value / 1e9:g} GB/s"
+    if dim == "time":
+        return f"{value * 1e6:g} us"
+    if dim == "size":
+        return f"{value / 2**30:g} GiB"
+    return f"{value / 1e12:g} TFLOP/s"
