@@ -24,6 +24,7 @@ CODES: dict[str, str] = {
     "E020": "invalid identifier",
     "N021": "value taken from the catalog",
     "W022": "unused definition",
+    "W023": "empty file",
     # -- mesh and placement -------------------------------------------------
     "E030": "mesh size does not match the cluster",
     "E031": "axis placed on an unknown link",

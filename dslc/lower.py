@@ -66,26 +66,31 @@ class _Loader:
 
     def unit(self, root: str) -> _Unit:
         unit = _Unit(root)
-        self._visit(root, unit, stack=[])
+        self._visit(root, unit, stack=[], via=[])
         return unit
 
-    def _visit(self, path: str, unit: _Unit, stack: list[str]) -> None:
+    def _visit(self, path: str, unit: _Unit, stack: list[str], via: list[ast.Import]) -> None:
+        """Depth-first over imports; ``via[i]`` is the import in ``stack[i]``
+        that led on, so a cycle is reported where it starts."""
         if path in unit.files:
             return
         unit.files.append(path)
         tree = self.asts.get(path)
         if tree is None:
             return
+        if not tree.items and not self.sources.texts.get(path, "").strip():
+            self.diags.append(warning("W023", Span.point(path), "empty file: no cluster, model or plan"))
         base = os.path.dirname(path)
         for item in tree.items:
             if not isinstance(item, ast.Import):
                 continue
             target = os.path.normpath(os.path.join(base, item.path))
-            if target in stack + [path]:
-                chain = " → ".join(stack[stack.index(target) :] + [path, target]) if target in stack else f"{path} → {target}"
-                self.diags.append(
-                    error("E006", item.span, f"import cycle: {chain}", "move the shared definitions into a file both can import")
-                )
+            chain = stack + [path]
+            if target in chain:
+                k = chain.index(target)
+                files = " → ".join(chain[k:] + [target])
+                blame = (via + [item])[k]
+                self.diags.append(error("E006", blame.span, f"import cycle: {files}", "move the shared definitions into a file both can import"))
                 continue
             if target not in self.asts:
                 try:
@@ -98,7 +103,7 @@ class _Loader:
                     self.asts[target] = None
                     self.diags.append(error("E005", item.span, f"cannot read import {item.path}: {e.strerror}"))
                     continue
-            self._visit(target, unit, stack + [path])
+            self._visit(target, unit, chain, via + [item])
 
 
 def load_paths(paths: list[Path | str], check: bool = True) -> LoadResult:
@@ -221,7 +226,7 @@ class _Lowerer:
                 if isinstance(a, ast.Assign):
                     spans[f"{kind}.{a.key}"] = a.span
             return self._lower_def(kind, block)
-        self.r.diags.append(error("E012", fields.block.kind_span, f"plan '{fields.block.name}' has no {kind}", f"add `{kind} = <name>` or an inline `{kind} … {{ }}` block"))
+        self.r.diags.append(error("E012", fields.block.name_span or fields.block.kind_span, f"plan '{fields.block.name}' has no {kind}", f"add `{kind} = <name>` or an inline `{kind} … {{ }}` block"))
         return None
 
     def _lower_def(self, kind: str, block: ast.Block):

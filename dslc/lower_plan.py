@@ -37,7 +37,7 @@ def lower_plan(lw: "_Lowerer", block: ast.Block) -> ir.Plan | None:
             spans[f"{kind}.{key}"] = a.span
         return sf
 
-    mesh = _mesh(lw, sub("mesh", axes=True), cluster, spans)
+    mesh = _mesh(lw, sub("mesh", ir.AXES, axes=True), cluster, spans)
 
     tpf = sub("tensor_parallel", ("sequence_parallel",))
     tp = ir.TensorParallel(r.bool(tpf, "sequence_parallel", False), spans.get("tensor_parallel"))
@@ -110,11 +110,10 @@ def _mesh(lw: "_Lowerer", f: Fields, cluster: ir.Cluster | None, spans: dict[str
     r = lw.r
     axes: list[ir.MeshAxis] = []
     ok = True
-    for a in f.block.body:
-        if isinstance(a, ast.Assign):  # `tp = 4` or `tp = 4 nvlink`: the link is missing
-            link = a.value.unit if isinstance(a.value, ast.Quantity) else "<link>"
-            r.diags.append(error("E036", a.span, f"mesh axis '{a.key}' is not placed on a link", f"write `{a.key} = {getattr(a.value, 'value', 'N')} on {link}`"))
-            ok = False
+    for a in f.assigns.values():  # `tp = 4` or `tp = 4 nvlink`: the link is missing
+        link = a.value.unit if isinstance(a.value, ast.Quantity) else "<link>"
+        r.diags.append(error("E036", a.span, f"mesh axis '{a.key}' is not placed on a link", f"write `{a.key} = {getattr(a.value, 'value', 'N')} on {link}`"))
+        ok = False
     for ax in f.axes:
         if ax.name not in ir.AXES:
             r.diags.append(r.unknown("E033", f"unknown mesh axis '{ax.name}'", ax.name, ir.AXES, ax.name_span))
@@ -137,8 +136,7 @@ def _mesh(lw: "_Lowerer", f: Fields, cluster: ir.Cluster | None, spans: dict[str
         if cluster is not None and cluster.link(ax.link) is None:
             names = [lk.name for lk in cluster.links]
             d = r.unknown("E031", f"axis '{ax.name}' is placed on '{ax.link}', which cluster '{cluster.name}' does not define", ax.link, names, ax.link_span)
-            r.diags.append(d)
-            ok = False
+            r.diags.append(d)  # the mesh is still sound: later checks run
         spans[f"mesh.{ax.name}"] = ax.span
         axes.append(ir.MeshAxis(ax.name, size, ax.link, ax.span))
     return ir.Mesh(tuple(axes), spans.get("mesh", f.block.span)) if ok else None
