@@ -96,7 +96,6 @@ def cmd_lint(args) -> int:
 
 
 def cmd_compile(args) -> int:
-    from . import codegen
     from .diagnostics import error
 
     result = load(args.paths)
@@ -104,9 +103,12 @@ def cmd_compile(args) -> int:
     if has_errors(result.diagnostics):
         print("dslc: not compiled: the plans have errors", file=sys.stderr)
         return 1
+    plans = pick(result, args.plan)
+    from . import codegen
+
     root = Path(args.output)
     failed, stale = [], []
-    for plan in pick(result, args.plan):
+    for plan in plans:
         try:
             if args.check:
                 stale += codegen.stale(plan, root)

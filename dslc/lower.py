@@ -297,7 +297,8 @@ class _Lowerer:
         for key in self.EXPERT_KEYS:
             if not moe and key in f.assigns:
                 r.diags.append(error("E072", f.assigns[key].span, f"'{key}' is an expert option but {arch} is a dense model", "use arch = mixtral for a mixture of experts"))
-        experts = r.int(f, "experts", required=moe, minimum=1) if moe else 0
+        # may also come from the plan's experts block; lower_plan checks it is set
+        experts = r.int(f, "experts", 0, minimum=1) if moe else 0
         top_k = r.int(f, "top_k", 2, minimum=1) if moe else 0
         cap = r.float(f, "capacity_factor", 0.0, minimum=0) if moe else 0.0
         aux = r.float(f, "aux_loss_weight", 0.01, minimum=0) if moe else 0.0

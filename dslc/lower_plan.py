@@ -51,7 +51,7 @@ def lower_plan(lw: "_Lowerer", block: ast.Block) -> ir.Plan | None:
     # experts { } sets a mixtral model's expert options for this plan
     ef = sub("experts", ("count", "top_k", "capacity_factor", "aux_loss_weight"))
     if ef.assigns and model is not None:
-        if not model.is_moe:
+        if model.arch != "mixtral":
             r.diags.append(error("E072", spans["experts"], f"an experts block needs a mixture-of-experts model, but {model.arch} is dense", "use arch = mixtral"))
         else:
             from dataclasses import replace
@@ -67,6 +67,10 @@ def lower_plan(lw: "_Lowerer", block: ast.Block) -> ir.Plan | None:
                 aux_loss_weight=r.float(ef, "aux_loss_weight", model.aux_loss_weight, minimum=0),
             )
             spans.update({"model.experts": spans.get("experts.count", spans["experts"]), "model.top_k": spans.get("experts.top_k", spans["experts"])})
+
+    if model is not None and model.arch == "mixtral" and model.experts == 0:
+        r.diags.append(error("E012", spans.get("model", block.span), "a mixtral model needs its number of experts", "set `experts = 8` in the model, or `experts { count = 8 }` in the plan"))
+        model = None
 
     tf = sub("train", ("steps", "micro_batch", "global_batch", "precision", "recompute", "grad_clip", "seed", "loss_scale", "data"), blocks=("optimizer", "lr_schedule", "checkpoint"))
     ppf = sub("pipeline", ("schedule", "virtual_stages", "microbatches", "layers_per_stage"))

@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import cached_property
-from math import gcd, prod
+from math import gcd
 
 import networkx as nx
 import numpy as np
@@ -312,8 +312,8 @@ class Topology:
                 _, inv, cnt = np.unique(key, return_inverse=True, return_counts=True)
                 same = cnt[inv] - 1
                 per_peer = w / max(len(sel) - 1, 1)
-                loads.add(intra, src, None, per_peer * same, node)
-                loads.add(inter, src, None, per_peer * (len(sel) - 1 - same), node)
+                loads.add(intra, src, per_peer * same, node, cross=False)
+                loads.add(inter, src, per_peer * (len(sel) - 1 - same), node, cross=True)
                 continue
             dst = base[part] + sel_off[(k + 1) % len(sel)]
             loads.hop(intra, inter, src, dst, w, node)
@@ -340,14 +340,14 @@ class LinkLoads:
             table[link] = np.zeros(size)
         return table[link]
 
-    def add(self, link: Link | None, src: np.ndarray, dst: np.ndarray | None, w: np.ndarray, node: np.ndarray) -> None:
-        """Symmetric traffic (all-to-all): what a rank sends it also receives."""
+    def add(self, link: Link | None, src: np.ndarray, w: np.ndarray, node: np.ndarray, cross: bool) -> None:
+        """Symmetric traffic (all-to-all): what a rank sends on ``link`` it also receives."""
         if link is None or not np.any(w):
             return
         n, nodes = len(node), self.topo.cluster.nodes
         np.add.at(self._arr(self.gpu_out, link.name, n), src, w)
-        np.add.at(self._arr(self.gpu_in, link.name, n), src if dst is None else dst, w)
-        if link.scope == "cluster" and dst is None:
+        np.add.at(self._arr(self.gpu_in, link.name, n), src, w)
+        if cross:
             up = np.bincount(node[src], weights=w, minlength=nodes)
             self._arr(self.node_up, link.name, nodes)[:] += up
             self._arr(self.node_down, link.name, nodes)[:] += up
@@ -356,13 +356,13 @@ class LinkLoads:
         """Point-to-point hops src[i] → dst[i] carrying w[i] bytes."""
         n, nodes = len(node), self.topo.cluster.nodes
         same = node[src] == node[dst]
-        for link, mask in ((intra, same), (inter, ~same)):
+        for link, mask, cross in ((intra, same, False), (inter, ~same, True)):
             if link is None or not np.any(mask & (w > 0)):
                 continue
             s, d, x = src[mask], dst[mask], w[mask]
             np.add.at(self._arr(self.gpu_out, link.name, n), s, x)
             np.add.at(self._arr(self.gpu_in, link.name, n), d, x)
-            if link.scope == "cluster" and link is inter:
+            if cross:
                 np.add.at(self._arr(self.node_up, link.name, nodes), node[s], x)
                 np.add.at(self._arr(self.node_down, link.name, nodes), node[d], x)
 
@@ -406,6 +406,3 @@ class LinkLoads:
                 out.append(best)
         return out
 
-
-def world_of(mesh: Mesh) -> int:
-    return prod(a.size for a in mesh.axes)

@@ -1,0 +1,262 @@
+"""The CLI as a user meets it: exit codes, output formats, bad input."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dslc.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+CASES = ROOT / "tests" / "cases"
+BAD = CASES / "many_errors_one_run.plan"
+
+
+def run(*args: str, stdin: bytes | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dslc", *args], input=stdin, capture_output=True, cwd=cwd, timeout=120)
+
+
+def test_example_plans_lint_clean():
+    r = run("lint", "plans", "clusters")
+    assert r.returncode == 0, r.stdout.decode() + r.stderr.decode()
+    assert r.stdout == b""
+
+
+def test_text_format_shows_line_caret_and_help(capsys):
+    assert main(["lint", str(CASES / "unknown_key.plan")]) == 1
+    out = capsys.readouterr().out
+    rel = CASES / "unknown_key.plan"
+    lines = out.splitlines()
+    head = lines.index(f"{rel}:10:30: error[E010]: unknown key 'hiden' in model 'gpt2'")
+    source, caret = lines[head + 1], lines[head + 2]
+    assert source.endswith("    model gpt2 { layers = 2; hiden = 64; heads = 4; vocab = 256; seq_len = 32 }")
+    assert caret.index("^") == source.index("hiden") and caret.count("^") == len("hiden")
+    assert "help: did you mean 'hidden'?" in out
+    assert "\033[" not in out  # no colour when not a terminal
+
+
+def test_all_errors_in_one_run(capsys):
+    main(["lint", "--format", "json", str(BAD)])
+    codes = sorted(d["code"] for d in json.loads(capsys.readouterr().out))
+    assert codes == ["E019", "E031", "E040", "E081"]
+
+
+def test_json_format(capsys):
+    assert main(["lint", "--format", "json", str(BAD)]) == 1
+    diags = json.loads(capsys.readouterr().out)
+    assert {"code", "severity", "message", "file", "line", "col", "end_line", "end_col"} <= set(diags[0])
+    assert all(d["file"] == str(BAD) for d in diags)
+
+
+def test_github_format(capsys):
+    assert main(["lint", "--format", "github", str(BAD)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 4
+    for line in lines:
+        assert line.startswith(f"::error file={BAD},line=")
+        assert ",title=E0" in line and "::" in line[2:]
+
+
+def test_sarif_format_has_the_required_fields(capsys):
+    """SARIF 2.1.0 as GitHub code scanning reads it: version, $schema,
+    runs[].tool.driver.name and rules, results[] with ruleId, level, message.text
+    and a physical location with a region."""
+    assert main(["lint", "--format", "sarif", str(BAD)]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["version"] == "2.1.0" and "sarif" in doc["$schema"]
+    (run_,) = doc["runs"]
+    driver = run_["tool"]["driver"]
+    assert driver["name"] == "dslc" and driver["version"]
+    rule_ids = [r["id"] for r in driver["rules"]]
+    assert rule_ids == sorted(set(rule_ids))
+    assert len(run_["results"]) == 4
+    for res in run_["results"]:
+        assert res["level"] in ("error", "warning", "note")
+        assert res["message"]["text"]
+        assert rule_ids[res["ruleIndex"]] == res["ruleId"]
+        loc = res["locations"][0]["physicalLocation"]
+        assert not os.path.isabs(loc["artifactLocation"]["uri"])
+        region = loc["region"]
+        assert region["startLine"] >= 1 and region["startColumn"] >= 1
+        assert region["endColumn"] > region["startColumn"] or region["endLine"] > region["startLine"]
+
+
+def test_sarif_validates_against_schema(capsys):
+    jsonschema = pytest.importorskip("jsonschema")
+    main(["lint", "--format", "sarif", str(BAD)])
+    doc = json.loads(capsys.readouterr().out)
+    jsonschema.validate(doc, SARIF_SUBSET)
+
+
+# The parts of the SARIF 2.1.0 schema that a result file must satisfy
+# (required properties and enums, from the OASIS standard, section 3).
+SARIF_SUBSET = {
+    "type": "object",
+    "required": ["version", "runs"],
+    "properties": {
+        "version": {"enum": ["2.1.0"]},
+        "runs": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["tool"],
+                "properties": {
+                    "tool": {
+                        "type": "object",
+                        "required": ["driver"],
+                        "properties": {
+                            "driver": {
+                                "type": "object",
+                                "required": ["name"],
+                                "properties": {
+                                    "rules": {
+                                        "type": "array",
+                                        "items": {"type": "object", "required": ["id"]},
+                                    }
+                                },
+                            }
+                        },
+                    },
+                    "results": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "required": ["message"],
+                            "properties": {
+                                "level": {"enum": ["none", "note", "warning", "error"]},
+                                "message": {"type": "object", "required": ["text"]},
+                                "locations": {
+                                    "type": "array",
+                                    "items": {
+                                        "type": "object",
+                                        "properties": {
+                                            "physicalLocation": {
+                                                "type": "object",
+                                                "properties": {
+                                                    "region": {
+                                                        "type": "object",
+                                                        "properties": {
+                                                            "startLine": {"type": "integer", "minimum": 1},
+                                                            "startColumn": {"type": "integer", "minimum": 1},
+                                                        },
+                                                    }
+                                                },
+                                            }
+                                        },
+                                    },
+                                },
+                            },
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+
+
+def test_strict_fails_on_warnings():
+    plan = CASES / "vocab_padded.plan"
+    assert main(["lint", str(plan)]) == 0
+    assert main(["lint", "--strict", str(plan)]) == 1
+
+
+def test_stdin():
+    text = (CASES / "unknown_key.plan").read_bytes()
+    r = run("lint", "-", stdin=text)
+    assert r.returncode == 1
+    assert b"<stdin>:10:30: error[E010]" in r.stdout
+    ok = (ROOT / "tests" / "cases" / "vocab_padded.plan").read_bytes()
+    assert run("lint", "-", stdin=ok).returncode == 0
+
+
+def test_directory_is_searched_recursively(tmp_path):
+    sub = tmp_path / "a" / "b"
+    sub.mkdir(parents=True)
+    (sub / "x.plan").write_bytes((CASES / "zero_stage.plan").read_bytes())
+    r = run("lint", str(tmp_path))
+    assert r.returncode == 1 and b"E081" in r.stdout
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["lint", "does/not/exist.plan"], b"no such file or directory: does/not/exist.plan"),
+        (["lint", "docs"], b"no .plan files under docs"),
+        (["lint", "--format", "xml", "plans"], b"invalid choice"),
+        (["frobnicate"], b"invalid choice"),
+        (["compile", "plans/llama3_8b.plan", "--plan", "nope"], b"no plan named 'nope'"),
+    ],
+)
+def test_usage_and_io_errors_exit_2(args, needle):
+    r = run(*args)
+    assert r.returncode == 2, r.stderr
+    assert needle in r.stderr
+    assert b"Traceback" not in r.stderr
+
+
+def test_unreadable_file(tmp_path):
+    if os.geteuid() == 0:
+        pytest.skip("root reads every file")
+    f = tmp_path / "secret.plan"
+    f.write_text("plan p { }")
+    f.chmod(0)
+    r = run("lint", str(f))
+    assert r.returncode == 2 and b"permission denied" in r.stderr
+
+
+@pytest.mark.parametrize(
+    "name, data, code",
+    [
+        ("empty", b"", 0),
+        ("binary", bytes(range(256)) * 4, 1),
+        ("bad_utf8", b"plan p { x = \xc3\x28 }", 1),
+        ("garbage", os.urandom(10 * 1024 * 1024), 1),
+        ("nested", b"plan p " + b"a { " * 10_000 + b"}" * 10_000, 1),
+        ("nested_parens", b"plan p { x = " + b"(" * 10_000 + b")" * 10_000 + b" }", 1),
+        ("only_comments", b"// nothing here\n# nor here\n", 0),
+    ],
+)
+def test_hostile_files_give_diagnostics_not_tracebacks(tmp_path, name, data, code):
+    f = tmp_path / f"{name}.plan"
+    f.write_bytes(data)
+    r = run("lint", str(f))
+    assert r.returncode == code, r.stdout + r.stderr
+    assert b"Traceback" not in r.stderr + r.stdout
+    assert r.stdout.count(b"\n") < 50  # one diagnostic, not a flood
+
+
+def test_directory_given_as_import(tmp_path):
+    (tmp_path / "d.plan").mkdir()
+    f = tmp_path / "x.plan"
+    f.write_text('import "d.plan"\n')
+    r = run("lint", str(f))
+    assert r.returncode == 1 and b"E005" in r.stdout
+
+
+def test_version():
+    r = run("--version")
+    assert r.returncode == 0 and r.stdout.startswith(b"dslc ")
+
+
+def test_python_m_and_console_script_agree():
+    exe = Path(sys.executable).with_name("dslc")
+    r = subprocess.run([str(exe), "lint", str(BAD)], capture_output=True)
+    assert r.returncode == 1 and r.stdout == run("lint", str(BAD)).stdout
+
+
+def test_main_renders_to_stdout_for_lint():
+    buf = io.StringIO()
+    old = sys.stdout
+    sys.stdout = buf
+    try:
+        main(["lint", "--format", "json", str(CASES / "zero_stage.plan")])
+    finally:
+        sys.stdout = old
+    assert json.loads(buf.getvalue())[0]["code"] == "E081"
