@@ -18,14 +18,15 @@ test: $(VENV)/.installed
 	$(PY) -m pytest -q -n 2 --dist loadgroup tests
 
 demo: $(VENV)/.installed
-	$(PY) -m dslc demo
+	$(VENV)/bin/dslc lint plans
+	$(VENV)/bin/dslc explain plans/llama3_8b.plan
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/dslc lint plans
 	$(VENV)/bin/ruff check dslc tests benchmarks
 
 bench: $(VENV)/.installed
-	$(PY) benchmarks/lint_speed.py
+	for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
 	rm -rf $(VENV) build dist
