@@ -173,7 +173,9 @@ def cmd_schedule(args) -> int:
     print(draw.text_grid(actions, sim))
     if args.output:
         try:
-            draw.draw(actions, sim, args.output)
+            draw.draw(actions, sim, args.output, schedule=f"{plan.name}: {pl.schedule}")
+        except ValueError as e:
+            raise UsageError(str(e)) from None
         except OSError as e:
             raise UsageError(f"cannot write {args.output}: {e.strerror}") from None
         print(f"wrote {args.output}", file=sys.stderr)

@@ -61,7 +61,8 @@ COMM = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
 KINDS = COMPUTE + COMM
 
 __all__ = [
-    "SCHEDULES", "Action", "ScheduleError", "Simulation", "build", "check", "simulate", "verify",
+    "SCHEDULES", "Action", "ScheduleError", "Simulation", "build", "check", "message", "simulate",
+    "verify",
 ]
 
 
@@ -177,7 +178,8 @@ def _with_comm(steps: Steps, rank: int, p: int, v: int) -> tuple[Action, ...]:
         out = []
         for a in step:
             kind = prefix + a.kind
-            if a.kind in ("F", "B") and (peer := _expected_peer(kind, a.chunk, rank, p, v)) is not None:
+            peer = _expected_peer(kind, a.chunk, rank, p, v) if a.kind in ("F", "B") else None
+            if peer is not None:
                 out.append(Action(kind, a.microbatch, a.chunk, peer))
         return out
 
@@ -195,8 +197,9 @@ def _expected_peer(kind: str, chunk: int, rank: int, p: int, v: int) -> int | No
     return None if not 0 <= other < p * v or other % p == rank else other % p
 
 
-def _message(a: Action, rank: int, p: int) -> tuple[str, int, int]:
-    """What a send/receive carries: (direction F|B, micro-batch, producing global chunk)."""
+def message(a: Action, rank: int, p: int) -> tuple[str, int, int]:
+    """What a send/receive on ``rank`` carries: (F|B, micro-batch, producing global chunk).
+    A send and a receive belong together iff their messages are equal."""
     g = a.chunk * p + rank
     return (a.kind[-1], a.microbatch, g - 1 if a.kind == "RECV_F" else
             g + 1 if a.kind == "RECV_B" else g)
@@ -320,7 +323,7 @@ def _pair(actions: Actions, valid, p: int, m: int, v: int, first: dict):
     recvs: dict[tuple, list[tuple[int, int]]] = defaultdict(list)
     for r, i, a in valid:
         if a.is_comm and _expected_peer(a.kind, a.chunk, r, p, v) is not None:
-            (sends if a.kind.startswith("SEND") else recvs)[_message(a, r, p)].append((r, i))
+            (sends if a.kind.startswith("SEND") else recvs)[message(a, r, p)].append((r, i))
     problems, pairs = [], []
     for key in sorted(set(sends) | set(recvs)):
         ss, rs = sends.get(key, []), recvs.get(key, [])
@@ -359,7 +362,8 @@ def _key_text(key: tuple[str, int, int]) -> str:
 
 
 def _kind_hint(actions: Actions, a: Action, r: int) -> str:
-    """Name a counterpart of the other kind on the peer (activations and gradients share a shape)."""
+    """Name a counterpart of the other kind on the peer (activations and gradients share a
+    shape, so the runtime would not notice the mix-up)."""
     want = ("RECV_" if a.kind.startswith("SEND") else "SEND_") + "FB"[a.kind.endswith("F")]
     if a.peer is None or not 0 <= a.peer < len(actions):
         return ""
@@ -378,7 +382,7 @@ def _order_problems(actions: Actions, valid, p: int) -> list[str]:
         if a.is_comm and a.peer is not None:
             is_send = a.kind.startswith("SEND")
             channel = (r, a.peer) if is_send else (a.peer, r)
-            (sent if is_send else got)[channel].append((_message(a, r, p), i))
+            (sent if is_send else got)[channel].append((message(a, r, p), i))
     problems = []
     for r, q in sorted(set(sent) & set(got)):
         out, into = sent[(r, q)], got[(r, q)]
@@ -465,7 +469,8 @@ def _describe_cycle(cycle: list, graph: nx.DiGraph, actions: Actions) -> str:
     ranks = sorted({r for r, _ in runs})
     return (f"deadlock: cycle through rank{'s' * (len(ranks) > 1)} {', '.join(map(str, ranks))} "
             f"(micro-batch{'es' * (len(mbs) > 1)} {', '.join(map(str, sorted(mbs)))}); each step "
-            f"must finish before the next can start: {' → '.join(parts)} → back to rank {runs[0][0]}")
+            f"must finish before the next can start: {' → '.join(parts)} "
+            f"→ back to rank {runs[0][0]}")
 
 
 # ---------------------------------------------------------------------------- simulate
@@ -519,10 +524,10 @@ def simulate(actions: Actions, t_f: float, t_b: float, t_w: float = 0.0,
             a, start = actions[r][pos[r]], clock[r]
             if a.kind in ("SEND_F", "SEND_B"):
                 end = start + t_comm
-                sent.setdefault(_message(a, r, p), end)
-                ready.extend(waiting.pop(_message(a, r, p), []))
+                sent.setdefault(message(a, r, p), end)
+                ready.extend(waiting.pop(message(a, r, p), []))
             elif a.kind in ("RECV_F", "RECV_B"):
-                if (key := _message(a, r, p)) not in sent:
+                if (key := message(a, r, p)) not in sent:
                     waiting[key].append(r)
                     break
                 end = max(start, sent[key])

@@ -1,0 +1,369 @@
+"""Pipeline schedules: the lists build() emits, the deadlock checker on hand-broken lists, the
+simulated bubble against the published formulas, and the pictures.
+
+Expected values come from the papers (Narayanan et al. SC21, Korthikanti et al. 2022, Qi et
+al. 2023 Figure 3, Huang et al. 2019) or are derived by hand in the comments, never from the
+code's own output."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from itertools import pairwise
+
+import pytest
+
+from dslc.draw import draw, text_grid
+from dslc.schedule import Action, ScheduleError, build, check, message, simulate, verify
+
+A = Action
+
+
+def ops(text: str) -> list[Action]:
+    """'F0 SEND_F0→1 RECV_B0←1 B0·1' → actions (the label format of Action.label)."""
+    out = []
+    for tok in text.split():
+        kind, mb, chunk, peer = re.fullmatch(
+            r"(SEND_F|RECV_F|SEND_B|RECV_B|F|B|W)(\d+)(?:·(\d+))?(?:[→←](\d+))?", tok).groups()
+        out.append(A(kind, int(mb), int(chunk or 0), None if peer is None else int(peer)))
+    return out
+
+
+def computes(actions, rank: int) -> list[str]:
+    return [a.label(chunks=True) for a in actions[rank] if not a.is_comm]
+
+
+def lists(actions) -> list[list[Action]]:
+    return [list(acts) for acts in actions]
+
+
+def frozen(lists_) -> tuple[tuple[Action, ...], ...]:
+    return tuple(tuple(acts) for acts in lists_)
+
+
+# ---------------------------------------------------------------------------- build
+
+
+def test_1f1b_two_stages_three_microbatches_exact_lists():
+    # rank 0: one warm-up forward (p − r − 1 = 1), then F,B pairs; each send right after its
+    # producer, each receive right before its consumer; rank 1 (last) alternates F, B.
+    actions = build("1f1b", 2, 3)
+    assert list(actions[0]) == ops(
+        "F0 SEND_F0→1 F1 SEND_F1→1 RECV_B0←1 B0 F2 SEND_F2→1 RECV_B1←1 B1 RECV_B2←1 B2")
+    assert list(actions[1]) == ops(
+        "RECV_F0←0 F0 B0 SEND_B0→0 RECV_F1←0 F1 B1 SEND_B1→0 RECV_F2←0 F2 B2 SEND_B2→0")
+
+
+def test_gpipe_runs_all_forwards_then_all_backwards():
+    actions = build("gpipe", 3, 4)
+    for r in range(3):
+        assert computes(actions, r) == [f"F{i}·0" for i in range(4)] + [f"B{i}·0" for i in range(4)]
+
+
+def test_zb_h1_matches_figure_3_of_qi_et_al():
+    # Qi et al. 2023, Figure 3 (top), p = 4, m = 8, written 0-based. Device 1 runs F1–F4, idles,
+    # then B1 W1 F5 B2 W2 F6 B3 W3 F7 B4 W4 F8 B5 W5 … B8 W8; device 4 runs F1 B1 … F4 B4,
+    # then W1 F5 B5 W2 F6 B6 W3 F7 B7 W4 F8 B8 W5 W6 W7 W8.
+    actions = build("zb_h1", 4, 8)
+    first = "F0 F1 F2 F3 B0 W0 F4 B1 W1 F5 B2 W2 F6 B3 W3 F7 B4 W4 B5 W5 B6 W6 B7 W7"
+    last = ("F0 B0 F1 B1 F2 B2 F3 B3 W0 F4 B4 W1 F5 B5 W2 F6 B6 W3 F7 B7 W4 W5 W6 W7")
+    assert [a.label() for a in actions[0] if not a.is_comm] == first.split()
+    assert [a.label() for a in actions[3] if not a.is_comm] == last.split()
+
+
+def test_interleaved_follows_megatron_order():
+    # p = 2, v = 2, m = 4: chunk-step k runs mb (k // 4)·2 + k % 2 on chunk (k % 4) // 2
+    # (reversed for B). Warm-up: rank 0 2·(2−0−1) + (2−1)·2 = 4, rank 1 0 + 2 = 2 forwards.
+    actions = build("interleaved_1f1b", 2, 4, 2)
+    rank0 = "F0·0 F1·0 F0·1 F1·1 F2·0 B0·1 F3·0 B1·1 F2·1 B0·0 F3·1 B1·0 B2·1 B3·1 B2·0 B3·0"
+    rank1 = "F0·0 F1·0 F0·1 B0·1 F1·1 B1·1 F2·0 B0·0 F3·0 B1·0 F2·1 B2·1 F3·1 B3·1 B2·0 B3·0"
+    assert computes(actions, 0) == rank0.split()
+    assert computes(actions, 1) == rank1.split()
+
+
+def test_interleaved_steady_state_exchanges_one_batch_per_forward_backward_pair():
+    # After F(k), B(k') a rank posts {SEND_F, SEND_B, RECV_F, RECV_B} together (Megatron's
+    # send_forward_backward_recv_forward_backward). Rank 1 runs F2·0 (global chunk 1) and
+    # B0·0, then sends both results to rank 0 (global chunks 2 and 0) and receives the inputs
+    # of its next pair, F3·0 (from global 0) and B1·0 (from global 2), all in one batch.
+    acts = list(build("interleaved_1f1b", 2, 4, 2)[1])
+    i = acts.index(A("B", 0, 0))
+    assert acts[i - 1] == A("F", 2, 0)
+    assert acts[i + 1:i + 6] == ops("SEND_F2·0→0 SEND_B0·0→0 RECV_F3·0←0 RECV_B1·0←0 F3·0")
+
+
+def test_one_stage_has_no_communication():
+    for actions in (build("1f1b", 1, 3), build("interleaved_1f1b", 1, 2, 3)):
+        assert not any(a.is_comm for a in actions[0])
+        assert verify(actions) == []
+
+
+@pytest.mark.parametrize("args, words", [
+    (("1f1b", 4, 3), ["microbatches=3", "pp=4"]),
+    (("zb_h1", 8, 5), ["microbatches=5", "pp=8"]),
+    (("interleaved_1f1b", 4, 6, 2), ["microbatches=6", "pp=4", "remainder 2"]),
+    (("gpipe", 2, 4, 2), ["virtual_stages=2", "gpipe"]),
+    (("pipedream", 2, 4), ["pipedream", "gpipe", "zb_h1"]),
+    (("gpipe", 0, 4), ["0"]),
+])
+def test_build_rejects_impossible_shapes_with_the_numbers(args, words):
+    with pytest.raises(ValueError) as err:
+        build(*args)
+    for word in words:
+        assert word in str(err.value)
+
+
+def test_gpipe_accepts_fewer_microbatches_than_stages():
+    assert verify(build("gpipe", 4, 2)) == []
+
+
+# ---------------------------------------------------------------------------- verify
+
+
+def test_cross_rank_cycle_is_named_with_ranks_actions_and_microbatches():
+    # rank 0 waits for B0's gradient before it sends F1; rank 1 waits for F1 before it runs B0.
+    r0 = ops("F0 SEND_F0→1 RECV_B0←1 B0 F1 SEND_F1→1 RECV_B1←1 B1")
+    r1 = ops("RECV_F0←0 F0 RECV_F1←0 F1 B0 SEND_B0→0 B1 SEND_B1→0")
+    problems = verify(frozen([r0, r1]))
+    assert len(problems) == 1
+    assert problems[0].startswith("deadlock: cycle through ranks 0, 1 (micro-batches 0, 1)")
+    assert "RECV_B mb 0 chunk 0 from rank 1 (#2)" in problems[0]
+    assert "RECV_F mb 1 chunk 0 from rank 0 (#2)" in problems[0]
+    with pytest.raises(ScheduleError) as err:
+        check(frozen([r0, r1]))
+    assert "deadlock" in err.value.message and "ranks 0, 1" in err.value.message
+    with pytest.raises(ScheduleError, match="waits forever"):
+        simulate(frozen([r0, r1]), 1.0, 2.0)
+
+
+def test_swapped_receive_order_is_caught():
+    acts = lists(build("1f1b", 2, 2))
+    # rank 1: RECV_F0 F0 B0 SEND_B0 RECV_F1 F1 …: swap the two receives
+    i, j = acts[1].index(A("RECV_F", 0, 0, 0)), acts[1].index(A("RECV_F", 1, 0, 0))
+    acts[1][i], acts[1][j] = acts[1][j], acts[1][i]
+    problems = verify(frozen(acts))
+    assert any("rank 1 receives from rank 0 in a different order" in p for p in problems)
+    cycle = [p for p in problems if p.startswith("deadlock")]
+    assert cycle and "rank 1" in cycle[0] and "RECV_F mb 0 chunk 0 from rank 0" in cycle[0]
+    assert "needed by F mb 0 chunk 0" in cycle[0]
+
+
+def test_missing_receive_is_caught():
+    acts = lists(build("1f1b", 3, 4))
+    acts[2].remove(A("RECV_F", 1, 0, 1))
+    problems = verify(frozen(acts))
+    assert problems == [
+        "rank 1 action #5 (SEND_F mb 1 chunk 0 to rank 2) has no matching RECV_F on rank 2"]
+
+
+def test_duplicate_send_is_caught():
+    acts = lists(build("1f1b", 3, 4))
+    acts[0].insert(2, A("SEND_F", 0, 0, 1))
+    problems = verify(frozen(acts))
+    assert any("activation of mb 0 from global chunk 0 to 1 is sent 2 times" in p for p in problems)
+
+
+def test_backward_before_its_forward_is_caught():
+    acts = frozen([ops("B0 F0 F1 B1")])
+    problems = verify(acts)
+    assert "rank 0 runs B mb 0 chunk 0 (#0) before its F (#1)" in problems
+    assert any(p.startswith("deadlock: cycle through rank 0 (micro-batch 0)") for p in problems)
+
+
+def test_weight_gradient_before_its_backward_is_caught():
+    acts = frozen([ops("F0 W0 B0 F1 B1 W1")])
+    assert "rank 0 runs W mb 0 chunk 0 (#1) before its B (#2)" in verify(acts)
+
+
+def test_wrong_peer_is_caught():
+    acts = lists(build("1f1b", 3, 4))
+    i = acts[1].index(A("SEND_F", 0, 0, 2))
+    acts[1][i] = A("SEND_F", 0, 0, 0)
+    problems = verify(frozen(acts))
+    assert f"rank 1 action #{i} (SEND_F mb 0 chunk 0 to rank 0): wrong peer: global chunk 2 " \
+           "lives on rank 2, not rank 0" in problems
+
+
+def test_mismatched_kind_is_caught():
+    # rank 1 posts a gradient receive where rank 0 sends an activation: same shape, wrong tensor
+    acts = lists(build("1f1b", 2, 2))
+    i = acts[1].index(A("RECV_F", 1, 0, 0))
+    acts[1][i] = A("RECV_B", 1, 0, 0)
+    problems = verify(frozen(acts))
+    assert any("nothing to send or receive" in p for p in problems)
+    assert any("has no matching RECV_F on rank 1; kind mismatch: rank 1 has RECV_B mb 1" in p
+               for p in problems)
+
+
+def test_missing_computation_and_missing_message_pair_are_caught():
+    acts = lists(build("1f1b", 2, 3))
+    acts[1].remove(A("B", 2, 0))
+    assert "rank 1 never runs B for micro-batch 2 of chunk 0" in verify(frozen(acts))
+    acts = lists(build("1f1b", 2, 3))
+    acts[0].remove(A("SEND_F", 1, 0, 1))
+    acts[1].remove(A("RECV_F", 1, 0, 0))
+    assert any(p.startswith("micro-batch 1 never crosses from rank 0 to rank 1")
+               for p in verify(frozen(acts)))
+
+
+def test_unknown_kind_and_compute_with_peer_are_caught():
+    problems = verify(frozen([[A("F", 0, 0), A("X", 0, 0), A("B", 0, 0, 3)]]))
+    assert any("unknown kind 'X'" in p for p in problems)
+    assert any("a B computation has no peer (got 3)" in p for p in problems)
+
+
+def _send_right_after_compute(actions):
+    """Re-place comm naively: each receive right before its consumer, each send right after
+    its producer, even inside the interleaved steady state."""
+    out = []
+    for r, acts in enumerate(actions):
+        sends = {(a.microbatch, a.chunk, a.kind[-1]): a for a in acts if a.kind.startswith("SEND")}
+        recvs = {(a.microbatch, a.chunk, a.kind[-1]): a for a in acts if a.kind.startswith("RECV")}
+        row = []
+        for a in (a for a in acts if not a.is_comm):
+            key = (a.microbatch, a.chunk, a.kind)
+            row += ([recvs[key]] if key in recvs else []) + [a]
+            row += [sends[key]] if key in sends else []
+        out.append(row)
+    return frozen(out)
+
+
+def test_rendezvous_deadlock_that_eager_sends_would_hide():
+    # Interleaved p = 2, v = 2, m = 4 with each send right after its producer: a rank blocks in
+    # {SEND_F, RECV_B} until the peer posts the matching receive, which the peer only reaches
+    # after its own blocked batch; with buffered (eager) sends it would run.
+    naive = _send_right_after_compute(build("interleaved_1f1b", 2, 4, 2))
+    problems = verify(naive)
+    assert len(problems) == 1 and problems[0].startswith("deadlock: cycle through ranks 0, 1")
+    assert "post batch" in problems[0]
+    simulate(naive, 1.0, 2.0)  # eager semantics: completes
+
+
+# ---------------------------------------------------------------------------- simulate
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("t_f, t_b", [(1.0, 2.0), (1.0, 1.0), (1.0, 3.0)])
+def test_bubble_is_p_minus_1_over_m(schedule, t_f, t_b):
+    # Narayanan et al. SC21 §2.2.1: bubble time / ideal time = (p − 1) / m
+    for p in (1, 2, 3, 4, 6):
+        for m in (p, p + 1, 2 * p, 4 * p + 3):
+            sim = simulate(build(schedule, p, m), t_f, t_b)
+            assert sim.bubble_fraction == pytest.approx((p - 1) / m, abs=1e-12), (p, m)
+
+
+def test_interleaved_bubble_is_p_minus_1_over_v_m():
+    # Narayanan et al. SC21 §2.2.2: (p − 1) / (v · m), with per-chunk costs t_f, t_b
+    for p in (2, 3, 4):
+        for v in (2, 3, 4):
+            for m in (p, 2 * p, 3 * p):
+                sim = simulate(build("interleaved_1f1b", p, m, v), 1.0, 2.0)
+                assert sim.bubble_fraction == pytest.approx((p - 1) / (v * m), abs=1e-12)
+
+
+@pytest.mark.parametrize("t_f, t_b, t_w", [(1.0, 1.0, 1.0), (1.0, 2.0, 1.0), (1.0, 1.0, 0.5)])
+def test_zb_h1_bubble_matches_qi_et_al(t_f, t_b, t_w):
+    # Qi et al. 2023 §2.1: bubble (p − 1)(T_F + T_B − T_W) against m (T_F + T_B + T_W) of work
+    for p in (2, 3, 4, 5):
+        for m in (p, 2 * p, 3 * p + 1):
+            sim = simulate(build("zb_h1", p, m), t_f, t_b, t_w)
+            want = (p - 1) * (t_f + t_b - t_w) / (m * (t_f + t_b + t_w))
+            assert sim.bubble_fraction == pytest.approx(want, abs=1e-12), (p, m)
+
+
+def test_zb_h1_has_a_third_of_the_1f1b_bubble_at_equal_costs():
+    # Qi et al.: with T_F = T_B = T_W, ZB-H1's bubble is 1/3 of 1F1B's (B+W = full backward)
+    zb = simulate(build("zb_h1", 4, 8), 1.0, 1.0, 1.0)
+    one = simulate(build("1f1b", 4, 8), 1.0, 2.0)
+    assert zb.bubble_fraction == pytest.approx(one.bubble_fraction / 3)
+
+
+def test_makespan_and_idle_fraction_by_hand():
+    # 1F1B: (m + p − 1) slots of (t_f + t_b) = (8 + 3)·3 = 33; idle (p−1)/(m+p−1) (Huang et al.)
+    sim = simulate(build("1f1b", 4, 8), 1.0, 2.0)
+    assert sim.makespan == 33.0
+    assert sim.idle_fraction == pytest.approx(3 / 11)
+    # One micro-batch through 3 stages with p2p: p·(t_f + t_b) + 2(p − 1)·t_comm = 9 + 2 = 11
+    assert simulate(build("gpipe", 3, 1), 1.0, 2.0, 0.0, 0.5).makespan == pytest.approx(11.0)
+
+
+def test_peak_inflight_matches_the_published_counts():
+    for p in (1, 2, 3, 4):
+        m = 3 * p
+        # Korthikanti et al. §4.2.3: 1F1B's first stage holds p micro-batches, stage r p − r
+        assert simulate(build("1f1b", p, m), 1.0, 2.0).peak_inflight == tuple(range(p, 0, -1))
+        # GPipe keeps every micro-batch until the backward phase
+        assert simulate(build("gpipe", p, m), 1.0, 2.0).peak_inflight == (m,) * p
+        # ZB-H1: the same peak as 1F1B's first stage (Qi et al. §2.1), on every rank: W still
+        # needs the activations, and rank r runs p − r warm-up plus r steady forwards before
+        # its first W (the r postponed ones)
+        assert simulate(build("zb_h1", p, m), 1.0, 1.0, 1.0).peak_inflight == (p,) * p
+        for v in (2, 3):
+            # Korthikanti et al.: interleaving multiplies rank 0's p micro-batches by
+            # 1 + (p − 1)/(p·v); counted in chunk activations (1/v of a micro-batch each)
+            peak = simulate(build("interleaved_1f1b", p, m, v), 1.0, 2.0).peak_inflight[0]
+            assert peak / v == pytest.approx(p * (1 + (p - 1) / (p * v)))
+
+
+def test_timeline_is_consistent():
+    actions = build("interleaved_1f1b", 3, 6, 2)
+    sim = simulate(actions, 1.0, 2.0, 0.0, 0.25)
+    assert [a for _, a, _, _ in sim.timeline] == [a for acts in actions for a in acts]
+    send_end = {message(a, r, 3): e for r, a, s, e in sim.timeline if a.kind.startswith("SEND")}
+    for r in range(3):
+        rows = [(a, s, e) for q, a, s, e in sim.timeline if q == r]
+        for (_, _, e0), (_, s1, _) in pairwise(rows):
+            assert s1 == e0  # a rank runs its list back to back; waits show as receive time
+        for a, s, e in rows:
+            if a.kind.startswith("RECV"):
+                assert e == max(s, send_end[message(a, r, 3)])
+            elif a.kind.startswith("SEND"):
+                assert e - s == 0.25
+
+
+# ---------------------------------------------------------------------------- pictures
+
+
+@pytest.mark.parametrize("suffix, magic", [(".png", b"\x89PNG\r\n\x1a\n"), (".svg", b"<svg")])
+def test_draw_writes_the_file(tmp_path, suffix, magic):
+    actions = build("zb_h1", 3, 4)
+    path = draw(actions, simulate(actions, 1.0, 1.0, 1.0, 0.1), tmp_path / f"s{suffix}",
+                schedule="zb_h1")
+    data = path.read_bytes()
+    assert len(data) > 1000
+    assert data.startswith(magic) if suffix == ".png" else magic in data[:2000]
+    if suffix == ".svg":
+        assert b"zb_h1" in data and b"pp=3, m=4, v=1" in data
+
+
+def test_draw_rejects_other_formats(tmp_path):
+    actions = build("gpipe", 2, 2)
+    with pytest.raises(ValueError, match=r"\.png or \.svg"):
+        draw(actions, simulate(actions, 1.0, 2.0), tmp_path / "s.jpg")
+
+
+def test_text_grid_by_hand():
+    # 1F1B, p = 2, m = 2, t_f = 1, t_b = 2. Rank 1: F0 [1,2] B0 [2,4] F1 [4,5] B1 [5,7];
+    # rank 0: F0 [0,1] F1 [1,2] B0 [4,6] (after rank 1's B0) B1 [7,9] (after rank 1's B1).
+    actions = build("1f1b", 2, 2)
+    grid = text_grid(actions, simulate(actions, 1.0, 2.0))
+    lines = grid.splitlines()
+    assert len(lines) == 3 and "bubble 50.0%" in lines[0]
+    assert lines[1] == "rank 0  F0 F1 .  .  B0 ~  .  B1 ~"
+    assert lines[2] == "rank 1  .  F0 B0 ~  F1 B1 ~  .  ."
+
+
+def test_text_grid_has_one_row_per_rank_when_narrow():
+    actions = build("interleaved_1f1b", 8, 16, 4)
+    grid = text_grid(actions, simulate(actions, 1.0, 2.0), width=60)
+    rows = grid.splitlines()[1:]
+    assert [row.split()[:2] for row in rows] == [["rank", str(r)] for r in range(8)]
+    assert all(len(row) <= 60 for row in rows)
+    assert set("".join(row[8:] for row in rows)) <= set("FBW.")
+
+
+def test_importing_draw_does_not_import_matplotlib():
+    code = "import sys, dslc.draw, dslc.schedule; print('matplotlib' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
