@@ -6,11 +6,12 @@ about (``plan.where("model.heads")``). See dslc/codes.py for the catalogue.
 from __future__ import annotations
 
 import os
-from math import gcd
 from typing import Callable, Iterator
 
 from .diagnostics import Diagnostic, error, warning
+from .estimate import memory_diagnostics
 from .ir import Plan
+from .topology import axis_crossing
 
 Check = Callable[[Plan], Iterator[Diagnostic]]
 CHECKS: list[Check] = []
@@ -25,6 +26,9 @@ def check_plan(plan: Plan) -> list[Diagnostic]:
     out: list[Diagnostic] = []
     for fn in CHECKS:
         out.extend(fn(plan))
+    if not any(d.is_error for d in out):
+        # E090 (dslc/estimate.py): only a plan whose shapes are sound can be estimated
+        out.extend(memory_diagnostics(plan))
     return out
 
 
@@ -48,21 +52,6 @@ def mesh_matches_cluster(plan: Plan):
         )
 
 
-def crossing_group(world: int, gpus_per_node: int, size: int, stride: int) -> tuple[int, ...] | None:
-    """The first group of an axis (``size`` ranks ``stride`` apart) whose ranks
-    are not all on one node, or None. Groups repeat with period
-    lcm(size·stride, gpus_per_node), so only one period is scanned."""
-    span = size * stride
-    period = span * gpus_per_node // gcd(span, gpus_per_node)
-    for hi in range(0, min(world, period), span):
-        for lo in range(stride):
-            base = hi + lo
-            last = base + (size - 1) * stride
-            if base // gpus_per_node != last // gpus_per_node:
-                return tuple(base + i * stride for i in range(size))
-    return None
-
-
 @rule
 def placement(plan: Plan):
     c = plan.cluster
@@ -73,13 +62,12 @@ def placement(plan: Plan):
         if link is None or ax.size == 1:
             continue
         if link.scope == "node":
-            stride = plan.mesh.stride(ax.name)
-            group = crossing_group(plan.world_size, c.gpus_per_node, ax.size, stride)
-            if group is not None:
+            crossing = axis_crossing(plan.mesh, c.gpus_per_node, ax.name)
+            if crossing is not None:
+                group, stride, boundary = crossing
                 g = c.gpus_per_node
                 nodes = sorted({r // g for r in group})
                 shown = ", ".join(map(str, group[:8])) + (", …" if len(group) > 8 else "")
-                boundary = (group[0] // g + 1) * g
                 yield error(
                     "E034",
                     ax.span,
@@ -214,3 +202,4 @@ def training(plan: Plan):
     d = t.data
     if d.resolved_path and not d.resolved_path.startswith("<") and not os.path.exists(d.resolved_path):
         yield warning("W083", plan.where("train.data"), f"data file {d.path} not found (looked for {d.resolved_path})", "the training script checks again when it starts")
+

@@ -1,4 +1,7 @@
-"""What one training step sends, holds and computes: pure functions of (Plan, Topology).
+"""What one training step sends, holds and computes: pure functions of the plan.
+
+(Links and call times are :mod:`dslc.topology`'s; the step time, which needs both and the
+schedule simulation, is :func:`dslc.report.timing`.)
 
 Notation: b micro_batch, s seq_len, T = b·s/cp tokens per rank per micro-batch, h hidden,
 t tp, p pp, v virtual stages, m micro-batches, e bytes of the plan's dtype (fp32 4,
@@ -38,19 +41,15 @@ Scalar reductions (loss for logging, grad-norm) are not counted.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from math import ceil
+from math import ceil, prod
 
 from . import schedule as sched
 from .diagnostics import Diagnostic, error
 from .ir import Model, Plan
-from .topology import Flow, Topology, axes_of
+from .topology import Comm, axes_of
 
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 GiB = 2**30
-FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
-          "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n, "send": lambda n: 1.0}
-STEPS = {"all_reduce": lambda n: 2 * (n - 1), "all_gather": lambda n: n - 1,
-         "reduce_scatter": lambda n: n - 1, "all_to_all": lambda n: n - 1, "send": lambda n: 1}
 
 
 @dataclass(frozen=True)
@@ -119,8 +118,8 @@ def params(model: Model) -> Params:
 
 
 def sc21_params(l: int, h: int, V: int, s: int) -> float:
-    """Narayanan et al. SC21 eq. (2): 12·l·h²(1 + 13/(12h) + (V+s)/(12lh)) (GPT, tied head,
-    no final LayerNorm)."""
+    """The parameter count of Narayanan et al. (SC21): 12·l·h²(1 + 13/(12h) + (V+s)/(12lh))
+    for GPT with a tied head; it leaves out the final LayerNorm (2h)."""
     return 12 * l * h * h * (1 + 13 / (12 * h) + (V + s) / (12 * l * h))
 
 
@@ -131,7 +130,7 @@ class StageParams:
     dense: int
     expert: int
     tp_replicated: int  # part of dense replicated over tp (its grads are all-reduced under SP)
-    embedding: int  # local vocab-parallel embedding (stage 0), or the tied copy on the last stage
+    tied: int  # embedding weights shared between the first and last stage (tied, p > 1)
 
     @property
     def total(self) -> int:
@@ -146,21 +145,22 @@ def chunk_layers(plan: Plan) -> list[list[int]]:
 
 
 def stage_params(plan: Plan) -> tuple[StageParams, ...]:
+    """Vocab-parallel embedding (+ gpt2 positions) on the first stage; final norm and head on
+    the last (with tied embeddings and p > 1 the last stage holds a copy, as Megatron)."""
     m, t, p = plan.model, plan.tp, plan.pp
-    h, vl = m.hidden, ceil(m.vocab / t)
+    h, emb = m.hidden, ceil(m.vocab / t) * m.hidden
     sharded, rep, experts = _layer(m, t)
+    tied = emb if m.tie_embeddings and p > 1 else 0
     out = []
     for r, chunks in enumerate(chunk_layers(plan)):
         n = sum(chunks)
-        dense, reps, emb = n * (sharded + rep), n * rep, 0
+        dense, reps = n * (sharded + rep), n * rep
         if r == 0:
-            emb = vl * h
             dense += emb + (m.seq_len * h if m.arch == "gpt2" else 0)
         if r == p - 1:
             norm = 2 * h if m.arch == "gpt2" else h
-            head = vl * h if (not m.tie_embeddings or p > 1) else 0
-            dense, reps, emb = dense + norm + head, reps + norm, emb or (vl * h if m.tie_embeddings and p > 1 else 0)
-        out.append(StageParams(dense, n * experts // plan.ep, reps, emb))
+            dense, reps = dense + norm + (emb if not m.tie_embeddings or p > 1 else 0), reps + norm
+        out.append(StageParams(dense, n * experts // plan.ep, reps, tied if r in (0, p - 1) else 0))
     return tuple(out)
 
 
@@ -168,42 +168,8 @@ def stage_params(plan: Plan) -> tuple[StageParams, ...]:
 
 
 @dataclass(frozen=True)
-class Comm:
-    """One row of the traffic table for the ranks of one pipeline stage."""
-
-    axis: str  # the group: "tp", "pp", "cp", "ep", "dp", "dp+ep", …
-    axes: tuple[str, ...]
-    kind: str  # all_reduce | all_gather | reduce_scatter | all_to_all | send
-    what: str
-    calls: int  # per step per rank
-    bytes_per_call: int  # payload S
-    group: int  # ranks in the group
-    pattern: str = "ring"  # ring | pairwise | chain (how NCCL lays it on links)
-    overlap: str = "exposed"  # exposed | backward | attention | prefetch
-    members: tuple[int, ...] | None = None
-
-    @property
-    def payload(self) -> int:
-        return self.calls * self.bytes_per_call
-
-    @property
-    def wire(self) -> float:
-        return self.calls * FACTOR[self.kind](self.group) * self.bytes_per_call
-
-    def call_seconds(self, topo: Topology) -> float:
-        """latency × ring steps + wire bytes / bandwidth of the slowest link crossed."""
-        route = topo.route(self.axes, "pairwise" if self.kind == "all_to_all" else "ring", self.members)
-        if route is None:
-            return 0.0
-        return STEPS[self.kind](self.group) * route.latency + FACTOR[self.kind](self.group) * self.bytes_per_call / route.bandwidth
-
-    def seconds(self, topo: Topology) -> float:
-        return self.calls * self.call_seconds(topo)
-
-
-@dataclass(frozen=True)
 class _Spec:
-    """A collective repeated ``fwd`` + ``bwd`` times per unit (layer, micro-batch or step)."""
+    """A collective called ``fwd`` + ``bwd`` times per layer, micro-batch or step."""
 
     axes: tuple[str, ...]
     kind: str
@@ -218,13 +184,13 @@ def _e(plan: Plan) -> int:
     return BYTES[plan.train.precision]
 
 
-def _tokens(plan: Plan) -> int:
+def local_tokens(plan: Plan) -> int:
     return plan.train.micro_batch * plan.model.seq_len // plan.cp
 
 
 def layer_specs(plan: Plan) -> list[_Spec]:
-    """Collectives of one layer for one micro-batch (MoE ones on MoE layers only)."""
-    m, e, T, t, cp = plan.model, _e(plan), _tokens(plan), plan.tp, plan.cp
+    """Collectives of one layer for one micro-batch (ep ones on MoE layers only)."""
+    m, e, T, t, cp = plan.model, _e(plan), local_tokens(plan), plan.tp, plan.cp
     fp = 2 if plan.train.recompute == "full" else 1
     q, kv, _ = _dims(m, t)
     out: list[_Spec] = []
@@ -238,24 +204,30 @@ def layer_specs(plan: Plan) -> list[_Spec]:
         out += [_Spec(("cp",), "send", "K, V blocks (ring)", T * kv * e, 2 * (cp - 1) * fp, 2 * (cp - 1), "attention"),
                 _Spec(("cp",), "send", "dK, dV blocks (ring)", T * kv * e, 0, 2 * cp, "attention")]
     if plan.ep > 1 and m.is_moe:
-        tok = T // t if plan.tensor_parallel.sequence_parallel else T
-        slots = tok * m.top_k if not m.capacity_factor else m.experts * ceil(m.capacity_factor * tok * m.top_k / m.experts)
-        out.append(_Spec(("ep",), "all_to_all", "token dispatch and combine", slots * m.hidden * e, 2 * fp, 2))
+        out.append(_Spec(("ep",), "all_to_all", "token dispatch and combine", _routed(plan) * m.hidden * e, 2 * fp, 2))
     return out
+
+
+def _routed(plan: Plan) -> int:
+    """Token slots a rank routes per MoE layer: T·top_k, or E·⌈cf·T·top_k/E⌉ with a capacity
+    factor (tokens are sharded over tp under SP, replicated otherwise)."""
+    m = plan.model
+    tok = local_tokens(plan) // (plan.tp if plan.tensor_parallel.sequence_parallel else 1)
+    return tok * m.top_k if not m.capacity_factor else m.experts * ceil(m.capacity_factor * tok * m.top_k / m.experts)
 
 
 def edge_specs(plan: Plan, first: bool, last: bool) -> list[_Spec]:
     """Per micro-batch collectives of the embedding (first chunk) and head + loss (last)."""
     if plan.tp == 1:
         return []
-    S, sp, out = _tokens(plan) * plan.model.hidden * _e(plan), plan.tensor_parallel.sequence_parallel, []
+    S, sp, out = local_tokens(plan) * plan.model.hidden * _e(plan), plan.tensor_parallel.sequence_parallel, []
     if first:
         out += ([_Spec(("tp",), "reduce_scatter", "embedding output", S, 1), _Spec(("tp",), "all_gather", "embedding output", S, 0, 1)]
                 if sp else [_Spec(("tp",), "all_reduce", "embedding output", S, 1)])
     if last:
         out += ([_Spec(("tp",), "all_gather", "head input", S, 1), _Spec(("tp",), "reduce_scatter", "head input", S, 0, 1)]
                 if sp else [_Spec(("tp",), "all_reduce", "head input grad", S, 0, 1)])
-        out.append(_Spec(("tp",), "all_reduce", "cross-entropy max, sum-exp, target (fp32)", _tokens(plan) * 4, 3))
+        out.append(_Spec(("tp",), "all_reduce", "cross-entropy max, sum-exp, target (fp32)", local_tokens(plan) * 4, 3))
     return out
 
 
@@ -264,14 +236,11 @@ def _grad_group(plan: Plan, expert: bool) -> tuple[str, ...]:
 
 
 def _group_size(plan: Plan, axes: tuple[str, ...]) -> int:
-    n = 1
-    for a in axes:
-        n *= plan.mesh.size(a)
-    return n
+    return prod(plan.mesh.size(a) for a in axes)
 
 
-def step_specs(plan: Plan, stage: int, sp_params: StageParams) -> list[_Spec]:
-    """Once-per-step collectives of the ranks of pipeline stage ``stage``."""
+def step_specs(plan: Plan, sp_params: StageParams) -> list[_Spec]:
+    """Once-per-step collectives of the ranks holding ``sp_params``."""
     e, zero, out = _e(plan), plan.data_parallel.zero, []
     for expert, count in ((False, sp_params.dense), (True, sp_params.expert)):
         axes = _grad_group(plan, expert)
@@ -290,13 +259,14 @@ def step_specs(plan: Plan, stage: int, sp_params: StageParams) -> list[_Spec]:
                     _Spec(axes, "all_gather", f"{tag} params (backward)", padded, 0, 1, "prefetch")]
     if plan.tp > 1 and plan.tensor_parallel.sequence_parallel and sp_params.tp_replicated:
         out.append(_Spec(("tp",), "all_reduce", "grads of tp-replicated weights (SP)", sp_params.tp_replicated * e, 0, 1))
-    if plan.pp > 1 and plan.model.tie_embeddings and stage in (0, plan.pp - 1):
-        out.append(_Spec(("pp",), "all_reduce", "tied embedding grads", sp_params.embedding * e, 0, 1))
+    if sp_params.tied:
+        out.append(_Spec(("pp",), "all_reduce", "tied embedding grads", sp_params.tied * e, 0, 1))
     return out
 
 
 def pp_sends(plan: Plan, stage: int) -> tuple[int, int]:
-    """(activation sends, gradient sends) of a rank of ``stage`` per micro-batch."""
+    """(activation sends, gradient sends) of a rank of ``stage`` per micro-batch: one per
+    chunk boundary leaving the rank (v, or v−1 at the last/first stage)."""
     p, v = plan.pp, plan.pipeline.virtual_stages
     if p == 1:
         return 0, 0
@@ -304,50 +274,37 @@ def pp_sends(plan: Plan, stage: int) -> tuple[int, int]:
 
 
 def pp_bytes(plan: Plan) -> int:
-    b = _tokens(plan) * plan.model.hidden * _e(plan)
+    """Activation (= gradient) sent between stages: T·h·e, the SP shard T·h·e/t under SP."""
+    b = local_tokens(plan) * plan.model.hidden * _e(plan)
     return b // plan.tp if plan.tensor_parallel.sequence_parallel else b
 
 
-def _comm(plan: Plan, sp: _Spec, calls: int) -> Comm:
+def to_comm(plan: Plan, sp: _Spec, calls: int, per: str = "micro-batch") -> Comm:
     axes = axes_of(plan.mesh, sp.axes)
     members = (0, plan.pp - 1) if sp.what == "tied embedding grads" else None
     group = 2 if members else _group_size(plan, axes)
-    pattern = "pairwise" if sp.kind == "all_to_all" else "ring"
-    return Comm("+".join(axes), axes, sp.kind, sp.what, calls, sp.nbytes, group, pattern, sp.overlap, members)
-
-
-def _merge(rows: list[Comm]) -> list[Comm]:
-    out: dict[tuple, Comm] = {}
-    for c in rows:
-        key = (c.axis, c.kind, c.what, c.bytes_per_call)
-        out[key] = replace(c, calls=out[key].calls + c.calls) if key in out else c
-    return [c for c in out.values() if c.calls]
+    return Comm("+".join(axes), axes, sp.kind, sp.what, calls, sp.nbytes, group, per, sp.overlap, members)
 
 
 def stage_traffic(plan: Plan, stage: int) -> list[Comm]:
     """Every collective a rank of pipeline ``stage`` calls in one step, per rank."""
     m, p, v = plan.microbatches, plan.pp, plan.pipeline.virtual_stages
-    chunks = chunk_layers(plan)[stage]
-    layers = sum(chunks)
-    rows: list[Comm] = []
-    for sp in layer_specs(plan):
-        rows.append(_comm(plan, sp, m * layers * (sp.fwd + sp.bwd)))
-    for c in range(v):
-        g = c * p + stage
-        for sp in edge_specs(plan, g == 0, g == p * v - 1):
-            rows.append(_comm(plan, sp, m * (sp.fwd + sp.bwd)))
-    fwd, bwd = pp_sends(plan, stage)
-    if fwd:
-        rows.append(Comm("pp", ("pp",), "send", "activations to the next stage", m * fwd, pp_bytes(plan), p, "chain"))
-    if bwd:
-        rows.append(Comm("pp", ("pp",), "send", "gradients to the previous stage", m * bwd, pp_bytes(plan), p, "chain"))
-    for sp in step_specs(plan, stage, stage_params(plan)[stage]):
-        rows.append(_comm(plan, sp, sp.fwd + sp.bwd))
-    return _merge(rows)
+    layers = sum(chunk_layers(plan)[stage])
+    rows = [to_comm(plan, sp, m * layers * (sp.fwd + sp.bwd)) for sp in layer_specs(plan)]
+    for g in range(stage, p * v, p):
+        rows += [to_comm(plan, sp, m * (sp.fwd + sp.bwd)) for sp in edge_specs(plan, g == 0, g == p * v - 1)]
+    for what, n in zip(("activations to the next stage", "gradients to the previous stage"), pp_sends(plan, stage)):
+        rows.append(Comm("pp", ("pp",), "send", what, m * n, pp_bytes(plan), p, back=what.startswith("gradients")))
+    rows += [to_comm(plan, sp, sp.fwd + sp.bwd, "step") for sp in step_specs(plan, stage_params(plan)[stage])]
+    merged: dict[tuple, Comm] = {}
+    for c in rows:
+        key = (c.axis, c.kind, c.what)
+        merged[key] = replace(c, calls=merged[key].calls + c.calls) if key in merged else c
+    return [c for c in merged.values() if c.calls]
 
 
 def traffic(plan: Plan) -> tuple[tuple[Comm, ...], ...]:
-    """:func:`stage_traffic` for every pipeline stage."""
+    """:func:`stage_traffic` of every pipeline stage."""
     return tuple(tuple(stage_traffic(plan, s)) for s in range(plan.pp))
 
 
@@ -355,24 +312,235 @@ def rank_payload(plan: Plan, rank: int) -> dict[tuple[str, str], int]:
     """Payload bytes per step of ``rank`` by (group, kind): what ``train.py --measure`` counts."""
     out: dict[tuple[str, str], int] = {}
     for c in stage_traffic(plan, plan.mesh.coords(rank)["pp"]):
-        if c.members is not None and plan.mesh.coords(rank)["pp"] not in c.members:
-            continue
         out[(c.axis, c.kind)] = out.get((c.axis, c.kind), 0) + c.payload
     return out
 
 
-def flows(plan: Plan, stages: tuple[tuple[Comm, ...], ...]) -> list[Flow]:
-    """The traffic of all stages as :class:`~dslc.topology.Flow` s for link charging."""
-    keyed: dict[tuple, list[float]] = {}
-    for s, rows in enumerate(stages):
-        for c in rows:
-            if c.pattern == "chain":
-                continue
-            key = (c.axes, c.pattern, c.members)
-            keyed.setdefault(key, [0.0] * plan.pp)[s] += c.wire
-    out = [Flow(axes, pattern, tuple(w), members=members) for (axes, pattern, members), w in keyed.items()]
-    if plan.pp > 1:
-        fwd = [next((c.wire for c in rows if c.what.startswith("activations")), 0.0) for rows in stages]
-        bwd = [next((c.wire for c in rows if c.what.startswith("gradients")), 0.0) for rows in stages]
-        out.append(Flow(("pp",), "chain", tuple(fwd), tuple(bwd)))
-    return out
+# ---------------------------------------------------------------------------- memory
+
+
+def state_bytes_per_param(plan: Plan) -> tuple[int, int, int]:
+    """(weights, grads, optimizer) bytes per parameter before ZeRO sharding.
+
+    bf16/fp16: 2 + 2 + 12 — 16-bit working weights and grads, fp32 master weights + Adam m
+    and v in the optimizer (Rajbhandari et al. 2020, K = 12). fp32: 4 + 4 + 8 — the weights
+    are their own master copy; Adam keeps m and v. SGD keeps one momentum buffer (if any)."""
+    e, opt = _e(plan), plan.train.optimizer
+    moments = 8 if opt.name in ("adam", "adamw") else (4 if opt.momentum else 0)
+    return e, e, moments + (4 if e == 2 else 0)
+
+
+def zero_state(n_params: int, group: int, zero: int, w: int, g: int, k: int) -> tuple[int, int, int]:
+    """ZeRO (Rajbhandari et al. 2020) per-rank (params, grads, optimizer) bytes: stage 1 shards
+    the optimizer over ``group`` ranks, 2 also the grads, 3 also the params:
+    (2+2+K)Ψ → 4Ψ + KΨ/N → 2Ψ + (2+K)Ψ/N → (4+K)Ψ/N. Shards round up (padded buffers)."""
+    shard = ceil(n_params / group)
+    return ((shard if zero >= 3 else n_params) * w, (shard if zero >= 2 else n_params) * g, (shard if zero >= 1 else n_params) * k)
+
+
+def layer_activation_bytes(plan: Plan, settings: Settings = DEFAULT) -> int:
+    """Bytes one layer keeps for backward, per rank per micro-batch (Korthikanti et al. 2022).
+
+    Paper setting, 16-bit: s·b·h·(34 + 5as/h); with TP s·b·h·(10 + 24/t + 5as/(ht)); TP+SP
+    s·b·h/t·(34 + 5as/h); selective recompute drops the 5as/h term. Term by term (e bytes per
+    element, masks 1 byte, r = 1/t under SP else 1): 2 norm inputs 2·T·h·e·r; qkv input
+    T·h·e·r; q, k, v T·(q + 2kv)/t·e; attention scores a/t·s·T·(e + dropout (1 + e));
+    out-projection input T·q/t·e; MLP input T·h·e·r; GELU input and output 2·T·f/t·e
+    (SwiGLU: gate, up, silu(gate), product 4·T·f/t·e); 2 dropout masks T·h·r. SDPA keeps no
+    scores, only a fp32 log-sum-exp (a/t·T·4). MoE: the MLP is T·h·e·r (router input),
+    fp32 router logits T·E·4, and per routed token its input, SwiGLU and output
+    (h + 4f/t + h)·e. Full recompute keeps the layer input T·h·e·r (the paper's 2sbh)."""
+    m, e, t, T = plan.model, _e(plan), plan.tp, local_tokens(plan)
+    r = t if plan.tensor_parallel.sequence_parallel else 1
+    h, (q, kv, f) = m.hidden, _dims(m, t)
+    mask = 1 if (settings.dropout if settings.dropout is not None else m.dropout > 0) else 0
+    rec = plan.train.recompute
+    if rec == "full":
+        return T * h * e // r
+    heads = m.heads // t
+    rep = (2 * T * h * e + T * h * e + T * h * e) // r + 2 * T * h * mask // r  # norms, qkv in, mlp in, masks
+    attn = T * (q + 2 * kv) * e + T * q * e
+    if settings.attention == "paper" and rec == "none":
+        attn += heads * m.seq_len * T * (e + mask * (1 + e))
+    elif settings.attention != "paper":
+        attn += heads * T * 4
+    if m.is_moe:
+        tok = T // r
+        routed = tok * m.top_k if not m.capacity_factor else m.experts * ceil(m.capacity_factor * tok * m.top_k / m.experts)
+        mlp = T * m.experts * 4 // r + routed * (2 * h + 4 * f) * e
+    else:
+        mlp = T * f * e * (2 if m.arch == "gpt2" else 4)
+    return rep + attn + mlp
+
+
+def edge_activation_bytes(plan: Plan, settings: Settings = DEFAULT) -> tuple[int, int]:
+    """(embedding, head) activations per micro-batch: the embedding dropout mask T·h·r; the
+    final norm and head inputs 2·T·h·e·r and the fp32 logits of the loss 4·T·V/t
+    (Korthikanti et al. §4.3: 4sbh/t·(1 + v/h) for the output layer)."""
+    m, e, T = plan.model, _e(plan), local_tokens(plan)
+    r = plan.tp if plan.tensor_parallel.sequence_parallel else 1
+    mask = settings.dropout if settings.dropout is not None else m.dropout > 0
+    return (T * m.hidden // r if mask else 0), 2 * T * m.hidden * e // r + 4 * T * ceil(m.vocab / plan.tp)
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """Bytes held by the worst rank of one pipeline stage."""
+
+    stage: int
+    params: int
+    grads: int
+    optimizer: int
+    activations: int
+    inflight: int  # (micro-batch, chunk) activations held at the peak
+    layers: int
+
+    @property
+    def total(self) -> int:
+        return self.params + self.grads + self.optimizer + self.activations
+
+
+def actions(plan: Plan):
+    p = plan.pipeline
+    return sched.build(p.schedule, plan.pp, p.microbatches, p.virtual_stages)
+
+
+def memory(plan: Plan, settings: Settings = DEFAULT, peaks: tuple[int, ...] | None = None) -> tuple[StageMemory, ...]:
+    """Per stage: ZeRO model states of dense params over dp×cp×ep and expert params over
+    dp×cp, plus activations × the schedule's peak in-flight count (1f1b: p on the first
+    stage; gpipe: m; interleaved: p·v + p − 1 chunks on the first, i.e. ×(1 + (p−1)/(p·v)))."""
+    w, g, k = state_bytes_per_param(plan)
+    zero, v = plan.data_parallel.zero, plan.pipeline.virtual_stages
+    if peaks is None:
+        peaks = sched.simulate(actions(plan), 1.0, 2.0).peak_inflight
+    per_layer = layer_activation_bytes(plan, settings)
+    emb, head = edge_activation_bytes(plan, settings)
+    out = []
+    for s, (sp, chunks) in enumerate(zip(stage_params(plan), chunk_layers(plan))):
+        dense = zero_state(sp.dense, _group_size(plan, _grad_group(plan, False)), zero, w, g, k)
+        expert = zero_state(sp.expert, _group_size(plan, _grad_group(plan, True)), zero, w, g, k)
+        held = peaks[s]
+        act = round(held * sum(chunks) / v * per_layer)
+        if s == 0:
+            act += ceil(held / v) * emb
+        if s == plan.pp - 1:
+            act += ceil(held / v) * head
+        out.append(StageMemory(s, dense[0] + expert[0], dense[1] + expert[1], dense[2] + expert[2], act, held, sum(chunks)))
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------- FLOPs
+
+
+def layer_flops(model: Model, seq: int, t: int = 1) -> tuple[float, float]:
+    """(matmul, attention-core) forward FLOPs per token of one layer on one tp rank.
+
+    Matmuls 2·h·(q + 2kv) + 2·q·h, MLP 2·2·h·f (GELU) or 3·2·h·f (SwiGLU; MoE: top_k of them
+    plus the router 2·h·E); attention core 2·2·s·q (QKᵀ and AV, no causal saving), as in
+    Narayanan et al. SC21 (who count GPT: 24h² + 4sh per token per layer)."""
+    h = model.hidden
+    q, kv, f = _dims(model, t)
+    mlp = 4 * h * f if model.arch == "gpt2" else 6 * h * f
+    if model.is_moe:
+        mlp = model.top_k * mlp + 2 * h * model.experts
+    return 2 * h * (q + 2 * kv) + 2 * q * h + mlp, 4 * seq * q
+
+
+def narayanan_flops(B: int, s: int, l: int, h: int, V: int) -> float:
+    """FLOPs per step of GPT with full recompute, Narayanan et al. (SC21):
+    96·B·s·l·h²(1 + s/(6h) + V/(16lh))."""
+    return 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
+
+
+@dataclass(frozen=True)
+class Flops:
+    model: float  # 3 passes (forward + backward): what MFU counts
+    hardware: float  # + recomputation: full re-runs the layers' forward, selective the attention core
+
+
+def batch_tokens(plan: Plan) -> int:
+    """Tokens per step: micro_batch × micro-batches × dp × ep sequences of seq_len."""
+    return plan.train.micro_batch * plan.microbatches * plan.data_parallel_size * plan.model.seq_len
+
+
+def flops(plan: Plan) -> Flops:
+    """Per step, whole cluster: model = 3·tokens·(l·layer + 2·h·V) — for GPT this is
+    72·B·s·l·h²(1 + s/(6h) + V/(12lh)); hardware adds l·layer (full) or l·core (selective),
+    which with full recompute gives the 96·B·s·l·h²(1 + s/(6h) + V/(16lh)) of SC21."""
+    m = plan.model
+    tokens = batch_tokens(plan)
+    mm, core = layer_flops(m, m.seq_len)
+    model = 3 * tokens * (m.layers * (mm + core) + 2 * m.hidden * m.vocab)
+    extra = {"none": 0, "selective": core, "full": mm + core}[plan.train.recompute]
+    return Flops(model, model + tokens * m.layers * extra)
+
+
+# ---------------------------------------------------------------------------- diagnostics
+
+
+def _gib(x: float) -> str:
+    return f"{x / GiB:.1f} GiB"
+
+
+def _variants(plan: Plan):
+    """(knob, label, plan) for single changes that lower memory, smallest change first; the
+    global batch is kept (fewer samples per micro-batch or fewer dp ranks → more micro-batches)."""
+    tr, mesh, pipe = plan.train, plan.mesh, plan.pipeline
+    if _group_size(plan, _grad_group(plan, False)) > 1:
+        for z in range(plan.data_parallel.zero + 1, 4):
+            yield "zero", f"zero = {z}", replace(plan, data_parallel=replace(plan.data_parallel, zero=z))
+    order = ("none", "selective", "full")
+    for rc in order[order.index(tr.recompute) + 1 :]:
+        yield "recompute", f"recompute = {rc}", replace(plan, train=replace(tr, recompute=rc))
+    k = 2
+    while tr.micro_batch // k >= 1:
+        mb = replace(pipe, microbatches=pipe.microbatches * k)
+        yield "micro_batch", f"micro_batch = {tr.micro_batch // k}", replace(plan, train=replace(tr, micro_batch=tr.micro_batch // k), pipeline=mb)
+        k *= 2
+    dp = mesh.axis("dp")
+    for name in ("tp", "pp"):
+        k = 2
+        while dp is not None and dp.size % k == 0:
+            size = mesh.size(name) * k
+            if (name == "tp" and (plan.model.heads % size or plan.model.ffn % size)) or (name == "pp" and plan.model.layers < size * pipe.virtual_stages):
+                break
+            axes = [replace(a, size=a.size // k if a.name == "dp" else size if a.name == name else a.size) for a in mesh.axes]
+            axes += [] if mesh.axis(name) else [replace(dp, name=name, size=size)]
+            new = replace(pipe, layers_per_stage=None, microbatches=pipe.microbatches * k)
+            yield name, f"{name} = {size} with dp = {dp.size // k}", replace(plan, mesh=replace(mesh, axes=tuple(axes)), pipeline=new)
+            k *= 2
+
+
+def memory_diagnostics(plan: Plan, settings: Settings = DEFAULT, stages: tuple[StageMemory, ...] | None = None) -> list[Diagnostic]:
+    """E090 at the plan when its worst rank needs more than the device memory, with the
+    breakdown and, for each of zero, recompute, micro_batch, tp and pp, the smallest change
+    that fits and the memory it would reach."""
+    cap, dev = plan.cluster.device.memory, plan.cluster.device.name
+    try:
+        stages = stages if stages is not None else memory(plan, settings)
+    except ValueError:  # no schedule for these numbers: the pipeline checks report why
+        return []
+    worst = max(stages, key=lambda s: s.total)
+    if worst.total <= cap:
+        return []
+    msg = (f"pipeline stage {worst.stage} needs {_gib(worst.total)} per GPU but {dev} has {_gib(cap)}: params "
+           f"{_gib(worst.params)}, grads {_gib(worst.grads)}, optimizer {_gib(worst.optimizer)}, activations "
+           f"{_gib(worst.activations)} ({worst.inflight} micro-batch chunks in flight × {worst.layers} layers)")
+    fits: dict[str, str] = {}
+    closest: tuple[float, str] | None = None
+    for knob, label, variant in _variants(plan):
+        if knob in fits:
+            continue
+        try:
+            need = max(s.total for s in memory(variant, settings))
+        except ValueError:  # the schedule cannot be built for this variant
+            continue
+        if need <= cap:
+            fits[knob] = f"{label} ({_gib(need)})"
+        elif closest is None or need < closest[0]:
+            closest = (need, f"{label} ({_gib(need)})")
+    if fits:
+        hint = "it fits with any one of: " + ", ".join(fits.values())
+    else:
+        hint = "no single change of zero, recompute, micro_batch, tp or pp fits" + (f"; closest: {closest[1]}" if closest else "") + "; combine them or add GPUs"
+    return [error("E090", plan.span, msg, hint)]

@@ -51,7 +51,7 @@ def build_graph(cluster: Cluster) -> nx.Graph:
     """The physical graph of ``cluster`` (see the module docstring). Linear in GPUs."""
     g, n_nodes = cluster.gpus_per_node, cluster.nodes
     graph = nx.Graph(name=cluster.name, gpus_per_node=g)
-    graph.add_nodes_from(((("gpu", r), {"kind": "gpu", "node": r // g}) for r in range(g * n_nodes)))
+    graph.add_nodes_from((("gpu", r), {"kind": "gpu", "node": r // g}) for r in range(g * n_nodes))
     for lk in cluster.links:
         attrs = {"link": lk.name, "scope": lk.scope, "bandwidth": lk.bandwidth, "latency": lk.latency}
         if lk.scope == "node":
@@ -158,7 +158,7 @@ def group_classes(mesh: Mesh, gpus_per_node: int, axes: tuple[str, ...] | str, m
             found[key][1] = min(found[key][1], low)
         else:
             cross = int(np.count_nonzero(pattern != np.roll(pattern, -1))) if len(off) > 1 else 0
-            found[key] = [cnt, low, int(len(np.unique(pattern))), cross]
+            found[key] = [cnt, low, len(np.unique(pattern)), cross]
     out = [GroupClass(names, tuple(int(low + o) for o in off), cnt, nodes, cross) for cnt, low, nodes, cross in found.values()]
     return tuple(sorted(out, key=lambda c: c.example[0]))
 
@@ -179,6 +179,54 @@ def axis_crossing(plan_or_mesh: Plan | Mesh, gpus_per_node: int, axis: str) -> t
 
 
 # ---------------------------------------------------------------------------- links
+
+FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
+          "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n, "send": lambda n: 1.0}
+STEPS = {"all_reduce": lambda n: 2 * (n - 1), "all_gather": lambda n: n - 1,
+         "reduce_scatter": lambda n: n - 1, "all_to_all": lambda n: n - 1, "send": lambda n: 1}
+
+
+@dataclass(frozen=True)
+class Comm:
+    """A collective (or p2p send) that one rank calls ``calls`` times per step on its group;
+    one row of the traffic table. NCCL ring factors (nccl-tests PERFORMANCE.md) turn the
+    payload S into wire bytes per rank and ring steps."""
+
+    axis: str  # the group: "tp", "pp", "cp", "ep", "dp", "dp+ep", …
+    axes: tuple[str, ...]
+    kind: str  # all_reduce | all_gather | reduce_scatter | all_to_all | send
+    what: str
+    calls: int  # per step per rank
+    bytes_per_call: int  # payload S
+    group: int  # ranks in the group
+    per: str = "micro-batch"  # micro-batch (inside the pipeline) | step (once, outside it)
+    overlap: str = "exposed"  # exposed | backward | attention | prefetch
+    members: tuple[int, ...] | None = None  # positions of the group taking part (default all)
+    back: bool = False  # chain only: sent to the previous stage (gradients)
+
+    @property
+    def pattern(self) -> str:
+        """How NCCL lays it on links: pairwise all-to-all, chain of pp sends, else a ring."""
+        return "pairwise" if self.kind == "all_to_all" else "chain" if self.axis == "pp" and self.kind == "send" else "ring"
+
+    @property
+    def payload(self) -> int:
+        return self.calls * self.bytes_per_call
+
+    @property
+    def wire(self) -> float:
+        return self.calls * FACTOR[self.kind](self.group) * self.bytes_per_call
+
+    def call_seconds(self, topo: Topology) -> float:
+        """latency × ring steps + wire bytes / bandwidth of the slowest link crossed."""
+        route = topo.route(self.axes, "pairwise" if self.kind == "all_to_all" else "ring", self.members)
+        if route is None:
+            return 0.0
+        n, wire = self.group, FACTOR[self.kind](self.group) * self.bytes_per_call
+        return STEPS[self.kind](n) * route.latency + (wire / route.bandwidth if route.bandwidth > 0 else float("inf"))
+
+    def seconds(self, topo: Topology) -> float:
+        return self.calls * self.call_seconds(topo)
 
 
 @dataclass(frozen=True)
@@ -230,7 +278,7 @@ class Topology:
             raise ValueError(f"mesh has {self.mesh.world_size} ranks but cluster '{self.cluster.name}' has {self.cluster.world_size} GPUs")
 
     @classmethod
-    def of(cls, plan: Plan) -> "Topology":
+    def of(cls, plan: Plan) -> Topology:
         return cls(plan.cluster, plan.mesh)
 
     @cached_property
@@ -246,7 +294,7 @@ class Topology:
         declared = [lk for a in axes_of(self.mesh, axes) if (lk := self.cluster.link(self.mesh.axis(a).link))]
         node = [lk for lk in self.cluster.links if lk.scope == "node"]
         wide = [lk for lk in self.cluster.links if lk.scope == "cluster"]
-        fast = lambda links: max(links, key=lambda lk: lk.bandwidth) if links else None  # noqa: E731
+        fast = lambda links: max(links, key=lambda lk: lk.bandwidth) if links else None
         intra = fast([lk for lk in declared if lk.scope == "node"]) or fast(node) or fast(declared) or fast(wide)
         inter = fast([lk for lk in declared if lk.scope == "cluster"]) or fast(wide)
         return intra, inter
@@ -266,7 +314,7 @@ class Topology:
         intra, inter = self.hop_links(names)
         used: list[Link] = []
         for cls in classes:
-            # pairwise and chain hops join any two members; a ring only neighbours
+            # an all-to-all joins every pair of members; a ring or chain only neighbours
             has_intra = cls.intra_hops > 0 or (pattern == "pairwise" and cls.nodes < cls.size)
             if has_intra and intra is not None and intra not in used:
                 used.append(intra)
@@ -275,6 +323,8 @@ class Topology:
                     raise ValueError(f"groups over {'×'.join(names)} span nodes but cluster '{self.cluster.name}' has no cluster-scope link")
                 if inter not in used:
                     used.append(inter)
+        if not used:
+            raise ValueError(f"cluster '{self.cluster.name}' has no link for groups over {'×'.join(names)}")
         slow = min(used, key=lambda lk: lk.bandwidth)
         route = Route(slow.name, slow.bandwidth, max(lk.latency for lk in used), any(c.crosses_nodes for c in classes), tuple(lk.name for lk in used))
         self._routes[key] = route
@@ -282,7 +332,17 @@ class Topology:
 
     # ------------------------------------------------------------------ charging
 
-    def charge(self, flows: list[Flow]) -> "LinkLoads":
+    def charge_comms(self, stages) -> LinkLoads:
+        """Charge traffic rows, one sequence of :class:`Comm` per pipeline stage."""
+        p = len(stages)
+        keyed: dict[tuple, tuple[list[float], list[float]]] = {}
+        for s, rows in enumerate(stages):
+            for c in rows:
+                fw, bw = keyed.setdefault((c.axes, c.pattern, c.members), ([0.0] * p, [0.0] * p))
+                (bw if c.back else fw)[s] += c.wire
+        return self.charge([Flow(axes, pat, tuple(fw), tuple(bw) if pat == "chain" else (), mem) for (axes, pat, mem), (fw, bw) in keyed.items()])
+
+    def charge(self, flows: list[Flow]) -> LinkLoads:
         """Charge every flow to the physical links its hops cross (numpy over ranks)."""
         n, g = self.mesh.world_size, self.gpus_per_node
         ranks = np.arange(n, dtype=np.int64)

@@ -1,0 +1,376 @@
+"""The estimator against the published formulas, on the papers' own model configurations.
+
+Every expected value is computed here from the paper's formula (or counted by hand from
+the architecture), never taken from the estimator's output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from fractions import Fraction
+from math import ceil, prod
+
+import pytest
+
+from dslc import estimate as est
+from dslc.diagnostics import Span
+from dslc.ir import (
+    Cluster,
+    ContextParallel,
+    Data,
+    DataParallel,
+    Device,
+    Link,
+    LRSchedule,
+    Mesh,
+    MeshAxis,
+    Model,
+    Optimizer,
+    Pipeline,
+    Plan,
+    TensorParallel,
+    Train,
+)
+
+SP = Span("x.plan", 1, 1, 1, 2)
+GiB = 2**30
+
+
+def model(arch="gpt2", l=2, h=64, a=4, V=128, s=32, kv=None, ffn=None, tie=None, dropout=0.0, experts=0, top_k=0, cf=0.0) -> Model:
+    ffn = ffn or (4 * h if arch == "gpt2" else 3 * h)
+    tie = (arch == "gpt2") if tie is None else tie
+    return Model(arch, arch, l, h, a, kv or a, ffn, V, s, 1e-5, 1e4, tie, dropout, experts, top_k, cf, 0.0, SP)
+
+
+def plan(mdl: Model, *axes, gpn=8, zero=0, sp=False, schedule="1f1b", v=1, m=1, b=1, precision="bf16",
+         recompute="none", cp="ring", optimizer="adamw", momentum=0.0, memory=80 * GiB) -> Plan:
+    world = prod(size for _, size, _ in axes)
+    gpn = min(gpn, world)
+    links = (Link("nvlink", "node", 450e9, 2e-6, SP), Link("ib", "cluster", 50e9, 8e-6, SP))
+    cluster = Cluster("c", world // gpn, gpn, Device("h100_sxm", 989e12, memory), links, SP)
+    mesh = Mesh(tuple(MeshAxis(n, size, lk, SP) for n, size, lk in axes), SP)
+    dp = mesh.size("dp") * mesh.size("ep")
+    opt = Optimizer(optimizer, 1e-4, (0.9, 0.95), 1e-8, 0.1, momentum, None)
+    train = Train(10, b, b * m * dp, precision, recompute, 1.0, 0, "dynamic", opt, LRSchedule("constant", 0, 0.0, 10, None),
+                  Data("synthetic", None, None, None), None, None)
+    return Plan("p", "x.plan", mdl, cluster, mesh, TensorParallel(sp, None), DataParallel(zero, None),
+                Pipeline(schedule, v, m, None, None), ContextParallel(cp, True, None), train, SP)
+
+
+# ---------------------------------------------------------------------------- parameters
+
+SC21 = [  # Narayanan et al. SC21, Table 1: (heads, hidden, layers, billions of parameters)
+    (24, 2304, 24, 1.7), (32, 3072, 30, 3.6), (32, 4096, 36, 7.5), (48, 6144, 40, 18.4), (64, 8192, 48, 39.1),
+    (80, 10240, 60, 76.1), (96, 12288, 80, 145.6), (128, 16384, 96, 310.1), (128, 20480, 105, 529.6), (160, 25600, 128, 1008.0),
+]
+
+
+@pytest.mark.parametrize("a, h, l, billions", SC21)
+def test_gpt_parameter_count_is_sc21_plus_the_final_layernorm(a, h, l, billions):
+    V, s = 51200, 2048
+    total = est.params(model("gpt2", l, h, a, V, s)).total
+    closed = 12 * l * h * h + 13 * l * h + (V + s) * h  # 12lh²(1 + 13/(12h) + (V+s)/(12lh)), in integers
+    assert total == closed + 2 * h  # the paper leaves out the final LayerNorm's weight and bias
+    assert est.sc21_params(l, h, V, s) == pytest.approx(closed, rel=1e-12)
+    assert abs(total / 1e9 - billions) < 0.05  # the table's rounding
+
+
+def test_gpt2_small_has_its_published_124_439_808_parameters():
+    assert est.params(model("gpt2", 12, 768, 12, 50257, 1024)).total == 124_439_808
+
+
+def test_llama3_8b_gqa_swiglu_untied():
+    h, l, V, f, kv = 4096, 32, 128256, 14336, 8 * 128
+    per_layer = h * h + 2 * h * kv + h * h + 3 * h * f + 2 * h  # q, k, v, o; gate, up, down; 2 RMSNorms
+    expected = V * h + l * per_layer + h + V * h  # embedding, layers, final norm, head
+    assert expected == 8_030_261_248  # the count Meta publishes for Llama 3 8B
+    assert est.params(model("llama", l, h, 32, V, 8192, kv=8, ffn=f, tie=False)).total == expected
+
+
+def test_mixtral_8x7b_router_and_experts():
+    h, l, V, f, kv, E = 4096, 32, 32000, 14336, 8 * 128, 8
+    per_layer = 2 * h * h + 2 * h * kv + h * E + E * 3 * h * f + 2 * h
+    expected = 2 * V * h + l * per_layer + h
+    mixtral = model("mixtral", l, h, 32, V, 4096, kv=8, ffn=f, tie=False, experts=E, top_k=2)
+    assert est.params(mixtral).total == expected
+    assert expected == 46_702_792_704  # Mixtral 8x7B's published "46.7B total parameters"
+
+
+def test_stage_params_add_up_to_the_model_over_tp_and_pp():
+    mdl = model("llama", 8, 256, 8, 1024, 64, kv=4, ffn=512, tie=False)
+    p = plan(mdl, ("pp", 4, "ib"), ("tp", 4, "nvlink"))
+    stages = est.stage_params(p)
+    # sharded weights are split 4 ways, norms are replicated on every tp rank
+    assert sum((s.dense - s.tp_replicated) * 4 + s.tp_replicated for s in stages) == est.params(mdl).total
+    assert stages[1].dense == 2 * (256 * (256 + 2 * 128) // 4 + 256 * 256 // 4 + 3 * 256 * 512 // 4 + 2 * 256)
+
+
+# ---------------------------------------------------------------------------- FLOPs
+
+GPT3 = {"l": 96, "h": 12288, "a": 96, "V": 51200, "s": 2048}
+
+
+def gpt3_plan(recompute: str) -> Plan:
+    c = GPT3
+    return plan(model("gpt2", c["l"], c["h"], c["a"], c["V"], c["s"]), ("dp", 4, "ib"), ("pp", 8, "ib"), ("tp", 8, "nvlink"),
+                m=384, recompute=recompute)
+
+
+def test_gpt3_flops_match_narayanan():
+    B, s, l, h, V = 4 * 384, GPT3["s"], GPT3["l"], GPT3["h"], GPT3["V"]
+    full = est.flops(gpt3_plan("full"))
+    assert full.hardware == pytest.approx(96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h)), rel=1e-12)
+    assert est.narayanan_flops(B, s, l, h, V) == pytest.approx(full.hardware, rel=1e-12)
+    # model FLOPs: 3 passes over the layers and the logits: 72·B·s·l·h²(1 + s/(6h) + V/(12lh))
+    assert full.model == pytest.approx(72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h)), rel=1e-12)
+    none = est.flops(gpt3_plan("none"))
+    assert none.hardware == none.model == full.model
+    # selective recompute re-runs the attention core, 4·s·h FLOPs per token per layer
+    assert est.flops(gpt3_plan("selective")).hardware == pytest.approx(full.model + 4 * B * s * l * s * h, rel=1e-12)
+
+
+def test_llama_and_mixtral_flops_are_six_per_matmul_weight_per_token_plus_attention():
+    h, l, V, f, kv, s = 4096, 32, 128256, 14336, 1024, 8192
+    llama = plan(model("llama", l, h, 32, V, s, kv=8, ffn=f, tie=False), ("dp", 8, "ib"), m=4)
+    tokens = 8 * 4 * s
+    weights = l * (h * (h + 2 * kv) + h * h + 3 * h * f) + h * V
+    assert est.flops(llama).model == pytest.approx(6 * tokens * weights + 3 * tokens * l * 4 * s * h, rel=1e-12)
+    E, k = 8, 2
+    mix = plan(model("mixtral", l, h, 32, 32000, s, kv=8, ffn=f, tie=False, experts=E, top_k=k), ("dp", 2, "ib"), ("ep", 4, "ib"), m=4)
+    weights = l * (h * (h + 2 * kv) + h * h + k * 3 * h * f + h * E) + h * 32000  # only top_k experts run per token
+    assert est.flops(mix).model == pytest.approx(6 * tokens * weights + 3 * tokens * l * 4 * s * h, rel=1e-12)
+
+
+# ---------------------------------------------------------------------------- model states (ZeRO)
+
+
+def test_zero_paper_figure_1_numbers():
+    """Rajbhandari et al. 2020, Fig. 1: Ψ = 7.5B, N_d = 64, K = 12."""
+    psi, n = 7_500_000_000, 64
+    rows = [sum(est.zero_state(psi, n, z, 2, 2, 12)) for z in range(4)]
+    assert rows == [16 * psi, 4 * psi + 12 * psi // n, 2 * psi + 14 * psi // n, 16 * psi // n]
+    assert [round(x / 1e9, 1) for x in rows] == [120.0, 31.4, 16.6, 1.9]
+
+
+def test_bytes_per_parameter_by_precision_and_optimizer():
+    mdl = model()
+    assert est.state_bytes_per_param(plan(mdl, ("dp", 2, "ib"), precision="bf16")) == (2, 2, 12)  # ZeRO's 2+2+12
+    assert est.state_bytes_per_param(plan(mdl, ("dp", 2, "ib"), precision="fp32")) == (4, 4, 8)  # weights are the master
+    assert est.state_bytes_per_param(plan(mdl, ("dp", 2, "ib"), optimizer="sgd", momentum=0.9)) == (2, 2, 8)
+    assert est.state_bytes_per_param(plan(mdl, ("dp", 2, "ib"), optimizer="sgd", precision="fp32")) == (4, 4, 0)
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_memory_model_states_over_dp(zero):
+    mdl = model("gpt2", 2, 64, 4, 1000, 32)
+    P = est.params(mdl).total
+    n = 8
+    (mem,) = est.memory(plan(mdl, ("dp", n, "ib"), zero=zero))
+    shard = -(-P // n)
+    assert mem.params == 2 * (shard if zero == 3 else P)
+    assert mem.grads == 2 * (shard if zero >= 2 else P)
+    assert mem.optimizer == 12 * (shard if zero >= 1 else P)
+
+
+def test_expert_states_are_sharded_over_dp_only_and_dense_over_dp_and_ep():
+    mdl = model("mixtral", 2, 64, 4, 128, 32, kv=2, ffn=96, tie=False, experts=8, top_k=2)
+    (mem,) = est.memory(plan(mdl, ("dp", 2, "ib"), ("ep", 4, "ib"), zero=1))
+    pr = est.params(mdl)
+    expert = pr.layers * pr.experts // 4  # 2 of the 8 experts of each layer
+    dense = pr.total - pr.layers * pr.experts
+    assert mem.params == 2 * (dense + expert)
+    assert mem.optimizer == 12 * (ceil(dense / 8) + ceil(expert / 2))
+
+
+# ---------------------------------------------------------------------------- activations (Korthikanti et al.)
+
+KORTHIKANTI = {  # Table 3: heads, hidden, layers, micro-batch; s = 2048, t = 8
+    "22B": (64, 6144, 48, 4), "175B": (96, 12288, 96, 1), "530B": (128, 20480, 105, 1), "1T": (160, 25600, 128, 1),
+}
+
+
+def _paper_plan(name, t, sp, recompute, pp=1, **kw):
+    a, h, l, b = KORTHIKANTI[name]
+    mdl = model("gpt2", l, h, a, 51200, 2048, dropout=0.1)
+    axes = [("pp", pp, "ib")] if pp > 1 else []
+    return plan(mdl, *axes, ("tp", t, "nvlink"), sp=sp, recompute=recompute, b=b, **kw)
+
+
+@pytest.mark.parametrize("name", list(KORTHIKANTI))
+@pytest.mark.parametrize(
+    "t, sp, recompute, formula",
+    [
+        (1, False, "none", lambda s, b, h, a, t: s * b * h * (34 + Fraction(5 * a * s, h))),
+        (8, False, "none", lambda s, b, h, a, t: s * b * h * (10 + Fraction(24, t) + Fraction(5 * a * s, h * t))),
+        (8, True, "none", lambda s, b, h, a, t: Fraction(s * b * h, t) * (34 + Fraction(5 * a * s, h))),
+        (8, False, "selective", lambda s, b, h, a, t: s * b * h * (10 + Fraction(24, t))),
+        (8, True, "selective", lambda s, b, h, a, t: Fraction(s * b * h * 34, t)),
+        (1, False, "full", lambda s, b, h, a, t: 2 * s * b * h),
+    ],
+    ids=["no-parallel", "tp", "tp+sp", "tp+selective", "tp+sp+selective", "full"],
+)
+def test_activations_per_layer_reproduce_the_paper(name, t, sp, recompute, formula):
+    a, h, _, b = KORTHIKANTI[name]
+    got = est.layer_activation_bytes(_paper_plan(name, t, sp, recompute), est.PAPER)
+    assert got == formula(2048, b, h, a, t)
+
+
+def test_full_recompute_under_sp_keeps_the_sharded_layer_input():
+    _a, h, _, b = KORTHIKANTI["175B"]
+    assert est.layer_activation_bytes(_paper_plan("175B", 8, True, "full"), est.PAPER) == 2 * 2048 * b * h // 8
+
+
+def test_sdpa_keeps_no_scores_only_a_fp32_logsumexp():
+    a, h, _, b = KORTHIKANTI["175B"]
+    s, t = 2048, 8
+    got = est.layer_activation_bytes(_paper_plan("175B", t, True, "none"), est.Settings(attention="sdpa", dropout=True))
+    assert got == s * b * h * 34 // t + (a // t) * s * b * 4
+
+
+def test_first_1f1b_stage_holds_p_microbatches_of_its_layers():
+    """530B with t = 8, p = 35 (Korthikanti et al. §5): the first stage holds p micro-batches
+    of L/p layers — sbhL/t·(34 + 5as/h) — plus the input-embedding dropout mask sbh·p/t
+    (§4.3); stage i holds p − i micro-batches."""
+    a, h, l, b = KORTHIKANTI["530B"]
+    s, t, p = 2048, 8, 35
+    mem = est.memory(_paper_plan("530B", t, True, "none", pp=p, m=2 * p), est.PAPER)
+    per_layer = Fraction(s * b * h, t) * (34 + Fraction(5 * a * s, h))
+    assert mem[0].inflight == p
+    assert mem[0].activations == l * per_layer + s * b * h * p // t
+    for i in (1, 17, 33):
+        assert mem[i].inflight == p - i
+        assert mem[i].activations == (p - i) * (l // p) * per_layer
+
+
+def test_interleaving_multiplies_the_first_stage_by_1_plus_p_minus_1_over_pv():
+    _a, h, l, b = KORTHIKANTI["175B"]
+    s, t, p, v = 2048, 8, 8, 3
+    pl = _paper_plan("175B", t, True, "selective", pp=p, m=16, schedule="interleaved_1f1b", v=v)
+    mem = est.memory(pl, est.PAPER)
+    assert mem[0].inflight == p * v + p - 1
+    layers = l * (1 + Fraction(p - 1, p * v)) * Fraction(s * b * h * 34, t)
+    embedding_masks = ceil(mem[0].inflight / v) * s * b * h // t  # micro-batches in flight in chunk 0
+    assert mem[0].activations - embedding_masks == layers
+
+
+def test_gpipe_holds_every_microbatch_on_every_stage():
+    mem = est.memory(_paper_plan("22B", 8, True, "selective", pp=4, m=12, schedule="gpipe"), est.PAPER)
+    assert [s.inflight for s in mem] == [12] * 4
+    _a, h, l, b = KORTHIKANTI["22B"]
+    assert mem[1].activations == 12 * (l // 4) * 2048 * b * h * 34 // 8
+
+
+# ---------------------------------------------------------------------------- traffic
+
+
+def _llama(**kw):
+    return model("llama", 4, 256, 8, 1000, 64, kv=4, ffn=512, tie=False, **kw)
+
+
+def test_tp_all_reduces_embedding_head_and_loss():
+    m, b, s, h, l, t, V = 3, 2, 64, 256, 4, 4, 1000
+    p = plan(_llama(), ("dp", 2, "ib"), ("tp", t, "nvlink"), m=m, b=b)
+    got = est.rank_payload(p, 5)
+    S = b * s * h * 2
+    # per layer 2 forward + 2 backward; embedding output (fwd); head input grad (bwd); 3 fp32 loss reductions
+    assert got[("tp", "all_reduce")] == m * (l * 4 * S + S + S + 3 * b * s * 4)
+    local = l * (h * (h + 2 * 128) // t + h * h // t + 3 * h * 512 // t + 2 * h) + 2 * (V // t) * h + h
+    assert got[("dp", "all_reduce")] == 2 * local
+    assert set(got) == {("tp", "all_reduce"), ("dp", "all_reduce")}
+
+
+def test_sequence_parallel_turns_each_all_reduce_into_a_gather_scatter_pair():
+    m, b, s, h, l, t = 2, 1, 64, 256, 4, 4
+    p = plan(_llama(), ("tp", t, "nvlink"), m=m, b=b, sp=True)
+    rows = {(c.axis, c.kind, c.what): c for c in est.stage_traffic(p, 0)}
+    S = b * s * h * 2
+    assert rows["tp", "all_gather", "layer activations"].payload == m * l * 4 * S
+    assert rows["tp", "reduce_scatter", "layer activations"].payload == m * l * 4 * S
+    assert rows["tp", "all_gather", "layer activations"].wire == m * l * 4 * S * 3 / 4
+    replicated = l * 2 * h + h  # RMSNorm weights: their grads differ per sequence shard
+    assert rows["tp", "all_reduce", "grads of tp-replicated weights (SP)"].payload == replicated * 2
+
+
+def test_full_recompute_repeats_the_forward_all_reduces():
+    p = plan(_llama(), ("tp", 2, "nvlink"), m=1, recompute="full")
+    row = next(c for c in est.stage_traffic(p, 0) if c.what == "layer activations")
+    assert row.calls == 4 * 6  # 2 forward + 2 recomputed + 2 backward per layer
+
+
+def test_pipeline_sends_one_activation_per_boundary_per_microbatch():
+    """SC21 §3.2: b·s·h per micro-batch per boundary, each way; interleaving adds boundaries."""
+    m, b, s, h = 8, 1, 64, 256
+    S = b * s * h * 2
+    p = plan(_llama(), ("pp", 4, "ib"), ("tp", 2, "nvlink"), m=m)
+    sends = [est.rank_payload(p, r * 2).get(("pp", "send"), 0) for r in range(4)]
+    assert sends == [m * S, 2 * m * S, 2 * m * S, m * S]
+    pi = plan(model("llama", 8, 256, 8, 1000, 64, kv=4, ffn=512, tie=False), ("pp", 4, "ib"), ("tp", 2, "nvlink"),
+              m=m, sp=True, schedule="interleaved_1f1b", v=2)
+    total = sum(c.payload for st in est.traffic(pi) for c in st if c.axis == "pp" and c.kind == "send")
+    assert total == 2 * (4 * 2 - 1) * m * S // 2  # (p·v − 1) boundaries each way, SP shard of t = 2
+
+
+def test_tied_embedding_grads_are_all_reduced_between_first_and_last_stage():
+    mdl = model("gpt2", 4, 64, 4, 100, 32)
+    p = plan(mdl, ("pp", 4, "ib"), m=4)
+    tied = [c.payload for st in est.traffic(p) for c in st if c.what == "tied embedding grads"]
+    assert tied == [100 * 64 * 2, 100 * 64 * 2]
+
+
+def test_zero_shards_are_padded_to_the_group():
+    mdl = model("gpt2", 2, 64, 4, 1001, 32)
+    P = est.params(mdl).total
+    p = plan(mdl, ("dp", 8, "ib"), zero=1)
+    got = est.rank_payload(p, 0)
+    assert got[("dp", "reduce_scatter")] == got[("dp", "all_gather")] == 8 * ceil(P / 8) * 2
+    p3 = plan(mdl, ("dp", 8, "ib"), zero=3)
+    assert est.rank_payload(p3, 0)[("dp", "all_gather")] == 2 * 8 * ceil(P / 8) * 2
+
+
+def test_ulysses_all_to_alls_and_grads_over_dp_and_cp():
+    m, b, s, h, l = 2, 1, 64, 256, 4
+    p = plan(_llama(), ("dp", 2, "ib"), ("cp", 4, "nvlink"), m=m, b=b, cp="ulysses")
+    T = b * s // 4
+    got = est.rank_payload(p, 0)
+    assert got[("cp", "all_to_all")] == m * l * 4 * (T * h * 2 + T * 128 * 2)  # q+out and k+v, fwd and bwd
+    assert ("dp+cp", "all_reduce") in got
+
+
+def test_ring_attention_passes_kv_blocks():
+    m, b, s, l, cp = 1, 1, 64, 4, 4
+    p = plan(_llama(), ("cp", cp, "nvlink"), m=m, b=b, cp="ring")
+    block = b * s // cp * 128 * 2  # K or V of the local sequence: kv_heads·head_dim = 128
+    fwd, bwd = 2 * (cp - 1), 2 * (cp - 1) + 2 * cp
+    assert est.rank_payload(p, 0)[("cp", "send")] == m * l * (fwd + bwd) * block
+
+
+def test_expert_all_to_all_per_moe_layer():
+    m, b, s, h, l, k = 2, 1, 32, 64, 2, 2
+    mdl = model("mixtral", l, h, 4, 128, s, kv=2, ffn=96, tie=False, experts=8, top_k=k)
+    got = est.rank_payload(plan(mdl, ("dp", 2, "ib"), ("ep", 4, "ib"), m=m, b=b), 0)
+    assert got[("ep", "all_to_all")] == m * l * 4 * b * s * k * h * 2  # dispatch + combine, fwd + bwd
+    assert {k for k, _ in got} == {"ep", "dp", "dp+ep"}  # experts over dp, dense over dp×ep
+    capped = replace(mdl, capacity_factor=1.25)
+    got = est.rank_payload(plan(capped, ("dp", 2, "ib"), ("ep", 4, "ib"), m=m, b=b), 0)
+    assert got[("ep", "all_to_all")] == m * l * 4 * 8 * ceil(1.25 * b * s * k / 8) * h * 2
+
+
+# ---------------------------------------------------------------------------- E090
+
+
+def test_memory_error_names_the_breakdown_and_what_would_fit():
+    h, l, V, f = 4096, 32, 128256, 14336
+    p = plan(model("llama", l, h, 32, V, 2048, kv=8, ffn=f, tie=False), ("dp", 16, "ib"), zero=0, m=1)
+    (d,) = est.memory_diagnostics(p)
+    assert d.code == "E090" and d.span == p.span and d.is_error
+    assert "params 15.0 GiB" in d.message and "optimizer 89.7 GiB" in d.message  # 2 and 12 bytes × 8.03 B
+    assert "zero = 1 (" in d.hint and "recompute" not in d.hint
+    fixed = replace(p, data_parallel=replace(p.data_parallel, zero=1))
+    assert est.memory_diagnostics(fixed) == []
+
+
+def test_memory_error_when_nothing_single_fits():
+    p = plan(model("gpt2", 96, 12288, 96, 51200, 2048), ("dp", 8, "ib"), zero=0, m=1)
+    (d,) = est.memory_diagnostics(p)
+    # 16 bytes × 175 B params need 2.6 TB: even sharded 8 ways (zero 3, or tp 8) it is > 300 GiB
+    assert "no single change" in d.hint and "closest: " in d.hint and "add GPUs" in d.hint

@@ -1,0 +1,218 @@
+"""``dslc explain``: the time model (bubble fractions of the schedules), the report's
+numbers agreeing with each other, the JSON contract, and scale."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from math import prod
+
+import pytest
+
+from dslc import estimate as est
+from dslc import report
+from dslc.diagnostics import Span
+from dslc.ir import (
+    Cluster,
+    ContextParallel,
+    Data,
+    DataParallel,
+    Device,
+    Link,
+    LRSchedule,
+    Mesh,
+    MeshAxis,
+    Model,
+    Optimizer,
+    Pipeline,
+    Plan,
+    TensorParallel,
+    Train,
+)
+from dslc.topology import Topology
+
+SP = Span("x.plan", 1, 1, 1, 2)
+GiB = 2**30
+LLAMA3_8B = Model("llama3_8b", "llama", 32, 4096, 32, 8, 14336, 128256, 8192, 1e-5, 5e5, False, 0.0, 0, 0, 0.0, 0.0, SP)
+TINY = Model("tiny", "gpt2", 8, 64, 4, 4, 256, 128, 32, 1e-5, 1e4, True, 0.1, 0, 0, 0.0, 0.0, SP)
+
+
+def plan(mdl: Model, *axes, gpn=8, m=8, b=1, schedule="1f1b", v=1, zero=1, sp=False, recompute="none",
+         bandwidth=(450e9, 50e9), latency=(2e-6, 8e-6), peak=989e12, memory=80 * GiB) -> Plan:
+    world = prod(size for _, size, _ in axes) if axes else 1
+    gpn = min(gpn, world)
+    links = (Link("nvlink", "node", bandwidth[0], latency[0], SP), Link("ib", "cluster", bandwidth[1], latency[1], SP))
+    cluster = Cluster("dgx", world // gpn, gpn, Device("h100_sxm", peak, memory), links, SP)
+    mesh = Mesh(tuple(MeshAxis(n, size, lk, SP) for n, size, lk in axes), SP)
+    opt = Optimizer("adamw", 3e-4, (0.9, 0.95), 1e-8, 0.1, 0.0, None)
+    train = Train(10, b, b * m * mesh.size("dp"), "bf16", recompute, 1.0, 0, "dynamic", opt, LRSchedule("cosine", 1, 0.0, 10, None),
+                  Data("synthetic", None, None, None), None, None)
+    return Plan("demo", "demo.plan", mdl, cluster, mesh, TensorParallel(sp, None), DataParallel(zero, None),
+                Pipeline(schedule, v, m, None, None), ContextParallel("ring", True, None), train, SP)
+
+
+def llama_plan(**kw) -> Plan:
+    return plan(LLAMA3_8B, ("dp", 2, "ib"), ("pp", 2, "nvlink"), ("tp", 4, "nvlink"), m=16, sp=True,
+                schedule="interleaved_1f1b", v=2, recompute="selective", **kw)
+
+
+# ---------------------------------------------------------------------------- bubbles
+
+
+def _free_links(mdl, *axes, **kw):
+    """A plan whose links cost nothing, so the bubble is the schedule's alone."""
+    return plan(mdl, *axes, bandwidth=(1e30, 1e30), latency=(0.0, 0.0), **kw)
+
+
+@pytest.mark.parametrize("schedule, p, m", [("1f1b", 4, 8), ("1f1b", 8, 32), ("gpipe", 4, 6)])
+def test_bubble_is_p_minus_1_over_m(schedule, p, m):
+    pl = _free_links(TINY, ("pp", p, "ib"), m=m, schedule=schedule)
+    t, _ = report.timing(pl, Topology.of(pl))
+    assert t.bubble_fraction == pytest.approx((p - 1) / m, rel=1e-9)  # Narayanan et al. SC21 §2.2
+
+
+@pytest.mark.parametrize("p, v, m", [(4, 2, 8), (2, 4, 4)])
+def test_interleaved_bubble_is_p_minus_1_over_vm(p, v, m):
+    pl = _free_links(TINY, ("pp", p, "ib"), m=m, schedule="interleaved_1f1b", v=v)
+    t, _ = report.timing(pl, Topology.of(pl))
+    assert t.bubble_fraction == pytest.approx((p - 1) / (v * m), rel=1e-9)
+
+
+def test_zero_bubble_h1_idles_p_minus_1_times_tf_plus_tb_minus_tw():
+    """Qi et al. 2023: ZB-H1's bubble is (p−1)(T_F + T_B − T_W)."""
+    p, m = 4, 8
+    pl = _free_links(TINY, ("pp", p, "ib"), m=m, schedule="zb_h1")
+    t, _ = report.timing(pl, Topology.of(pl))
+    assert t.t_w > 0 and t.t_b == pytest.approx(t.t_f)
+    idle = t.pipeline - m * (t.t_f + t.t_b + t.t_w)
+    assert idle == pytest.approx((p - 1) * (t.t_f + t.t_b - t.t_w), rel=1e-9)
+
+
+# ---------------------------------------------------------------------------- numbers agree
+
+
+def test_step_time_tokens_and_mfu_agree():
+    pl = llama_plan()
+    doc = report.to_json(report.explain(pl))
+    tokens = 1 * 16 * 2 * 8192
+    assert doc["step_time_s"] == pytest.approx(doc["pipeline"]["makespan_s"] + doc["time"]["exposed_comm_s"])
+    assert doc["tokens_per_s"] == pytest.approx(tokens / doc["step_time_s"])
+    assert doc["mfu"] == pytest.approx(doc["flops_per_step"] / (doc["step_time_s"] * 16 * 989e12))
+    assert 0 < doc["mfu"] < 0.5  # compute runs at the stated 50 % of peak; communication only adds
+    assert doc["hfu"] > doc["mfu"]  # selective recompute re-runs the attention core
+
+
+def test_slower_links_make_a_slower_step():
+    fast = report.explain(llama_plan()).timing.step
+    slow = report.explain(llama_plan(bandwidth=(45e9, 5e9))).timing.step
+    assert slow > fast
+
+
+# ---------------------------------------------------------------------------- json
+
+
+def test_json_contract():
+    pl = llama_plan()
+    doc = report.to_json(report.explain(pl))
+    json.dumps(doc, allow_nan=False)
+    for key in ("plan", "world_size", "params", "memory", "flops_per_step", "traffic", "pipeline", "step_time_s",
+                "tokens_per_s", "mfu"):
+        assert key in doc
+    assert doc["plan"] == "demo" and doc["world_size"] == 16
+    assert doc["params"]["total"] == 8_030_261_248
+    assert doc["flops_per_step"] == est.flops(pl).model
+    assert [s["stage"] for s in doc["memory"]] == [0, 1]
+    for s in doc["memory"]:
+        assert s["total"] == s["params"] + s["grads"] + s["optimizer"] + s["activations"]
+        assert all(isinstance(s[k], int) for k in ("params", "grads", "optimizer", "activations", "total"))
+    row_keys = {"axis", "collective", "calls_per_step", "payload_bytes_per_step", "wire_bytes_per_rank_per_step", "link",
+                "seconds_per_step"}
+    assert doc["traffic"] and all(row_keys <= set(r) for r in doc["traffic"])
+    links = {(r["axis"], r["collective"]): r["link"] for r in doc["traffic"]}
+    assert links["dp", "reduce_scatter"] == "ib" and links["tp", "all_gather"] == "nvlink" and links["pp", "send"] == "nvlink"
+    assert 0 < doc["pipeline"]["bubble_fraction"] < 1
+    assert {b["link"] for b in doc["busiest_links"]} == {"nvlink", "ib"}
+
+
+def test_json_traffic_rows_are_the_busiest_stage_of_each_collective():
+    pl = llama_plan()
+    doc = report.to_json(report.explain(pl))
+    for r in doc["traffic"]:
+        same = [x["payload_bytes_per_step"] for st in doc["traffic_by_stage"] for x in st
+                if (x["axis"], x["collective"], x["what"]) == (r["axis"], r["collective"], r["what"])]
+        assert r["payload_bytes_per_step"] == max(same)
+
+
+def test_json_has_no_nan_even_without_a_peak():
+    doc = report.to_json(report.explain(plan(TINY, ("pp", 2, "ib"), peak=0.0)))
+    text = json.dumps(doc, allow_nan=False)
+    assert doc["step_time_s"] is None and doc["mfu"] is None and "NaN" not in text and "Infinity" not in text
+
+
+def test_single_rank_plan():
+    ex = report.explain(plan(TINY, m=4))
+    assert ex.rows == () and ex.busiest == ()
+    assert "(none: a single rank)" in report.render_text(ex)
+    doc = report.to_json(ex)
+    assert doc["world_size"] == 1 and doc["pipeline"]["bubble_fraction"] == 0.0
+
+
+# ---------------------------------------------------------------------------- text
+
+
+def test_text_report_has_every_section():
+    text = report.render_text(report.explain(llama_plan()))
+    for part in ("Memory per GPU", "Traffic per GPU per step", "Busiest link of each type", "Time per step", "MFU",
+                 "tokens/s", "bubble", "GiB", "reduce_scatter", "ib NIC node"):
+        assert part in text
+    assert "error[E090]" not in text
+
+
+def test_text_report_shows_the_memory_error():
+    pl = plan(LLAMA3_8B, ("dp", 16, "ib"), zero=0, m=1)
+    text = report.render_text(report.explain(pl))
+    # 8.03 B params: zero 1 keeps 4Ψ + 12Ψ/16 = 35.5 GiB, zero 2 2Ψ + 14Ψ/16 = 21.5 GiB, beside
+    # the 45 GiB of activations of an 8192-token sequence
+    assert "error[E090]" in text and "help: it fits with any one of: zero = 2 (" in text and "zero = 1" not in text
+    assert "NO" in text.split("Traffic")[0]
+
+
+# ---------------------------------------------------------------------------- scale and front end
+
+
+def test_explain_at_131072_gpus_uses_classes():
+    pl = plan(replace(LLAMA3_8B, layers=96), ("dp", 1024, "ib"), ("pp", 16, "ib"), ("tp", 8, "nvlink"), m=32, sp=True)
+    ex = report.explain(pl)
+    assert ex.plan.world_size == 131072
+    dp = next(r for r in ex.rows if r.comm.axis == "dp")
+    assert dp.comm.group == 1024 and dp.link == "ib"
+    assert len(ex.topo.classes("dp")) == 1
+    assert "graph" not in ex.topo.__dict__  # the networkx graph is not built to explain
+
+
+def test_explain_a_plan_from_text():
+    from dslc.lower import load_text
+
+    text = """
+cluster dgx_h100 {
+    nodes = 2
+    gpus_per_node = 8
+    device = h100_sxm
+    link nvlink { scope = node; bandwidth = 450 GB/s; latency = 2 us }
+    link ib     { scope = cluster; bandwidth = 50 GB/s; latency = 8 us }
+}
+plan llama3_8b {
+    model llama { layers = 32; hidden = 4096; heads = 32; kv_heads = 8; ffn = 14336; vocab = 128256; seq_len = 8192 }
+    cluster = dgx_h100
+    mesh { dp = 2 on ib; pp = 2 on nvlink; tp = 4 on nvlink }
+    tensor_parallel { sequence_parallel = true }
+    data_parallel { zero = 1 }
+    pipeline { schedule = interleaved_1f1b; virtual_stages = 2; microbatches = 16 }
+    train { micro_batch = 1; global_batch = 32; precision = bf16; recompute = selective }
+}
+"""
+    result = load_text(text, "llama.plan")
+    assert [d for d in result.diagnostics if d.is_error] == []
+    (pl,) = result.plans
+    doc = report.to_json(report.explain(pl))
+    assert doc["params"]["total"] == 8_030_261_248 and doc["world_size"] == 16
