@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from . import __version__
 from .diagnostics import RENDERERS, Diagnostic, Sources, has_errors, render_text
@@ -152,7 +152,7 @@ def cmd_explain(args) -> int:
 
 
 def cmd_schedule(args) -> int:
-    from . import draw, schedule
+    from . import deadlock, draw, schedule
 
     result = load([args.plan_file])
     emit(result.diagnostics, result.sources)
@@ -164,7 +164,7 @@ def cmd_schedule(args) -> int:
     plan = plans[0]
     pl = plan.pipeline
     actions = schedule.build(pl.schedule, plan.pp, pl.microbatches, pl.virtual_stages)
-    problems = schedule.verify(actions)
+    problems = deadlock.verify(actions)
     if problems:
         for p in problems:
             print(f"error: {p}", file=sys.stderr)

@@ -1,41 +1,11 @@
-"""What one training step sends, holds and computes: pure functions of the plan.
+"""What one training step holds and computes: pure functions of the plan.
 
-(Links and call times are :mod:`dslc.topology`'s; the step time, which needs both and the
-schedule simulation, is :func:`dslc.report.timing`.)
+What it sends is :mod:`dslc.traffic`. (Links and call times are :mod:`dslc.topology`'s; the
+step time, which needs both and the schedule simulation, is :func:`dslc.report.timing`.)
 
 Notation: b micro_batch, s seq_len, T = b·s/cp tokens per rank per micro-batch, h hidden,
 t tp, p pp, v virtual stages, m micro-batches, e bytes of the plan's dtype (fp32 4,
 bf16/fp16 2). Every number is *per rank and per step* unless it says otherwise.
-
-Traffic (:func:`traffic`). Payload S of a call is the full tensor (NCCL tests
-PERFORMANCE.md): the all-reduced tensor, the all-gather output, the reduce-scatter input,
-the all-to-all input of one rank, the tensor a ``send`` ships (counted on the sender).
-Wire bytes per rank: all-reduce 2(n−1)/n·S, all-gather and reduce-scatter (n−1)/n·S,
-all-to-all (n−1)/n·S, send S. Calls per step:
-
-* tp, per layer per micro-batch (Megatron, Shoeybi et al. 2019): 2 all-reduces forward
-  (attention and MLP outputs) + 2 backward, S = T·h·e; with sequence parallelism
-  (Korthikanti et al. 2022) each becomes an all-gather/reduce-scatter pair of the same S.
-  Full recompute repeats the forward ones. Vocab-parallel embedding: all-reduce of its
-  output (SP: reduce-scatter forward, all-gather backward); head: all-reduce of its input
-  gradient (SP: all-gather forward, reduce-scatter backward); vocab-parallel cross-entropy:
-  3 fp32 all-reduces of T elements (max, sum-exp, target logit). With SP the grads of
-  tp-replicated weights (norms, row-parallel biases, router) are all-reduced once per step.
-* pp, per micro-batch: one send of the activation (T·h·e, /t under SP) per chunk
-  boundary forward and one of its gradient backward (×v interleaved; SC21 §2.2).
-  Tied embeddings with p > 1: an all-reduce of the embedding grads between the first
-  and last stage once per step.
-* cp, per layer per micro-batch: Ulysses (Jacobs et al. 2023) all-to-alls of q, k, v and
-  the attention output, same backward; ring attention (Liu et al. 2023) (cp−1) sends of
-  the K and V blocks forward, (cp−1) of K, V and cp of dK, dV backward.
-* ep, per MoE layer per micro-batch: dispatch and combine all-to-alls of T·top_k·h·e
-  (× capacity_factor when set), same backward.
-* data parallel, once per step: dense grads over dp×cp×ep, expert grads over dp×cp —
-  all-reduce (zero 0), reduce-scatter + all-gather of the updated params (zero 1, 2),
-  reduce-scatter + all-gathers of the params forward and backward (zero 3). Sharded
-  buffers are padded to a multiple of the group size.
-
-Scalar reductions (loss for logging, grad-norm) are not counted.
 """
 
 from __future__ import annotations
@@ -46,7 +16,7 @@ from math import ceil, prod
 from . import schedule as sched
 from .diagnostics import Diagnostic, error
 from .ir import Model, Plan
-from .topology import Comm, axes_of
+from .topology import axes_of
 
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 GiB = 2**30
@@ -66,6 +36,24 @@ class Settings:
 
 DEFAULT = Settings()
 PAPER = Settings(attention="paper", dropout=True)
+
+
+def dtype_bytes(plan: Plan) -> int:
+    """e: bytes per element of the plan's precision."""
+    return BYTES[plan.train.precision]
+
+
+def local_tokens(plan: Plan) -> int:
+    return plan.train.micro_batch * plan.model.seq_len // plan.cp
+
+
+def grad_group(plan: Plan, expert: bool) -> tuple[str, ...]:
+    """Mesh axes that average the grads: dp×cp×ep for dense params, dp×cp for experts."""
+    return axes_of(plan.mesh, ("dp", "cp") if expert else ("dp", "cp", "ep"))
+
+
+def group_size(plan: Plan, axes: tuple[str, ...]) -> int:
+    return prod(plan.mesh.size(a) for a in axes)
 
 
 # ---------------------------------------------------------------------------- parameters
@@ -88,7 +76,7 @@ class Params:
         return self.embedding + self.positions + self.layers * (self.layer + self.experts) + self.final_norm + self.head
 
 
-def _dims(model: Model, t: int = 1) -> tuple[int, int, int]:
+def widths(model: Model, t: int = 1) -> tuple[int, int, int]:
     """(q, kv, ffn) widths on one tp rank; kv heads are replicated when fewer than t."""
     q, kv = model.heads * model.head_dim, model.kv_heads * model.head_dim
     return q // t, (kv // t if model.kv_heads % t == 0 else kv), model.ffn // t
@@ -101,7 +89,7 @@ def _layer(model: Model, t: int = 1) -> tuple[int, int, int]:
     biases. llama: RMSNorm ×2, no biases, SwiGLU (3 matrices), GQA k/v of kv_heads·head_dim.
     mixtral: llama attention, router h×E, E SwiGLU experts."""
     h = model.hidden
-    q, kv, f = _dims(model, t)
+    q, kv, f = widths(model, t)
     attn = h * (q + 2 * kv) + q * h
     if model.arch == "gpt2":
         return attn + (q + 2 * kv) + 2 * h * f + f, 4 * h + 2 * h, 0
@@ -164,158 +152,6 @@ def stage_params(plan: Plan) -> tuple[StageParams, ...]:
     return tuple(out)
 
 
-# ---------------------------------------------------------------------------- traffic
-
-
-@dataclass(frozen=True)
-class _Spec:
-    """A collective called ``fwd`` + ``bwd`` times per layer, micro-batch or step."""
-
-    axes: tuple[str, ...]
-    kind: str
-    what: str
-    nbytes: int
-    fwd: int
-    bwd: int = 0
-    overlap: str = "exposed"
-
-
-def _e(plan: Plan) -> int:
-    return BYTES[plan.train.precision]
-
-
-def local_tokens(plan: Plan) -> int:
-    return plan.train.micro_batch * plan.model.seq_len // plan.cp
-
-
-def layer_specs(plan: Plan) -> list[_Spec]:
-    """Collectives of one layer for one micro-batch (ep ones on MoE layers only)."""
-    m, e, T, t, cp = plan.model, _e(plan), local_tokens(plan), plan.tp, plan.cp
-    fp = 2 if plan.train.recompute == "full" else 1
-    q, kv, _ = _dims(m, t)
-    out: list[_Spec] = []
-    if t > 1:
-        kinds = ("all_gather", "reduce_scatter") if plan.tensor_parallel.sequence_parallel else ("all_reduce",)
-        out += [_Spec(("tp",), k, "layer activations", T * m.hidden * e, 2 * fp, 2) for k in kinds]
-    if cp > 1 and plan.context_parallel.method == "ulysses":
-        out += [_Spec(("cp",), "all_to_all", "q and attention output", T * q * e, 2 * fp, 2),
-                _Spec(("cp",), "all_to_all", "k and v", T * kv * e, 2 * fp, 2)]
-    elif cp > 1:
-        out += [_Spec(("cp",), "send", "K, V blocks (ring)", T * kv * e, 2 * (cp - 1) * fp, 2 * (cp - 1), "attention"),
-                _Spec(("cp",), "send", "dK, dV blocks (ring)", T * kv * e, 0, 2 * cp, "attention")]
-    if plan.ep > 1 and m.is_moe:
-        out.append(_Spec(("ep",), "all_to_all", "token dispatch and combine", _routed(plan) * m.hidden * e, 2 * fp, 2))
-    return out
-
-
-def _routed(plan: Plan) -> int:
-    """Token slots a rank routes per MoE layer: T·top_k, or E·⌈cf·T·top_k/E⌉ with a capacity
-    factor (tokens are sharded over tp under SP, replicated otherwise)."""
-    m = plan.model
-    tok = local_tokens(plan) // (plan.tp if plan.tensor_parallel.sequence_parallel else 1)
-    return tok * m.top_k if not m.capacity_factor else m.experts * ceil(m.capacity_factor * tok * m.top_k / m.experts)
-
-
-def edge_specs(plan: Plan, first: bool, last: bool) -> list[_Spec]:
-    """Per micro-batch collectives of the embedding (first chunk) and head + loss (last)."""
-    if plan.tp == 1:
-        return []
-    S, sp, out = local_tokens(plan) * plan.model.hidden * _e(plan), plan.tensor_parallel.sequence_parallel, []
-    if first:
-        out += ([_Spec(("tp",), "reduce_scatter", "embedding output", S, 1), _Spec(("tp",), "all_gather", "embedding output", S, 0, 1)]
-                if sp else [_Spec(("tp",), "all_reduce", "embedding output", S, 1)])
-    if last:
-        out += ([_Spec(("tp",), "all_gather", "head input", S, 1), _Spec(("tp",), "reduce_scatter", "head input", S, 0, 1)]
-                if sp else [_Spec(("tp",), "all_reduce", "head input grad", S, 0, 1)])
-        out.append(_Spec(("tp",), "all_reduce", "cross-entropy max, sum-exp, target (fp32)", local_tokens(plan) * 4, 3))
-    return out
-
-
-def _grad_group(plan: Plan, expert: bool) -> tuple[str, ...]:
-    return axes_of(plan.mesh, ("dp", "cp") if expert else ("dp", "cp", "ep"))
-
-
-def _group_size(plan: Plan, axes: tuple[str, ...]) -> int:
-    return prod(plan.mesh.size(a) for a in axes)
-
-
-def step_specs(plan: Plan, sp_params: StageParams) -> list[_Spec]:
-    """Once-per-step collectives of the ranks holding ``sp_params``."""
-    e, zero, out = _e(plan), plan.data_parallel.zero, []
-    for expert, count in ((False, sp_params.dense), (True, sp_params.expert)):
-        axes = _grad_group(plan, expert)
-        n, tag = _group_size(plan, axes), "expert" if expert else "dense"
-        if n == 1 or count == 0:
-            continue
-        padded = n * ceil(count / n) * e
-        if zero == 0:
-            out.append(_Spec(axes, "all_reduce", f"{tag} grads", count * e, 0, 1, "backward"))
-            continue
-        out.append(_Spec(axes, "reduce_scatter", f"{tag} grads", padded, 0, 1, "backward"))
-        if zero < 3:
-            out.append(_Spec(axes, "all_gather", f"{tag} params after the step", padded, 1))
-        else:
-            out += [_Spec(axes, "all_gather", f"{tag} params (forward)", padded, 1, 0, "prefetch"),
-                    _Spec(axes, "all_gather", f"{tag} params (backward)", padded, 0, 1, "prefetch")]
-    if plan.tp > 1 and plan.tensor_parallel.sequence_parallel and sp_params.tp_replicated:
-        out.append(_Spec(("tp",), "all_reduce", "grads of tp-replicated weights (SP)", sp_params.tp_replicated * e, 0, 1))
-    if sp_params.tied:
-        out.append(_Spec(("pp",), "all_reduce", "tied embedding grads", sp_params.tied * e, 0, 1))
-    return out
-
-
-def pp_sends(plan: Plan, stage: int) -> tuple[int, int]:
-    """(activation sends, gradient sends) of a rank of ``stage`` per micro-batch: one per
-    chunk boundary leaving the rank (v, or v−1 at the last/first stage)."""
-    p, v = plan.pp, plan.pipeline.virtual_stages
-    if p == 1:
-        return 0, 0
-    return (v if stage < p - 1 else v - 1), (v if stage > 0 else v - 1)
-
-
-def pp_bytes(plan: Plan) -> int:
-    """Activation (= gradient) sent between stages: T·h·e, the SP shard T·h·e/t under SP."""
-    b = local_tokens(plan) * plan.model.hidden * _e(plan)
-    return b // plan.tp if plan.tensor_parallel.sequence_parallel else b
-
-
-def to_comm(plan: Plan, sp: _Spec, calls: int, per: str = "micro-batch") -> Comm:
-    axes = axes_of(plan.mesh, sp.axes)
-    members = (0, plan.pp - 1) if sp.what == "tied embedding grads" else None
-    group = 2 if members else _group_size(plan, axes)
-    return Comm("+".join(axes), axes, sp.kind, sp.what, calls, sp.nbytes, group, per, sp.overlap, members)
-
-
-def stage_traffic(plan: Plan, stage: int) -> list[Comm]:
-    """Every collective a rank of pipeline ``stage`` calls in one step, per rank."""
-    m, p, v = plan.microbatches, plan.pp, plan.pipeline.virtual_stages
-    layers = sum(chunk_layers(plan)[stage])
-    rows = [to_comm(plan, sp, m * layers * (sp.fwd + sp.bwd)) for sp in layer_specs(plan)]
-    for g in range(stage, p * v, p):
-        rows += [to_comm(plan, sp, m * (sp.fwd + sp.bwd)) for sp in edge_specs(plan, g == 0, g == p * v - 1)]
-    for what, n in zip(("activations to the next stage", "gradients to the previous stage"), pp_sends(plan, stage)):
-        rows.append(Comm("pp", ("pp",), "send", what, m * n, pp_bytes(plan), p, back=what.startswith("gradients")))
-    rows += [to_comm(plan, sp, sp.fwd + sp.bwd, "step") for sp in step_specs(plan, stage_params(plan)[stage])]
-    merged: dict[tuple, Comm] = {}
-    for c in rows:
-        key = (c.axis, c.kind, c.what)
-        merged[key] = replace(c, calls=merged[key].calls + c.calls) if key in merged else c
-    return [c for c in merged.values() if c.calls]
-
-
-def traffic(plan: Plan) -> tuple[tuple[Comm, ...], ...]:
-    """:func:`stage_traffic` of every pipeline stage."""
-    return tuple(tuple(stage_traffic(plan, s)) for s in range(plan.pp))
-
-
-def rank_payload(plan: Plan, rank: int) -> dict[tuple[str, str], int]:
-    """Payload bytes per step of ``rank`` by (group, kind): what ``train.py --measure`` counts."""
-    out: dict[tuple[str, str], int] = {}
-    for c in stage_traffic(plan, plan.mesh.coords(rank)["pp"]):
-        out[(c.axis, c.kind)] = out.get((c.axis, c.kind), 0) + c.payload
-    return out
-
-
 # ---------------------------------------------------------------------------- memory
 
 
@@ -325,7 +161,7 @@ def state_bytes_per_param(plan: Plan) -> tuple[int, int, int]:
     bf16/fp16: 2 + 2 + 12 — 16-bit working weights and grads, fp32 master weights + Adam m
     and v in the optimizer (Rajbhandari et al. 2020, K = 12). fp32: 4 + 4 + 8 — the weights
     are their own master copy; Adam keeps m and v. SGD keeps one momentum buffer (if any)."""
-    e, opt = _e(plan), plan.train.optimizer
+    e, opt = dtype_bytes(plan), plan.train.optimizer
     moments = 8 if opt.name in ("adam", "adamw") else (4 if opt.momentum else 0)
     return e, e, moments + (4 if e == 2 else 0)
 
@@ -350,9 +186,9 @@ def layer_activation_bytes(plan: Plan, settings: Settings = DEFAULT) -> int:
     scores, only a fp32 log-sum-exp (a/t·T·4). MoE: the MLP is T·h·e·r (router input),
     fp32 router logits T·E·4, and per routed token its input, SwiGLU and output
     (h + 4f/t + h)·e. Full recompute keeps the layer input T·h·e·r (the paper's 2sbh)."""
-    m, e, t, T = plan.model, _e(plan), plan.tp, local_tokens(plan)
+    m, e, t, T = plan.model, dtype_bytes(plan), plan.tp, local_tokens(plan)
     r = t if plan.tensor_parallel.sequence_parallel else 1
-    h, (q, kv, f) = m.hidden, _dims(m, t)
+    h, (q, kv, f) = m.hidden, widths(m, t)
     mask = 1 if (settings.dropout if settings.dropout is not None else m.dropout > 0) else 0
     rec = plan.train.recompute
     if rec == "full":
@@ -377,7 +213,7 @@ def edge_activation_bytes(plan: Plan, settings: Settings = DEFAULT) -> tuple[int
     """(embedding, head) activations per micro-batch: the embedding dropout mask T·h·r; the
     final norm and head inputs 2·T·h·e·r and the fp32 logits of the loss 4·T·V/t
     (Korthikanti et al. §4.3: 4sbh/t·(1 + v/h) for the output layer)."""
-    m, e, T = plan.model, _e(plan), local_tokens(plan)
+    m, e, T = plan.model, dtype_bytes(plan), local_tokens(plan)
     r = plan.tp if plan.tensor_parallel.sequence_parallel else 1
     mask = settings.dropout if settings.dropout is not None else m.dropout > 0
     return (T * m.hidden // r if mask else 0), 2 * T * m.hidden * e // r + 4 * T * ceil(m.vocab / plan.tp)
@@ -417,8 +253,8 @@ def memory(plan: Plan, settings: Settings = DEFAULT, peaks: tuple[int, ...] | No
     emb, head = edge_activation_bytes(plan, settings)
     out = []
     for s, (sp, chunks) in enumerate(zip(stage_params(plan), chunk_layers(plan))):
-        dense = zero_state(sp.dense, _group_size(plan, _grad_group(plan, False)), zero, w, g, k)
-        expert = zero_state(sp.expert, _group_size(plan, _grad_group(plan, True)), zero, w, g, k)
+        dense = zero_state(sp.dense, group_size(plan, grad_group(plan, False)), zero, w, g, k)
+        expert = zero_state(sp.expert, group_size(plan, grad_group(plan, True)), zero, w, g, k)
         held = peaks[s]
         act = round(held * sum(chunks) / v * per_layer)
         if s == 0:
@@ -439,7 +275,7 @@ def layer_flops(model: Model, seq: int, t: int = 1) -> tuple[float, float]:
     plus the router 2·h·E); attention core 2·2·s·q (QKᵀ and AV, no causal saving), as in
     Narayanan et al. SC21 (who count GPT: 24h² + 4sh per token per layer)."""
     h = model.hidden
-    q, kv, f = _dims(model, t)
+    q, kv, f = widths(model, t)
     mlp = 4 * h * f if model.arch == "gpt2" else 6 * h * f
     if model.is_moe:
         mlp = model.top_k * mlp + 2 * h * model.experts
@@ -486,7 +322,7 @@ def _variants(plan: Plan):
     """(knob, label, plan) for single changes that lower memory, smallest change first; the
     global batch is kept (fewer samples per micro-batch or fewer dp ranks → more micro-batches)."""
     tr, mesh, pipe = plan.train, plan.mesh, plan.pipeline
-    if _group_size(plan, _grad_group(plan, False)) > 1:
+    if group_size(plan, grad_group(plan, False)) > 1:
         for z in range(plan.data_parallel.zero + 1, 4):
             yield "zero", f"zero = {z}", replace(plan, data_parallel=replace(plan.data_parallel, zero=z))
     order = ("none", "selective", "full")

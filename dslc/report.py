@@ -15,6 +15,7 @@ from math import ceil
 
 from . import estimate as est
 from . import schedule as sched
+from . import traffic
 from .diagnostics import Diagnostic
 from .ir import Plan
 from .topology import BusiestLink, Comm, Topology
@@ -59,27 +60,27 @@ def timing(plan: Plan, topo: Topology, settings: est.Settings = est.DEFAULT, sta
     exposed collectives, simulated over the schedule; step = makespan + exposed step comm.
     MFU = model FLOPs / (step × GPUs × peak) (Chowdhery et al. 2022); HFU counts recompute."""
     m, p, v, T = plan.model, plan.pp, plan.pipeline.virtual_stages, est.local_tokens(plan)
-    stages = stages if stages is not None else est.traffic(plan)
+    stages = stages if stages is not None else traffic.traffic(plan)
     rate = peak_flops(plan) * settings.efficiency or 1e-300  # no peak: infinite times (null in JSON)
     mm, core = est.layer_flops(m, m.seq_len, plan.tp)
     rec = {"none": 0.0, "selective": core, "full": mm + core}[plan.train.recompute]
     zb = plan.pipeline.schedule == "zb_h1"
 
     def secs(specs, attr: str, overlap: str) -> float:
-        return sum(est.to_comm(plan, sp, getattr(sp, attr)).seconds(topo) for sp in specs if sp.overlap == overlap and getattr(sp, attr))
+        return sum(traffic.to_comm(plan, sp, getattr(sp, attr)).seconds(topo) for sp in specs if sp.overlap == overlap and getattr(sp, attr))
 
-    specs = est.layer_specs(plan)
+    specs = traffic.layer_specs(plan)
     lay_f = secs(specs, "fwd", "exposed") + max(0.0, secs(specs, "fwd", "attention") - T * core / rate)
     lay_b = secs(specs, "bwd", "exposed") + max(0.0, secs(specs, "bwd", "attention") - 2 * T * core / rate)
     t_f = t_b = t_w = 0.0
     for g, n in enumerate(plan.stage_layers()):
         last = g == p * v - 1
         fwd = n * T * (mm + core) + (2 * T * m.hidden * ceil(m.vocab / plan.tp) if last else 0)
-        edge = est.edge_specs(plan, g == 0, last)
+        edge = traffic.edge_specs(plan, g == 0, last)
         t_f = max(t_f, fwd / rate + n * lay_f + secs(edge, "fwd", "exposed"))
         t_b = max(t_b, ((1 if zb else 2) * fwd + n * T * rec) / rate + n * lay_b + secs(edge, "bwd", "exposed"))
         t_w = max(t_w, fwd / rate if zb else 0.0)
-    t_comm = Comm("pp", ("pp",), "send", "", 1, est.pp_bytes(plan), p).call_seconds(topo) if p > 1 else 0.0
+    t_comm = Comm("pp", ("pp",), "send", "", 1, traffic.pp_bytes(plan), p).call_seconds(topo) if p > 1 else 0.0
     sim = sched.simulate(acts if acts is not None else est.actions(plan), t_f, t_b, t_w, t_comm)
     exposed = overlapped = 0.0
     for rows in stages:
@@ -131,7 +132,7 @@ def explain(plan: Plan, settings: est.Settings = est.DEFAULT, topo: Topology | N
     class, links charged with numpy over ranks, the schedule simulated per pipeline."""
     topo = topo or Topology.of(plan)
     acts = est.actions(plan)
-    stages = est.traffic(plan)
+    stages = traffic.traffic(plan)
     tm, sim = timing(plan, topo, settings, stages, acts)
     mem = est.memory(plan, settings, sim.peak_inflight)
     best: dict[tuple, Row] = {}

@@ -1,4 +1,6 @@
-"""Pipeline schedules as data: build each rank's action list, prove it deadlock-free, simulate it.
+"""Pipeline schedules as data: build each rank's action list and simulate it.
+
+The proof that the lists cannot deadlock is :mod:`dslc.deadlock`.
 
 The model is cut into ``pp·v`` chunks in layer order (v = virtual stages per rank). Global chunk
 ``g`` lives on pipeline rank ``g % pp`` as its local chunk ``g // pp`` (the interleaved placement
@@ -38,21 +40,19 @@ Ordering contract: the generated runtime executes the lists literally.
 5. Between two ranks, messages match in posting order (NCCL, and gloo with one tag, do not
    match by micro-batch): the k-th send from r to q is the k-th receive on q from r. Activations
    and gradients have the same shape (micro_batch, seq, hidden), so a mix-up would not fail
-   loudly; :func:`verify` checks that both sides list the same messages in the same order.
+   loudly; :func:`dslc.deadlock.verify` checks that both sides list the same messages in the
+   same order.
 
-:func:`verify` proves deadlock-freedom under the strictest p2p semantics (rendezvous: a send
-completes only once its receive is posted; a batch completes when all its operations have).
-:func:`simulate` times the lists with eager sends: a send occupies its rank for ``t_comm``, a
-receive blocks until the matching send has completed.
+:func:`dslc.deadlock.verify` proves deadlock-freedom under the strictest p2p semantics
+(rendezvous: a send completes only once its receive is posted; a batch completes when all its
+operations have). :func:`simulate` times the lists with eager sends: a send occupies its rank
+for ``t_comm``, a receive blocks until the matching send has completed.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict, deque
 from dataclasses import dataclass
-from itertools import pairwise
-
-import networkx as nx
 
 from .ir import SCHEDULES
 
@@ -61,8 +61,8 @@ COMM = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
 KINDS = COMPUTE + COMM
 
 __all__ = [
-    "SCHEDULES", "Action", "ScheduleError", "Simulation", "build", "check", "message", "simulate",
-    "verify",
+    "SCHEDULES", "Action", "ScheduleError", "Simulation", "build", "expected_peer", "locate",
+    "message", "simulate",
 ]
 
 
@@ -178,7 +178,7 @@ def _with_comm(steps: Steps, rank: int, p: int, v: int) -> tuple[Action, ...]:
         out = []
         for a in step:
             kind = prefix + a.kind
-            peer = _expected_peer(kind, a.chunk, rank, p, v) if a.kind in ("F", "B") else None
+            peer = expected_peer(kind, a.chunk, rank, p, v) if a.kind in ("F", "B") else None
             if peer is not None:
                 out.append(Action(kind, a.microbatch, a.chunk, peer))
         return out
@@ -189,7 +189,7 @@ def _with_comm(steps: Steps, rank: int, p: int, v: int) -> tuple[Action, ...]:
     return tuple(out + comm("SEND_", steps[-1] if steps else ()))
 
 
-def _expected_peer(kind: str, chunk: int, rank: int, p: int, v: int) -> int | None:
+def expected_peer(kind: str, chunk: int, rank: int, p: int, v: int) -> int | None:
     """Rank on the other side of a send/receive; None at either end of the model, or when the
     neighbouring chunk lives on this very rank (pp = 1)."""
     g = chunk * p + rank
@@ -205,272 +205,9 @@ def message(a: Action, rank: int, p: int) -> tuple[str, int, int]:
             g + 1 if a.kind == "RECV_B" else g)
 
 
-# ---------------------------------------------------------------------------- verify
-
-
-def check(actions: Actions) -> None:
-    """:func:`verify`, raising :class:`ScheduleError` with every problem found."""
-    problems = verify(actions)
-    if problems:
-        shown = problems[:12] + [f"… and {len(problems) - 12} more"] * (len(problems) > 12)
-        raise ScheduleError("\n".join(shown), tuple(problems))
-
-
-def verify(actions: Actions) -> list[str]:
-    """Deadlock-freedom proof. Returns [] if fine, else human-readable problems.
-
-    Builds a networkx DiGraph whose edges mean "must finish before": program order on each rank
-    (a run of comm actions is one batch, posted together, complete when all its operations are),
-    each send ↔ its receive as a rendezvous (either completes only once the other side's batch
-    is posted), data dependencies F(mb, g) → F(mb, g+1), B(mb, g+1) → B(mb, g), F → B → W of a
-    micro-batch and chunk, receive → its consumer and producer → its send. No deadlock iff the
-    graph is acyclic; a cycle is reported with its ranks, actions and micro-batches. Also checks
-    that F and B (and W, if any) run once per micro-batch and chunk on every rank, every send has
-    exactly one receive of the same kind, peers hold the neighbouring chunk, and two ranks list
-    their messages to each other in the same order."""
-    p = len(actions)
-    if p == 0:
-        return ["the schedule has no pipeline ranks"]
-    every = [(r, i, a) for r, acts in enumerate(actions) for i, a in enumerate(acts)]
-    v = 1 + max((a.chunk for *_, a in every), default=0)
-    m = 1 + max((a.microbatch for *_, a in every), default=-1)
-    problems: list[str] = []
-    valid = []
-    for r, i, a in every:
-        if problem := _malformed(a, r, p, v):
-            problems.append(f"{_at(r, i, a)}: {problem}")
-        if a.kind in KINDS and a.microbatch >= 0 and a.chunk >= 0:
-            valid.append((r, i, a))
-    first: dict[tuple[int, str, int, int], int] = {}  # (rank, kind, mb, chunk) -> first index
-    problems += _coverage(valid, p, m, v, first)
-    pairs, pair_problems = _pair(actions, valid, p, m, v, first)
-    problems += pair_problems + _order_problems(actions, valid, p)
-
-    graph, batch_of = _program_graph(actions)
-    for s, t in pairs:
-        graph.add_edge(batch_of[t], s, why="p2p")
-        graph.add_edge(batch_of[s], t, why="p2p")
-    _add_data_edges(graph, valid, first, p, m, v)
-    if nx.is_directed_acyclic_graph(graph):
-        return problems
-    # find_cycle's edge DFS is slow on the whole graph: search one strongly connected component
-    component = next(c for c in nx.strongly_connected_components(graph) if len(c) > 1)
-    return problems + [_describe_cycle(nx.find_cycle(graph.subgraph(component)), graph, actions)]
-
-
-def _at(r: int, i: int, a: Action) -> str:
+def locate(r: int, i: int, a: Action) -> str:
+    """``rank 1 action #4 (RECV_F mb 3 chunk 0 from rank 0)``: an action located, for messages."""
     return f"rank {r} action #{i} ({a.describe()})"
-
-
-def _malformed(a: Action, r: int, p: int, v: int) -> str | None:
-    if a.kind not in KINDS:
-        return f"unknown kind {a.kind!r}; expected one of {', '.join(KINDS)}"
-    if a.microbatch < 0 or a.chunk < 0:
-        return "micro-batch and chunk must be ≥ 0"
-    if a.kind in COMPUTE:
-        return None if a.peer is None else f"a {a.kind} computation has no peer (got {a.peer})"
-    g, expected = a.chunk * p + r, _expected_peer(a.kind, a.chunk, r, p, v)
-    other = g + 1 if a.kind in ("SEND_F", "RECV_B") else g - 1
-    if expected is None:
-        where = "outside the model" if not 0 <= other < p * v else "on the same rank"
-        return f"global chunk {g}'s neighbour {other} is {where}: nothing to send or receive"
-    if a.peer != expected:
-        return f"wrong peer: global chunk {other} lives on rank {expected}, not rank {a.peer}"
-    return None
-
-
-def _ranges(xs: list[int]) -> str:
-    out = []
-    for k, x in enumerate(xs):
-        if k == 0 or xs[k - 1] != x - 1:
-            out.append([x, x])
-        out[-1][1] = x
-    return ", ".join(str(a) if a == b else f"{a}–{b}" for a, b in out)
-
-
-def _coverage(valid, p: int, m: int, v: int, first: dict) -> list[str]:
-    """Every rank runs F and B (and W, when the backward is split) once per micro-batch and
-    local chunk, in the order F, B, W."""
-    seen: dict[tuple[int, str, int, int], list[int]] = defaultdict(list)
-    for r, i, a in valid:
-        if a.kind in COMPUTE:
-            seen[(r, a.kind, a.microbatch, a.chunk)].append(i)
-    first.update((key, idx[0]) for key, idx in seen.items())
-    kinds = COMPUTE if any(key[1] == "W" for key in seen) else ("F", "B")
-    problems = []
-    for r in range(p):
-        for c in range(v):
-            for kind in kinds:
-                if missing := [mb for mb in range(m) if (r, kind, mb, c) not in seen]:
-                    problems.append(f"rank {r} never runs {kind} for micro-batch "
-                                    f"{_ranges(missing)} of chunk {c}")
-            for mb in range(m):
-                for kind in kinds:
-                    if len(idx := seen.get((r, kind, mb, c), [])) > 1:
-                        problems.append(f"rank {r} runs {kind} mb {mb} chunk {c} {len(idx)} times "
-                                        f"(actions {', '.join(f'#{i}' for i in idx)})")
-                for before, after in pairwise(kinds):
-                    i, j = first.get((r, before, mb, c), -1), first.get((r, after, mb, c), -1)
-                    if 0 <= j < i:
-                        problems.append(f"rank {r} runs {after} mb {mb} chunk {c} (#{j}) "
-                                        f"before its {before} (#{i})")
-    return problems
-
-
-def _pair(actions: Actions, valid, p: int, m: int, v: int, first: dict):
-    """Match each send to its receive by message: one-to-one, same kind, nothing missing."""
-    sends: dict[tuple, list[tuple[int, int]]] = defaultdict(list)
-    recvs: dict[tuple, list[tuple[int, int]]] = defaultdict(list)
-    for r, i, a in valid:
-        if a.is_comm and _expected_peer(a.kind, a.chunk, r, p, v) is not None:
-            (sends if a.kind.startswith("SEND") else recvs)[message(a, r, p)].append((r, i))
-    problems, pairs = [], []
-    for key in sorted(set(sends) | set(recvs)):
-        ss, rs = sends.get(key, []), recvs.get(key, [])
-        if len(ss) == 1 and len(rs) == 1:
-            pairs.append((ss[0], rs[0]))
-        for group, verb in ((ss, "sent"), (rs, "received")):
-            if len(group) > 1:
-                where = ", ".join(f"rank {r} #{i}" for r, i in group)
-                problems.append(f"message {_key_text(key)} is {verb} {len(group)} times ({where}); "
-                                f"each must be {verb} exactly once")
-        if ss and not rs:
-            (r, i), a = ss[0], actions[ss[0][0]][ss[0][1]]
-            problems.append(f"{_at(r, i, a)} has no matching RECV_{a.kind[-1]} on rank {a.peer}"
-                            + _kind_hint(actions, a, r))
-        if rs and not ss:
-            (q, j), a = rs[0], actions[rs[0][0]][rs[0][1]]
-            problems.append(f"{_at(q, j, a)} waits for a message that rank {a.peer} never sends"
-                            + _kind_hint(actions, a, q))
-    for mb in range(m):  # boundaries that no send and no receive carries at all
-        for g in range(p * v - 1):
-            if g % p == (g + 1) % p:
-                continue
-            for d, src, dst in (("F", g, g + 1), ("B", g + 1, g)):
-                key = (d, mb, src)
-                ends = [(x % p, d, mb, x // p) in first for x in (src, dst)]
-                if key not in sends and key not in recvs and all(ends):
-                    problems.append(f"micro-batch {mb} never crosses from rank {src % p} to rank "
-                                    f"{dst % p}: no SEND_{d}/RECV_{d} carries {_key_text(key)}")
-    return pairs, problems
-
-
-def _key_text(key: tuple[str, int, int]) -> str:
-    d, mb, g = key
-    return (f"{'activation' if d == 'F' else 'gradient'} of mb {mb} from global chunk {g} "
-            f"to {g + 1 if d == 'F' else g - 1}")
-
-
-def _kind_hint(actions: Actions, a: Action, r: int) -> str:
-    """Name a counterpart of the other kind on the peer (activations and gradients share a
-    shape, so the runtime would not notice the mix-up)."""
-    want = ("RECV_" if a.kind.startswith("SEND") else "SEND_") + "FB"[a.kind.endswith("F")]
-    if a.peer is None or not 0 <= a.peer < len(actions):
-        return ""
-    for j, b in enumerate(actions[a.peer]):
-        if b.kind == want and b.microbatch == a.microbatch and b.peer == r:
-            return f"; kind mismatch: rank {a.peer} has {b.describe()} at #{j}"
-    return ""
-
-
-def _order_problems(actions: Actions, valid, p: int) -> list[str]:
-    """p2p between two ranks matches in posting order: both sides must list the same messages
-    in the same order."""
-    sent: dict[tuple[int, int], list[tuple[tuple, int]]] = defaultdict(list)
-    got: dict[tuple[int, int], list[tuple[tuple, int]]] = defaultdict(list)
-    for r, i, a in valid:
-        if a.is_comm and a.peer is not None:
-            is_send = a.kind.startswith("SEND")
-            channel = (r, a.peer) if is_send else (a.peer, r)
-            (sent if is_send else got)[channel].append((message(a, r, p), i))
-    problems = []
-    for r, q in sorted(set(sent) & set(got)):
-        out, into = sent[(r, q)], got[(r, q)]
-        if sorted(k for k, _ in out) != sorted(k for k, _ in into):
-            continue  # the pairing problems are reported already
-        for (ks, i), (kr, j) in zip(out, into):
-            if ks != kr:
-                problems.append(
-                    f"rank {q} receives from rank {r} in a different order than rank {r} sends: "
-                    f"rank {r}'s next send is {actions[r][i].describe()} (#{i}) but rank {q} posts "
-                    f"{actions[q][j].describe()} (#{j}); p2p between two ranks matches in posting "
-                    f"order, not by micro-batch, so rank {q} would get the wrong tensor")
-                break
-    return problems
-
-
-def _program_graph(actions: Actions) -> tuple[nx.DiGraph, dict]:
-    """Program order; a run of comm actions is one batch: a post node, then its operations."""
-    graph, batch_of = nx.DiGraph(), {}
-    for r, acts in enumerate(actions):
-        prev: list = []
-        i = 0
-        while i < len(acts):
-            j = i + 1
-            if acts[i].is_comm:
-                while j < len(acts) and acts[j].is_comm:
-                    j += 1
-                post = ("post", r, i)
-                graph.add_edges_from(((u, post) for u in prev), why="order")
-                graph.add_edges_from(((post, (r, k)) for k in range(i, j)), why="order")
-                batch_of.update(((r, k), post) for k in range(i, j))
-            else:
-                graph.add_node((r, i))
-                graph.add_edges_from(((u, (r, i)) for u in prev), why="order")
-            prev, i = [(r, k) for k in range(i, j)], j
-    return graph, batch_of
-
-
-def _add_data_edges(graph: nx.DiGraph, valid, first: dict, p: int, m: int, v: int) -> None:
-    def edge(u, x) -> None:
-        if u is not None and x is not None and not graph.has_edge(u, x):
-            graph.add_edge(u, x, why="data")
-
-    def node(g: int, kind: str, mb: int):
-        i = first.get((g % p, kind, mb, g // p)) if g < p * v else None
-        return None if i is None else (g % p, i)
-
-    for mb in range(m):
-        for g in range(p * v):
-            f, b = node(g, "F", mb), node(g, "B", mb)
-            edge(f, node(g + 1, "F", mb)), edge(node(g + 1, "B", mb), b)
-            edge(f, b), edge(b, node(g, "W", mb))
-    for r, i, a in valid:
-        if a.is_comm and (c := first.get((r, a.kind[-1], a.microbatch, a.chunk))) is not None:
-            edge(*(((r, i), (r, c)) if a.kind.startswith("RECV") else ((r, c), (r, i))))
-
-
-def _describe_cycle(cycle: list, graph: nx.DiGraph, actions: Actions) -> str:
-    """'deadlock: … rank 0 [a, b] → rank 1 [c, d] → back to rank 0', one run per rank, long
-    runs shortened; a data dependency against program order is spelled out."""
-
-    def text(n) -> str:
-        return f"post batch at #{n[2]}" if n[0] == "post" else \
-            f"{actions[n[0]][n[1]].describe()} (#{n[1]})"
-
-    runs: list[tuple[int, list[str]]] = []
-    mbs: set[int] = set()
-    for u, x in cycle:
-        r = u[1] if u[0] == "post" else u[0]
-        item = text(u)
-        if u[0] != "post":
-            mbs.add(actions[r][u[1]].microbatch)
-            if graph.edges[u, x]["why"] == "data" and x[0] == r and x[1] < u[1]:
-                item += f" ⇠ needed by {text(x)} earlier in rank {r}'s list"
-        if runs and runs[-1][0] == r:
-            runs[-1][1].append(item)
-        else:
-            runs.append((r, [item]))
-    if len(runs) > 1 and runs[0][0] == runs[-1][0]:
-        r, last = runs.pop()
-        runs[0] = (r, last + runs[0][1])
-    short = [xs if len(xs) <= 4 else [*xs[:2], f"… {len(xs) - 3} more …", xs[-1]] for _, xs in runs]
-    parts = [f"rank {r} [{', '.join(xs)}]" for (r, _), xs in zip(runs, short)]
-    ranks = sorted({r for r, _ in runs})
-    return (f"deadlock: cycle through rank{'s' * (len(ranks) > 1)} {', '.join(map(str, ranks))} "
-            f"(micro-batch{'es' * (len(mbs) > 1)} {', '.join(map(str, sorted(mbs)))}); each step "
-            f"must finish before the next can start: {' → '.join(parts)} "
-            f"→ back to rank {runs[0][0]}")
 
 
 # ---------------------------------------------------------------------------- simulate
@@ -534,10 +271,10 @@ def simulate(actions: Actions, t_f: float, t_b: float, t_w: float = 0.0,
             elif a.kind in cost:
                 end = start + cost[a.kind]
             else:
-                raise ScheduleError(f"{_at(r, pos[r], a)}: unknown kind {a.kind!r}")
+                raise ScheduleError(f"{locate(r, pos[r], a)}: unknown kind {a.kind!r}")
             rows[r].append((r, a, start, end))
             clock[r], pos[r] = end, pos[r] + 1
-    if stuck := [f"{_at(r, pos[r], actions[r][pos[r]])} waits forever"
+    if stuck := [f"{locate(r, pos[r], actions[r][pos[r]])} waits forever"
                  for r in range(p) if pos[r] < len(actions[r])]:
         raise ScheduleError("deadlock in simulation: " + "; ".join(stuck), tuple(stuck))
     timeline = tuple(row for rank_rows in rows for row in rank_rows)

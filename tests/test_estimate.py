@@ -13,6 +13,7 @@ from math import ceil, prod
 import pytest
 
 from dslc import estimate as est
+from dslc import traffic
 from dslc.diagnostics import Span
 from dslc.ir import (
     Cluster,
@@ -270,7 +271,7 @@ def _llama(**kw):
 def test_tp_all_reduces_embedding_head_and_loss():
     m, b, s, h, l, t, V = 3, 2, 64, 256, 4, 4, 1000
     p = plan(_llama(), ("dp", 2, "ib"), ("tp", t, "nvlink"), m=m, b=b)
-    got = est.rank_payload(p, 5)
+    got = traffic.rank_payload(p, 5)
     S = b * s * h * 2
     # per layer 2 forward + 2 backward; embedding output (fwd); head input grad (bwd); 3 fp32 loss reductions
     assert got[("tp", "all_reduce")] == m * (l * 4 * S + S + S + 3 * b * s * 4)
@@ -282,7 +283,7 @@ def test_tp_all_reduces_embedding_head_and_loss():
 def test_sequence_parallel_turns_each_all_reduce_into_a_gather_scatter_pair():
     m, b, s, h, l, t = 2, 1, 64, 256, 4, 4
     p = plan(_llama(), ("tp", t, "nvlink"), m=m, b=b, sp=True)
-    rows = {(c.axis, c.kind, c.what): c for c in est.stage_traffic(p, 0)}
+    rows = {(c.axis, c.kind, c.what): c for c in traffic.stage_traffic(p, 0)}
     S = b * s * h * 2
     assert rows["tp", "all_gather", "layer activations"].payload == m * l * 4 * S
     assert rows["tp", "reduce_scatter", "layer activations"].payload == m * l * 4 * S
@@ -293,7 +294,7 @@ def test_sequence_parallel_turns_each_all_reduce_into_a_gather_scatter_pair():
 
 def test_full_recompute_repeats_the_forward_all_reduces():
     p = plan(_llama(), ("tp", 2, "nvlink"), m=1, recompute="full")
-    row = next(c for c in est.stage_traffic(p, 0) if c.what == "layer activations")
+    row = next(c for c in traffic.stage_traffic(p, 0) if c.what == "layer activations")
     assert row.calls == 4 * 6  # 2 forward + 2 recomputed + 2 backward per layer
 
 
@@ -302,18 +303,18 @@ def test_pipeline_sends_one_activation_per_boundary_per_microbatch():
     m, b, s, h = 8, 1, 64, 256
     S = b * s * h * 2
     p = plan(_llama(), ("pp", 4, "ib"), ("tp", 2, "nvlink"), m=m)
-    sends = [est.rank_payload(p, r * 2).get(("pp", "send"), 0) for r in range(4)]
+    sends = [traffic.rank_payload(p, r * 2).get(("pp", "send"), 0) for r in range(4)]
     assert sends == [m * S, 2 * m * S, 2 * m * S, m * S]
     pi = plan(model("llama", 8, 256, 8, 1000, 64, kv=4, ffn=512, tie=False), ("pp", 4, "ib"), ("tp", 2, "nvlink"),
               m=m, sp=True, schedule="interleaved_1f1b", v=2)
-    total = sum(c.payload for st in est.traffic(pi) for c in st if c.axis == "pp" and c.kind == "send")
+    total = sum(c.payload for st in traffic.traffic(pi) for c in st if c.axis == "pp" and c.kind == "send")
     assert total == 2 * (4 * 2 - 1) * m * S // 2  # (p·v − 1) boundaries each way, SP shard of t = 2
 
 
 def test_tied_embedding_grads_are_all_reduced_between_first_and_last_stage():
     mdl = model("gpt2", 4, 64, 4, 100, 32)
     p = plan(mdl, ("pp", 4, "ib"), m=4)
-    tied = [c.payload for st in est.traffic(p) for c in st if c.what == "tied embedding grads"]
+    tied = [c.payload for st in traffic.traffic(p) for c in st if c.what == "tied embedding grads"]
     assert tied == [100 * 64 * 2, 100 * 64 * 2]
 
 
@@ -321,17 +322,17 @@ def test_zero_shards_are_padded_to_the_group():
     mdl = model("gpt2", 2, 64, 4, 1001, 32)
     P = est.params(mdl).total
     p = plan(mdl, ("dp", 8, "ib"), zero=1)
-    got = est.rank_payload(p, 0)
+    got = traffic.rank_payload(p, 0)
     assert got[("dp", "reduce_scatter")] == got[("dp", "all_gather")] == 8 * ceil(P / 8) * 2
     p3 = plan(mdl, ("dp", 8, "ib"), zero=3)
-    assert est.rank_payload(p3, 0)[("dp", "all_gather")] == 2 * 8 * ceil(P / 8) * 2
+    assert traffic.rank_payload(p3, 0)[("dp", "all_gather")] == 2 * 8 * ceil(P / 8) * 2
 
 
 def test_ulysses_all_to_alls_and_grads_over_dp_and_cp():
     m, b, s, h, l = 2, 1, 64, 256, 4
     p = plan(_llama(), ("dp", 2, "ib"), ("cp", 4, "nvlink"), m=m, b=b, cp="ulysses")
     T = b * s // 4
-    got = est.rank_payload(p, 0)
+    got = traffic.rank_payload(p, 0)
     assert got[("cp", "all_to_all")] == m * l * 4 * (T * h * 2 + T * 128 * 2)  # q+out and k+v, fwd and bwd
     assert ("dp+cp", "all_reduce") in got
 
@@ -341,17 +342,17 @@ def test_ring_attention_passes_kv_blocks():
     p = plan(_llama(), ("cp", cp, "nvlink"), m=m, b=b, cp="ring")
     block = b * s // cp * 128 * 2  # K or V of the local sequence: kv_heads·head_dim = 128
     fwd, bwd = 2 * (cp - 1), 2 * (cp - 1) + 2 * cp
-    assert est.rank_payload(p, 0)[("cp", "send")] == m * l * (fwd + bwd) * block
+    assert traffic.rank_payload(p, 0)[("cp", "send")] == m * l * (fwd + bwd) * block
 
 
 def test_expert_all_to_all_per_moe_layer():
     m, b, s, h, l, k = 2, 1, 32, 64, 2, 2
     mdl = model("mixtral", l, h, 4, 128, s, kv=2, ffn=96, tie=False, experts=8, top_k=k)
-    got = est.rank_payload(plan(mdl, ("dp", 2, "ib"), ("ep", 4, "ib"), m=m, b=b), 0)
+    got = traffic.rank_payload(plan(mdl, ("dp", 2, "ib"), ("ep", 4, "ib"), m=m, b=b), 0)
     assert got[("ep", "all_to_all")] == m * l * 4 * b * s * k * h * 2  # dispatch + combine, fwd + bwd
     assert {k for k, _ in got} == {"ep", "dp", "dp+ep"}  # experts over dp, dense over dp×ep
     capped = replace(mdl, capacity_factor=1.25)
-    got = est.rank_payload(plan(capped, ("dp", 2, "ib"), ("ep", 4, "ib"), m=m, b=b), 0)
+    got = traffic.rank_payload(plan(capped, ("dp", 2, "ib"), ("ep", 4, "ib"), m=m, b=b), 0)
     assert got[("ep", "all_to_all")] == m * l * 4 * 8 * ceil(1.25 * b * s * k / 8) * h * 2
 
 

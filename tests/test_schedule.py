@@ -14,8 +14,9 @@ from itertools import pairwise
 
 import pytest
 
+from dslc.deadlock import check, verify
 from dslc.draw import draw, text_grid
-from dslc.schedule import Action, ScheduleError, build, check, message, simulate, verify
+from dslc.schedule import Action, ScheduleError, build, message, simulate
 
 A = Action
 

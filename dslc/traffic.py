@@ -1,0 +1,191 @@
+"""What one training step sends: every collective and p2p call of a rank, per pipeline stage.
+
+(Links and call times are :mod:`dslc.topology`'s; parameters, memory and FLOPs are
+:mod:`dslc.estimate`'s.)
+
+Notation: b micro_batch, s seq_len, T = b·s/cp tokens per rank per micro-batch, h hidden,
+t tp, p pp, v virtual stages, m micro-batches, e bytes of the plan's dtype (fp32 4,
+bf16/fp16 2). Every number is *per rank and per step* unless it says otherwise.
+
+Rows: :func:`traffic` (every stage), :func:`stage_traffic` (one stage), :func:`rank_payload`
+(one rank, by group and kind). Payload S of a call is the full tensor (NCCL tests
+PERFORMANCE.md): the all-reduced tensor, the all-gather output, the reduce-scatter input,
+the all-to-all input of one rank, the tensor a ``send`` ships (counted on the sender).
+Wire bytes per rank: all-reduce 2(n−1)/n·S, all-gather and reduce-scatter (n−1)/n·S,
+all-to-all (n−1)/n·S, send S. Calls per step:
+
+* tp, per layer per micro-batch (Megatron, Shoeybi et al. 2019): 2 all-reduces forward
+  (attention and MLP outputs) + 2 backward, S = T·h·e; with sequence parallelism
+  (Korthikanti et al. 2022) each becomes an all-gather/reduce-scatter pair of the same S.
+  Full recompute repeats the forward ones. Vocab-parallel embedding: all-reduce of its
+  output (SP: reduce-scatter forward, all-gather backward); head: all-reduce of its input
+  gradient (SP: all-gather forward, reduce-scatter backward); vocab-parallel cross-entropy:
+  3 fp32 all-reduces of T elements (max, sum-exp, target logit). With SP the grads of
+  tp-replicated weights (norms, row-parallel biases, router) are all-reduced once per step.
+* pp, per micro-batch: one send of the activation (T·h·e, /t under SP) per chunk
+  boundary forward and one of its gradient backward (×v interleaved; SC21 §2.2).
+  Tied embeddings with p > 1: an all-reduce of the embedding grads between the first
+  and last stage once per step.
+* cp, per layer per micro-batch: Ulysses (Jacobs et al. 2023) all-to-alls of q, k, v and
+  the attention output, same backward; ring attention (Liu et al. 2023) (cp−1) sends of
+  the K and V blocks forward, (cp−1) of K, V and cp of dK, dV backward.
+* ep, per MoE layer per micro-batch: dispatch and combine all-to-alls of T·top_k·h·e
+  (× capacity_factor when set), same backward.
+* data parallel, once per step: dense grads over dp×cp×ep, expert grads over dp×cp —
+  all-reduce (zero 0), reduce-scatter + all-gather of the updated params (zero 1, 2),
+  reduce-scatter + all-gathers of the params forward and backward (zero 3). Sharded
+  buffers are padded to a multiple of the group size.
+
+Scalar reductions (loss for logging, grad-norm) are not counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from math import ceil
+
+from .estimate import (
+    StageParams,
+    chunk_layers,
+    dtype_bytes,
+    grad_group,
+    group_size,
+    local_tokens,
+    stage_params,
+    widths,
+)
+from .ir import Plan
+from .topology import Comm, axes_of
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """A collective called ``fwd`` + ``bwd`` times per layer, micro-batch or step."""
+
+    axes: tuple[str, ...]
+    kind: str
+    what: str
+    nbytes: int
+    fwd: int
+    bwd: int = 0
+    overlap: str = "exposed"
+
+
+def layer_specs(plan: Plan) -> list[_Spec]:
+    """Collectives of one layer for one micro-batch (ep ones on MoE layers only)."""
+    m, e, T, t, cp = plan.model, dtype_bytes(plan), local_tokens(plan), plan.tp, plan.cp
+    fp = 2 if plan.train.recompute == "full" else 1
+    q, kv, _ = widths(m, t)
+    out: list[_Spec] = []
+    if t > 1:
+        kinds = ("all_gather", "reduce_scatter") if plan.tensor_parallel.sequence_parallel else ("all_reduce",)
+        out += [_Spec(("tp",), k, "layer activations", T * m.hidden * e, 2 * fp, 2) for k in kinds]
+    if cp > 1 and plan.context_parallel.method == "ulysses":
+        out += [_Spec(("cp",), "all_to_all", "q and attention output", T * q * e, 2 * fp, 2),
+                _Spec(("cp",), "all_to_all", "k and v", T * kv * e, 2 * fp, 2)]
+    elif cp > 1:
+        out += [_Spec(("cp",), "send", "K, V blocks (ring)", T * kv * e, 2 * (cp - 1) * fp, 2 * (cp - 1), "attention"),
+                _Spec(("cp",), "send", "dK, dV blocks (ring)", T * kv * e, 0, 2 * cp, "attention")]
+    if plan.ep > 1 and m.is_moe:
+        out.append(_Spec(("ep",), "all_to_all", "token dispatch and combine", _routed(plan) * m.hidden * e, 2 * fp, 2))
+    return out
+
+
+def _routed(plan: Plan) -> int:
+    """Token slots a rank routes per MoE layer: T·top_k, or E·⌈cf·T·top_k/E⌉ with a capacity
+    factor (tokens are sharded over tp under SP, replicated otherwise)."""
+    m = plan.model
+    tok = local_tokens(plan) // (plan.tp if plan.tensor_parallel.sequence_parallel else 1)
+    return tok * m.top_k if not m.capacity_factor else m.experts * ceil(m.capacity_factor * tok * m.top_k / m.experts)
+
+
+def edge_specs(plan: Plan, first: bool, last: bool) -> list[_Spec]:
+    """Per micro-batch collectives of the embedding (first chunk) and head + loss (last)."""
+    if plan.tp == 1:
+        return []
+    S, sp, out = local_tokens(plan) * plan.model.hidden * dtype_bytes(plan), plan.tensor_parallel.sequence_parallel, []
+    if first:
+        out += ([_Spec(("tp",), "reduce_scatter", "embedding output", S, 1), _Spec(("tp",), "all_gather", "embedding output", S, 0, 1)]
+                if sp else [_Spec(("tp",), "all_reduce", "embedding output", S, 1)])
+    if last:
+        out += ([_Spec(("tp",), "all_gather", "head input", S, 1), _Spec(("tp",), "reduce_scatter", "head input", S, 0, 1)]
+                if sp else [_Spec(("tp",), "all_reduce", "head input grad", S, 0, 1)])
+        out.append(_Spec(("tp",), "all_reduce", "cross-entropy max, sum-exp, target (fp32)", local_tokens(plan) * 4, 3))
+    return out
+
+
+def step_specs(plan: Plan, sp_params: StageParams) -> list[_Spec]:
+    """Once-per-step collectives of the ranks holding ``sp_params``."""
+    e, zero, out = dtype_bytes(plan), plan.data_parallel.zero, []
+    for expert, count in ((False, sp_params.dense), (True, sp_params.expert)):
+        axes = grad_group(plan, expert)
+        n, tag = group_size(plan, axes), "expert" if expert else "dense"
+        if n == 1 or count == 0:
+            continue
+        padded = n * ceil(count / n) * e
+        if zero == 0:
+            out.append(_Spec(axes, "all_reduce", f"{tag} grads", count * e, 0, 1, "backward"))
+            continue
+        out.append(_Spec(axes, "reduce_scatter", f"{tag} grads", padded, 0, 1, "backward"))
+        if zero < 3:
+            out.append(_Spec(axes, "all_gather", f"{tag} params after the step", padded, 1))
+        else:
+            out += [_Spec(axes, "all_gather", f"{tag} params (forward)", padded, 1, 0, "prefetch"),
+                    _Spec(axes, "all_gather", f"{tag} params (backward)", padded, 0, 1, "prefetch")]
+    if plan.tp > 1 and plan.tensor_parallel.sequence_parallel and sp_params.tp_replicated:
+        out.append(_Spec(("tp",), "all_reduce", "grads of tp-replicated weights (SP)", sp_params.tp_replicated * e, 0, 1))
+    if sp_params.tied:
+        out.append(_Spec(("pp",), "all_reduce", "tied embedding grads", sp_params.tied * e, 0, 1))
+    return out
+
+
+def pp_sends(plan: Plan, stage: int) -> tuple[int, int]:
+    """(activation sends, gradient sends) of a rank of ``stage`` per micro-batch: one per
+    chunk boundary leaving the rank (v, or v−1 at the last/first stage)."""
+    p, v = plan.pp, plan.pipeline.virtual_stages
+    if p == 1:
+        return 0, 0
+    return (v if stage < p - 1 else v - 1), (v if stage > 0 else v - 1)
+
+
+def pp_bytes(plan: Plan) -> int:
+    """Activation (= gradient) sent between stages: T·h·e, the SP shard T·h·e/t under SP."""
+    b = local_tokens(plan) * plan.model.hidden * dtype_bytes(plan)
+    return b // plan.tp if plan.tensor_parallel.sequence_parallel else b
+
+
+def to_comm(plan: Plan, sp: _Spec, calls: int, per: str = "micro-batch") -> Comm:
+    axes = axes_of(plan.mesh, sp.axes)
+    members = (0, plan.pp - 1) if sp.what == "tied embedding grads" else None
+    group = 2 if members else group_size(plan, axes)
+    return Comm("+".join(axes), axes, sp.kind, sp.what, calls, sp.nbytes, group, per, sp.overlap, members)
+
+
+def stage_traffic(plan: Plan, stage: int) -> list[Comm]:
+    """Every collective a rank of pipeline ``stage`` calls in one step, per rank."""
+    m, p, v = plan.microbatches, plan.pp, plan.pipeline.virtual_stages
+    layers = sum(chunk_layers(plan)[stage])
+    rows = [to_comm(plan, sp, m * layers * (sp.fwd + sp.bwd)) for sp in layer_specs(plan)]
+    for g in range(stage, p * v, p):
+        rows += [to_comm(plan, sp, m * (sp.fwd + sp.bwd)) for sp in edge_specs(plan, g == 0, g == p * v - 1)]
+    for what, n in zip(("activations to the next stage", "gradients to the previous stage"), pp_sends(plan, stage)):
+        rows.append(Comm("pp", ("pp",), "send", what, m * n, pp_bytes(plan), p, back=what.startswith("gradients")))
+    rows += [to_comm(plan, sp, sp.fwd + sp.bwd, "step") for sp in step_specs(plan, stage_params(plan)[stage])]
+    merged: dict[tuple, Comm] = {}
+    for c in rows:
+        key = (c.axis, c.kind, c.what)
+        merged[key] = replace(c, calls=merged[key].calls + c.calls) if key in merged else c
+    return [c for c in merged.values() if c.calls]
+
+
+def traffic(plan: Plan) -> tuple[tuple[Comm, ...], ...]:
+    """:func:`stage_traffic` of every pipeline stage."""
+    return tuple(tuple(stage_traffic(plan, s)) for s in range(plan.pp))
+
+
+def rank_payload(plan: Plan, rank: int) -> dict[tuple[str, str], int]:
+    """Payload bytes per step of ``rank`` by (group, kind): what ``train.py --measure`` counts."""
+    out: dict[tuple[str, str], int] = {}
+    for c in stage_traffic(plan, plan.mesh.coords(rank)["pp"]):
+        out[(c.axis, c.kind)] = out.get((c.axis, c.kind), 0) + c.payload
+    return out
