@@ -169,11 +169,19 @@ def cmd_schedule(args) -> int:
         for p in problems:
             print(f"error: {p}", file=sys.stderr)
         return 1
-    sim = schedule.simulate(actions, 1.0, 2.0, 0.0, 0.0) if pl.schedule != "zb_h1" else schedule.simulate(actions, 1.0, 1.0, 1.0, 0.0)
-    print(draw.text_grid(actions, sim))
+    # the plan's own costs (dslc explain): forward, backward, weight-grad and p2p times, in ms
+    from .report import timing
+    from .topology import Topology
+
+    t, _ = timing(plan, Topology.of(plan), acts=actions)
+    sim = schedule.simulate(actions, t.t_f * 1e3, t.t_b * 1e3, t.t_w * 1e3, t.t_comm * 1e3)
+    print(f"{plan.name}: {pl.schedule}, forward {t.t_f * 1e3:.2f} ms, backward {t.t_b * 1e3:.2f} ms"
+          + (f", weight-grad {t.t_w * 1e3:.2f} ms" if t.t_w else "")
+          + f" per chunk per micro-batch, p2p {t.t_comm * 1e3:.3f} ms")
+    print(draw.text_grid(actions, sim, time_unit="ms"))
     if args.output:
         try:
-            draw.draw(actions, sim, args.output, schedule=f"{plan.name}: {pl.schedule}")
+            draw.draw(actions, sim, args.output, schedule=f"{plan.name}: {pl.schedule}", time_unit="ms")
         except ValueError as e:
             raise UsageError(str(e)) from None
         except OSError as e:

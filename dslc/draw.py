@@ -148,7 +148,7 @@ def _draw_messages(ax, sim: Simulation, line_collection) -> None:
                        marker="o", zorder=3, linewidths=0)
 
 
-def text_grid(actions: Actions, sim: Simulation, width: int = 120) -> str:
+def text_grid(actions: Actions, sim: Simulation, width: int = 120, time_unit: str = "") -> str:
     """Terminal rendering: one row per rank, one column per time slot.
 
     A slot lasts the shortest compute and each compute covers the slots between its start and
@@ -184,8 +184,8 @@ def text_grid(actions: Actions, sim: Simulation, width: int = 120) -> str:
         total = sum(busy.get((r, k, x), 0.0) for x in COMPUTE)
         if total >= step / 2 and t == max(busy.get((r, k, x), 0.0) for x in COMPUTE):
             grid[r][k] = kind
-    lines = [(f"{p} rank{'s' * (p > 1)}, m={m}, v={v}; one column = {step:g} time units; "
-              f"bubble {sim.bubble_fraction:.1%} of ideal, makespan {span:g}")]
+    lines = [(f"{p} rank{'s' * (p > 1)}, m={m}, v={v}; one column = {step:.3g} {time_unit or 'time units'}; "
+              f"bubble {sim.bubble_fraction:.1%} of ideal, makespan {span:.4g} {time_unit or 'time units'}")]
     for r, row in enumerate(grid):
         lines.append(f"rank {r}".ljust(prefix) + "".join(c.ljust(cell) for c in row).rstrip())
     return "\n".join(lines) + "\n"
