@@ -17,9 +17,12 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 test: $(VENV)/.installed
 	$(PY) -m pytest -q -n 2 --dist loadgroup tests
 
+# Lint the example plans, then compile the tiny CPU plan (dp2 × tp2 with
+# sequence parallel) and train it on the bundled text with 4 gloo processes.
 demo: $(VENV)/.installed
 	$(VENV)/bin/dslc lint plans
-	$(VENV)/bin/dslc explain plans/llama3_8b.plan
+	$(VENV)/bin/dslc compile plans/tiny_demo.plan -o $(VENV)/demo
+	TORCHRUN=$(VENV)/bin/torchrun $(VENV)/demo/tiny_demo/launch.sh --log-every 20
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/dslc lint plans

@@ -1,0 +1,49 @@
+"""Shared fixtures: the golden plans, and a launcher for generated scripts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = ROOT / "tests" / "golden"
+
+
+@pytest.fixture(scope="session")
+def golden_plans():
+    """Every plan of tests/golden/*.plan by name (lowered and checked: no errors)."""
+    from dslc.lower import load_paths
+
+    res = load_paths(sorted(GOLDEN.glob("*.plan")))
+    errors = [f"{d.span}: {d.code} {d.message}" for d in res.diagnostics if d.is_error]
+    assert not errors, errors
+    return {p.name: p for p in res.program.plans}
+
+
+@pytest.fixture(scope="session")
+def run_script():
+    """run(train_py, nproc, *args) -> CompletedProcess: one process with python, more
+    with torchrun --standalone (a free port each time, so runs may overlap)."""
+
+    def run(train_py: Path, nproc: int, *args: str, timeout: float = 600, cwd=None):
+        if nproc > 1:
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+            cmd += [f"--nproc-per-node={nproc}", str(train_py)]
+        else:
+            cmd = [sys.executable, str(train_py)]
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+        return subprocess.run(
+            cmd + [str(a) for a in args],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+            cwd=cwd,
+        )
+
+    return run

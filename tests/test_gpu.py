@@ -1,0 +1,93 @@
+"""Golden tests on CUDA: skipped where no GPU is visible (never needed by CI).
+
+The serial plans run on the GPU in fp32 (tf32 matmuls) and bf16 and must track
+the CPU fp32 reference within the tolerance of that precision; a bf16 run of a
+GPT-2 124M-sized model prints its MFU. A tensor-parallel plan needs one GPU per
+NCCL rank, so it runs only where two or more GPUs are visible."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+
+import pytest
+
+from dslc import codegen
+from dslc.lower import load_text
+
+torch = pytest.importorskip("torch")
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.slow,
+    pytest.mark.xdist_group("golden"),
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
+
+# rtol on the per-step losses: tf32 rounds matmul inputs to 10 mantissa bits, bf16 to 7
+TOLERANCE = {"fp32": 2e-3, "bf16": 2e-2}
+
+
+def run(plan, run_script, root, device, *flags):
+    script = codegen.write(plan, root) / "train.py"
+    losses = root / f"{plan.name}-{device}.json"
+    weights = root / f"{plan.name}-{device}.pt"
+    args = ["--device", device, "--dump-losses", losses, "--dump-weights", weights, *flags]
+    out = run_script(script, plan.world_size, *args)
+    assert out.returncode == 0, out.stderr[-4000:]
+    return json.loads(losses.read_text()), torch.load(weights), out.stdout
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("name", ["gpt2_serial", "llama_serial"])
+def test_serial_plan_on_cuda_tracks_cpu_fp32(name, precision, golden_plans, run_script, tmp_path):
+    ref_plan = golden_plans[name]
+    plan = dataclasses.replace(
+        ref_plan, train=dataclasses.replace(ref_plan.train, precision=precision)
+    )
+    ref_losses, ref_weights, _ = run(ref_plan, run_script, tmp_path, "cpu")
+    losses, weights, _ = run(plan, run_script, tmp_path, "cuda")
+    rtol = TOLERANCE[precision]
+    for got, want in zip(losses, ref_losses):
+        assert abs(got - want) <= rtol * want, (losses, ref_losses)
+    for key, want in ref_weights.items():  # Adam moves every weight by about lr a step
+        torch.testing.assert_close(weights[key], want, rtol=0, atol=10 * plan.train.optimizer.lr)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="one GPU cannot hold two NCCL ranks")
+def test_tensor_parallel_plan_on_cuda_matches_serial(golden_plans, run_script, tmp_path):
+    ref_losses = run(golden_plans["llama_serial"], run_script, tmp_path, "cpu")[0]
+    losses = run(golden_plans["llama_tp2_sp"], run_script, tmp_path, "cuda")[0]
+    for got, want in zip(losses, ref_losses):
+        assert abs(got - want) <= TOLERANCE["fp32"] * want
+
+
+GPT2_124M = """
+cluster gpu {{ nodes = 1; gpus_per_node = 1; device = {device}
+    link nvlink {{ scope = node }} }}
+plan gpt2_124m_bf16 {{
+    model gpt2 {{ layers = 12; hidden = 768; heads = 12; vocab = 50304; seq_len = 1024 }}
+    cluster = gpu
+    train {{ steps = 30; micro_batch = 8; global_batch = 8; precision = bf16; data = synthetic }}
+}}
+"""
+
+
+def test_bf16_mfu_is_reported(run_script, tmp_path):
+    name = torch.cuda.get_device_name().lower()
+    device = next(
+        (
+            d
+            for key, d in (("h200", "h200"), ("h100", "h100_sxm"), ("a100", "a100_80g"))
+            if key in name
+        ),
+        None,
+    )
+    if device is None:
+        pytest.skip(f"no catalog peak for {name}")
+    plan = load_text(GPT2_124M.format(device=device), "gpt2_124m_bf16.plan").program.plans[0]
+    out = run(plan, run_script, tmp_path, "cuda")[2]
+    last = out.strip().splitlines()[-1]
+    mfu = float(re.search(r"mfu ([\d.]+)%", last).group(1))
+    print(f"\n{torch.cuda.get_device_name()}: {last}")
+    assert 0 < mfu < 100 and "peak mem" in last
