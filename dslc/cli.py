@@ -8,6 +8,7 @@ it; ``DSLC_DEBUG=1`` shows the traceback).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Sequence
@@ -142,8 +143,6 @@ def cmd_explain(args) -> int:
         return 1
     plans = pick(result, args.plan)
     if args.json:
-        import json
-
         docs = [report.to_json(report.explain(p)) for p in plans]
         print(json.dumps(docs[0] if len(docs) == 1 else docs, indent=2, allow_nan=False))
     else:
@@ -175,6 +174,9 @@ def cmd_schedule(args) -> int:
 
     t, _ = timing(plan, Topology.of(plan), acts=actions)
     sim = schedule.simulate(actions, t.t_f * 1e3, t.t_b * 1e3, t.t_w * 1e3, t.t_comm * 1e3)
+    if args.json:
+        print(json.dumps(_schedule_json(plan, actions, sim, t), indent=1, allow_nan=False))
+        return 0
     print(f"{plan.name}: {pl.schedule}, forward {t.t_f * 1e3:.2f} ms, backward {t.t_b * 1e3:.2f} ms"
           + (f", weight-grad {t.t_w * 1e3:.2f} ms" if t.t_w else "")
           + f" per chunk per micro-batch, p2p {t.t_comm * 1e3:.3f} ms")
@@ -188,6 +190,27 @@ def cmd_schedule(args) -> int:
             raise UsageError(f"cannot write {args.output}: {e.strerror}") from None
         print(f"wrote {args.output}", file=sys.stderr)
     return 0
+
+
+def _schedule_json(plan, actions, sim, t) -> dict:
+    """Every rank's action list with its simulated start and end (ms)."""
+    pl = plan.pipeline
+    rows: dict[int, list] = {r: [] for r in range(len(actions))}
+    for rank, a, start, end in sim.timeline:
+        rows[rank].append({"kind": a.kind, "microbatch": a.microbatch, "chunk": a.chunk, "peer": a.peer,
+                           "start_ms": round(start, 6), "end_ms": round(end, 6)})
+    return {
+        "plan": plan.name,
+        "schedule": pl.schedule,
+        "pp": plan.pp,
+        "microbatches": pl.microbatches,
+        "virtual_stages": pl.virtual_stages,
+        "costs_ms": {"forward": t.t_f * 1e3, "backward": t.t_b * 1e3, "weight_grad": t.t_w * 1e3, "p2p": t.t_comm * 1e3},
+        "bubble_fraction": sim.bubble_fraction,
+        "makespan_ms": sim.makespan,
+        "peak_inflight": list(sim.peak_inflight),
+        "ranks": [{"rank": r, "actions": rows[r]} for r in sorted(rows)],
+    }
 
 
 # --------------------------------------------------------------------------
@@ -221,6 +244,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("plan_file", metavar="PLAN")
     p.add_argument("--plan", help="the plan of this name")
     p.add_argument("-o", "--output", help="write a picture (.png or .svg)")
+    p.add_argument("--json", action="store_true", help="every rank's actions with simulated times")
     p.set_defaults(fn=cmd_schedule)
     return ap
 

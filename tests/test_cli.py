@@ -260,3 +260,23 @@ def test_main_renders_to_stdout_for_lint():
     finally:
         sys.stdout = old
     assert json.loads(buf.getvalue())[0]["code"] == "E081"
+
+
+def test_schedule_text_json_and_picture(tmp_path):
+    """dslc schedule on a 3D plan: a verified, simulated timeline as a text grid,
+    as JSON (every action of every rank) and as a picture."""
+    r = run("schedule", "plans/llama3_8b.plan", "-o", str(tmp_path / "s.png"))
+    assert r.returncode == 0, r.stderr
+    grid = r.stdout.decode().splitlines()
+    assert [line.split()[:2] for line in grid if line.startswith("rank")] == [["rank", "0"], ["rank", "1"]]
+    assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    doc = json.loads(run("schedule", "--json", "plans/llama3_8b.plan").stdout)
+    assert (doc["pp"], doc["microbatches"], doc["virtual_stages"]) == (2, 16, 2)
+    for rank in doc["ranks"]:
+        computes = [a for a in rank["actions"] if a["kind"] in ("F", "B")]
+        # every micro-batch runs forward and backward once on each of the rank's 2 chunks
+        assert len(computes) == 2 * 16 * 2
+        assert all(a["end_ms"] >= a["start_ms"] for a in rank["actions"])
+    assert 0 < doc["bubble_fraction"] < 1 / 16  # interleaved: (p−1)/(v·m) = 1/32 plus p2p time
+    bad = run("schedule", "plans/llama3_8b.plan", "-o", str(tmp_path / "s.gif"))
+    assert bad.returncode == 2 and b"Traceback" not in bad.stderr
