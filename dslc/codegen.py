@@ -29,17 +29,17 @@ from pathlib import Path
 import black
 import jinja2
 
+from .codegen_pp import pipeline_view
 from .ir import Plan
 from .resources import resource_dir
 
 DEFAULT_ROOT = Path("generated")
 FILES = ("train.py", "launch.sh")
-SUPPORTED_AXES = ("dp", "tp")
+SUPPORTED_AXES = ("dp", "tp", "pp")
 BUCKET_BYTES = 25 * 2**20  # DDP's default bucket size
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _DTYPES = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}
 _NOT_YET = {
-    "pp": "pipeline parallel (pp) is not supported by the code generator yet",
     "cp": "context parallel (cp) is not supported by the code generator yet",
     "ep": "expert parallel (ep) is not supported by the code generator yet",
 }
@@ -126,6 +126,7 @@ def view_model(plan: Plan, root: Path = DEFAULT_ROOT) -> dict:
     view = {"plan_name": name}
     view.update(_stamp(plan, root))
     view.update(_parallel(plan))
+    view.update(pipeline_view(plan, Unsupported))
     view.update(_model(plan, view["tp"]))
     view.update(_training(plan))
     view.update(_data(plan, root / name))

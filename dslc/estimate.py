@@ -27,15 +27,20 @@ class Settings:
     """``attention="paper"``: the setting of Korthikanti et al. (softmax scores of s² stored,
     dropout on). ``"sdpa"`` (default, what the generated script runs): a fused attention
     kernel keeps only its output and log-sum-exp. ``dropout=None`` follows model.dropout > 0.
-    ``efficiency``: achieved fraction of peak matmul FLOP/s (0.5, roughly Megatron's MFU)."""
+    ``efficiency``: achieved fraction of peak matmul FLOP/s (0.5, roughly Megatron's MFU).
+    ``sp_inputs``: under sequence parallelism, what the column-parallel linears (q/k/v, MLP
+    in, head) keep of their all-gathered input: ``"gathered"`` (default, what the generated
+    script does: autograd saves the gathered T·h·e) or ``"shard"`` (Megatron, the paper:
+    only the T·h·e/t shard, all-gathered again in backward)."""
 
     attention: str = "sdpa"
     dropout: bool | None = None
     efficiency: float = 0.5
+    sp_inputs: str = "gathered"
 
 
 DEFAULT = Settings()
-PAPER = Settings(attention="paper", dropout=True)
+PAPER = Settings(attention="paper", dropout=True, sp_inputs="shard")
 
 
 def dtype_bytes(plan: Plan) -> int:
@@ -143,8 +148,9 @@ def stage_params(plan: Plan) -> tuple[StageParams, ...]:
     for r, chunks in enumerate(chunk_layers(plan)):
         n = sum(chunks)
         dense, reps = n * (sharded + rep), n * rep
-        if r == 0:
-            dense += emb + (m.seq_len * h if m.arch == "gpt2" else 0)
+        if r == 0:  # gpt2's positions are replicated over tp (under SP each rank sees its slice)
+            pos = m.seq_len * h if m.arch == "gpt2" else 0
+            dense, reps = dense + emb + pos, reps + pos
         if r == p - 1:
             norm = 2 * h if m.arch == "gpt2" else h
             dense, reps = dense + norm + (emb if not m.tie_embeddings or p > 1 else 0), reps + norm
@@ -179,11 +185,12 @@ def layer_activation_bytes(plan: Plan, settings: Settings = DEFAULT) -> int:
 
     Paper setting, 16-bit: s·b·h·(34 + 5as/h); with TP s·b·h·(10 + 24/t + 5as/(ht)); TP+SP
     s·b·h/t·(34 + 5as/h); selective recompute drops the 5as/h term. Term by term (e bytes per
-    element, masks 1 byte, r = 1/t under SP else 1): 2 norm inputs 2·T·h·e·r; qkv input
-    T·h·e·r; q, k, v T·(q + 2kv)/t·e; attention scores a/t·s·T·(e + dropout (1 + e));
-    out-projection input T·q/t·e; MLP input T·h·e·r; GELU input and output 2·T·f/t·e
+    element, masks 1 byte, r = 1/t under SP else 1, r' = r for ``sp_inputs="shard"`` else 1):
+    2 norm inputs 2·T·h·e·r; qkv input T·h·e·r'; q, k, v T·(q + 2kv)/t·e; attention scores
+    a/t·s·T·(e + dropout (1 + e)); out-projection input T·q/t·e; MLP input T·h·e·r'; GELU input and output 2·T·f/t·e
     (SwiGLU: gate, up, silu(gate), product 4·T·f/t·e); 2 dropout masks T·h·r. SDPA keeps no
-    scores, only a fp32 log-sum-exp (a/t·T·4). MoE: the MLP is T·h·e·r (router input),
+    scores, only a fp32 log-sum-exp (a/t·T·4; none under selective recompute, which
+    re-runs the kernel). MoE: the MLP is T·h·e·r (router input),
     fp32 router logits T·E·4, and per routed token its input, SwiGLU and output
     (h + 4f/t + h)·e. Full recompute keeps the layer input T·h·e·r (the paper's 2sbh)."""
     m, e, t, T = plan.model, dtype_bytes(plan), plan.tp, local_tokens(plan)
@@ -194,11 +201,12 @@ def layer_activation_bytes(plan: Plan, settings: Settings = DEFAULT) -> int:
     if rec == "full":
         return T * h * e // r
     heads = m.heads // t
-    rep = (2 * T * h * e + T * h * e + T * h * e) // r + 2 * T * h * mask // r  # norms, qkv in, mlp in, masks
+    r_in = r if settings.sp_inputs == "shard" else 1
+    rep = 2 * T * h * e // r + 2 * T * h * e // r_in + 2 * T * h * mask // r  # norms, qkv in, mlp in, masks
     attn = T * (q + 2 * kv) * e + T * q * e
     if settings.attention == "paper" and rec == "none":
         attn += heads * m.seq_len * T * (e + mask * (1 + e))
-    elif settings.attention != "paper":
+    elif settings.attention != "paper" and rec == "none":
         attn += heads * T * 4
     if m.is_moe:
         tok = T // r
@@ -211,12 +219,14 @@ def layer_activation_bytes(plan: Plan, settings: Settings = DEFAULT) -> int:
 
 def edge_activation_bytes(plan: Plan, settings: Settings = DEFAULT) -> tuple[int, int]:
     """(embedding, head) activations per micro-batch: the embedding dropout mask T·h·r; the
-    final norm and head inputs 2·T·h·e·r and the fp32 logits of the loss 4·T·V/t
-    (Korthikanti et al. §4.3: 4sbh/t·(1 + v/h) for the output layer)."""
+    final norm input T·h·e·r, the head input T·h·e·r' (see layer_activation_bytes) and the
+    fp32 logits of the loss 4·T·V/t (Korthikanti et al. §4.3: 4sbh/t·(1 + v/h) for the output layer)."""
     m, e, T = plan.model, dtype_bytes(plan), local_tokens(plan)
     r = plan.tp if plan.tensor_parallel.sequence_parallel else 1
     mask = settings.dropout if settings.dropout is not None else m.dropout > 0
-    return (T * m.hidden // r if mask else 0), 2 * T * m.hidden * e // r + 4 * T * ceil(m.vocab / plan.tp)
+    r_in = r if settings.sp_inputs == "shard" else 1
+    head = T * m.hidden * e // r + T * m.hidden * e // r_in + 4 * T * ceil(m.vocab / plan.tp)
+    return (T * m.hidden // r if mask else 0), head
 
 
 @dataclass(frozen=True)

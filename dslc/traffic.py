@@ -17,7 +17,10 @@ all-to-all (n−1)/n·S, send S. Calls per step:
 * tp, per layer per micro-batch (Megatron, Shoeybi et al. 2019): 2 all-reduces forward
   (attention and MLP outputs) + 2 backward, S = T·h·e; with sequence parallelism
   (Korthikanti et al. 2022) each becomes an all-gather/reduce-scatter pair of the same S.
-  Full recompute repeats the forward ones. Vocab-parallel embedding: all-reduce of its
+  Full recompute repeats the forward ones up to the last tensor the layer saves: the
+  generated script's checkpoint (non-reentrant, with autograd's early stop) never re-runs
+  the MLP's exit (all-reduce, or reduce-scatter under SP), whose output nothing in the
+  layer saves — unless a dropout mask follows it. Vocab-parallel embedding: all-reduce of its
   output (SP: reduce-scatter forward, all-gather backward); head: all-reduce of its input
   gradient (SP: all-gather forward, reduce-scatter backward); vocab-parallel cross-entropy:
   3 fp32 all-reduces of T elements (max, sum-exp, target logit). With SP the grads of
@@ -74,12 +77,17 @@ class _Spec:
 def layer_specs(plan: Plan) -> list[_Spec]:
     """Collectives of one layer for one micro-batch (ep ones on MoE layers only)."""
     m, e, T, t, cp = plan.model, dtype_bytes(plan), local_tokens(plan), plan.tp, plan.cp
-    fp = 2 if plan.train.recompute == "full" else 1
+    full = plan.train.recompute == "full"
+    fp = 2 if full else 1
     q, kv, _ = widths(m, t)
     out: list[_Spec] = []
     if t > 1:
-        kinds = ("all_gather", "reduce_scatter") if plan.tensor_parallel.sequence_parallel else ("all_reduce",)
-        out += [_Spec(("tp",), k, "layer activations", T * m.hidden * e, 2 * fp, 2) for k in kinds]
+        S, tail = T * m.hidden * e, 1 if m.dropout > 0 else 0  # tail: the MLP exit is re-run
+        if plan.tensor_parallel.sequence_parallel:
+            out += [_Spec(("tp",), "all_gather", "layer activations", S, 2 * fp, 2),
+                    _Spec(("tp",), "reduce_scatter", "layer activations", S, 2 + full * (1 + tail), 2)]
+        else:
+            out.append(_Spec(("tp",), "all_reduce", "layer activations", S, 2 + full * (1 + tail), 2))
     if cp > 1 and plan.context_parallel.method == "ulysses":
         out += [_Spec(("cp",), "all_to_all", "q and attention output", T * q * e, 2 * fp, 2),
                 _Spec(("cp",), "all_to_all", "k and v", T * kv * e, 2 * fp, 2)]

@@ -103,6 +103,24 @@ VARIANTS = {
         "data": 'text("data.txt")',
         "batch": 4,
     },
+    "dp2_pp2_gpt2_tied_zero1_fp16_full_zb_h1": {
+        "world": 4,
+        "mesh": "mesh { dp = 2 on shm; pp = 2 on shm }",
+        "blocks": "data_parallel { zero = 1 }\n pipeline { schedule = zb_h1; microbatches = 2 }",
+        "precision": "fp16",
+        "recompute": "full",
+        "batch": 8,
+    },
+    "pp2_tp2_sp_llama_bf16_selective_ckpt": {
+        "world": 4,
+        "arch": "llama",
+        "mesh": "mesh { pp = 2 on shm; tp = 2 on shm }",
+        "blocks": "tensor_parallel { sequence_parallel = true }\n pipeline { microbatches = 2 }",
+        "precision": "bf16",
+        "recompute": "selective",
+        "train": '; checkpoint { every = 2; dir = "ck" }',
+        "batch": 4,
+    },
 }
 
 
@@ -206,7 +224,7 @@ def test_generated_files_pass_black_ruff_and_bash(tmp_path, golden_plans):
 
 
 def test_scripts_import_only_torch_and_the_standard_library(tmp_path, golden_plans):
-    allowed = {"argparse", "hashlib", "json", "math", "mmap", "os", "sys", "time", "torch"}
+    allowed = {"argparse", "contextlib", "hashlib", "json", "math", "mmap", "os", "sys", "time", "torch"}
     for script in _all_rendered(tmp_path, golden_plans):
         tree = ast.parse(script.read_text())
         for node in ast.walk(tree):
@@ -261,12 +279,61 @@ def test_plan_names_must_be_identifiers(name):
         codegen.render(dataclasses.replace(make_plan(), name=name))
 
 
-@pytest.mark.parametrize("axis", ["pp", "cp", "ep"])
+@pytest.mark.parametrize("axis", ["cp", "ep"])
 def test_unsupported_axes_are_named(axis):
     plan = make_plan()
     mesh = dataclasses.replace(plan.mesh, axes=(MeshAxis(axis, 2, "shm", plan.mesh.span),))
     with pytest.raises(Unsupported, match=rf"\({axis}\) is not supported"):
         codegen.render(dataclasses.replace(plan, mesh=mesh))
+
+
+@pytest.mark.parametrize("name", ["gpt2pp_pp2_interleaved", "llamapp_pp2_zb_h1", "gpt2pp_dp2_pp2_tp2"])
+def test_pipeline_script_carries_the_compiled_schedule(name, golden_plans):
+    """The SCHEDULE the script interprets is dslc.schedule.build's action lists, action
+    for action, and CHUNK_LAYERS is Plan.stage_layers() placed round-robin."""
+    from dslc import schedule
+
+    plan = golden_plans[name]
+    tree = ast.parse(codegen.render(plan)["train.py"])
+    consts = {
+        n.targets[0].id: n.value
+        for n in tree.body
+        if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Name)
+    }
+    pl = plan.pipeline
+    want = schedule.build(pl.schedule, plan.pp, pl.microbatches, pl.virtual_stages)
+    got = ast.literal_eval(consts["SCHEDULE"])
+    assert got == tuple(
+        tuple((a.kind, a.microbatch, a.chunk, *(() if a.peer is None else (a.peer,))) for a in acts)
+        for acts in want
+    )
+    layers, pp, v = plan.stage_layers(), plan.pp, pl.virtual_stages
+    chunk_layers = ast.literal_eval(consts["CHUNK_LAYERS"])
+    for r in range(pp):
+        for c in range(v):
+            first, end = chunk_layers[r][c]
+            g = c * pp + r
+            assert (first, end - first) == (sum(layers[:g]), layers[g])
+
+
+def test_uneven_stages_and_bad_pipelines():
+    plan = make_plan(
+        world=2,
+        mesh="mesh { pp = 2 on shm }",
+        blocks="pipeline { schedule = gpipe; microbatches = 4; layers_per_stage = [1, 1] }",
+        batch=8,
+    )
+    assert "CHUNK_LAYERS = (((0, 1),), ((1, 2),))" in codegen.render(plan)["train.py"]
+    bad = dataclasses.replace(
+        plan, pipeline=dataclasses.replace(plan.pipeline, layers_per_stage=(2, 1))
+    )
+    with pytest.raises(Unsupported, match=r"\[2, 1\] do not split 2 layers"):
+        codegen.render(bad)
+    few = dataclasses.replace(
+        plan, pipeline=dataclasses.replace(plan.pipeline, schedule="1f1b", microbatches=1)
+    )
+    with pytest.raises(Unsupported, match="microbatches=1 < pp=2"):
+        codegen.render(few)
 
 
 def test_other_unsupported_plans_are_one_line_errors():

@@ -224,8 +224,20 @@ def test_full_recompute_under_sp_keeps_the_sharded_layer_input():
 def test_sdpa_keeps_no_scores_only_a_fp32_logsumexp():
     a, h, _, b = KORTHIKANTI["175B"]
     s, t = 2048, 8
-    got = est.layer_activation_bytes(_paper_plan("175B", t, True, "none"), est.Settings(attention="sdpa", dropout=True))
+    sdpa = est.Settings(attention="sdpa", dropout=True, sp_inputs="shard")  # Megatron's SP inputs
+    got = est.layer_activation_bytes(_paper_plan("175B", t, True, "none"), sdpa)
     assert got == s * b * h * 34 // t + (a // t) * s * b * 4
+
+
+def test_sequence_parallel_linears_that_save_the_gathered_input_keep_t_times_more():
+    """The generated script's column-parallel linears save their all-gathered input (q/k/v
+    and MLP: 2 of the paper's 34 bytes per s·b·h/t become 2·t), Megatron's only the shard."""
+    _a, h, _, b = KORTHIKANTI["175B"]
+    s, t = 2048, 8
+    pl = _paper_plan("175B", t, True, "none")
+    gathered = est.layer_activation_bytes(pl, est.Settings(dropout=True))
+    shard = est.layer_activation_bytes(pl, est.Settings(dropout=True, sp_inputs="shard"))
+    assert gathered - shard == 2 * 2 * s * b * h * (t - 1) // t
 
 
 def test_first_1f1b_stage_holds_p_microbatches_of_its_layers():
@@ -292,10 +304,28 @@ def test_sequence_parallel_turns_each_all_reduce_into_a_gather_scatter_pair():
     assert rows["tp", "all_reduce", "grads of tp-replicated weights (SP)"].payload == replicated * 2
 
 
+def test_sequence_parallel_reduces_the_grads_of_gpt2_positions_too():
+    """gpt2's learned positions are replicated over tp; under SP each rank adds only its
+    slice of the sequence, so their grads are partial like the norms' and biases'."""
+    l, h, s = 2, 64, 32
+    p = plan(model("gpt2", l=l, h=h, s=s), ("tp", 2, "nvlink"), sp=True)
+    row = next(c for c in traffic.stage_traffic(p, 0) if c.what.startswith("grads of tp-replicated"))
+    per_layer = 2 * 2 * h + 2 * h  # two LayerNorms (weight, bias), out-projection and MLP-out biases
+    assert row.payload == (l * per_layer + 2 * h + s * h) * 2
+
+
+def test_full_recompute_under_sp_re_runs_every_gather_but_not_the_mlp_exit():
+    p = plan(_llama(), ("tp", 2, "nvlink"), m=1, sp=True, recompute="full")
+    rows = {c.kind: c for c in traffic.stage_traffic(p, 0) if c.what == "layer activations"}
+    assert rows["all_gather"].calls == 4 * 6 and rows["reduce_scatter"].calls == 4 * 5
+
+
 def test_full_recompute_repeats_the_forward_all_reduces():
     p = plan(_llama(), ("tp", 2, "nvlink"), m=1, recompute="full")
     row = next(c for c in traffic.stage_traffic(p, 0) if c.what == "layer activations")
-    assert row.calls == 4 * 6  # 2 forward + 2 recomputed + 2 backward per layer
+    # 2 forward + 2 backward per layer, and the recomputed forward's first all-reduce: the
+    # generated script's checkpoint stops before the MLP's (nothing in the layer saves it)
+    assert row.calls == 4 * 5
 
 
 def test_pipeline_sends_one_activation_per_boundary_per_microbatch():

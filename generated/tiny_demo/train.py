@@ -11,10 +11,12 @@ Run it:
 
 Flags: --steps N, --seed N, --log-every N, --dump-losses FILE (JSON list of the global
 loss of every step), --dump-weights FILE (the full weights, gathered; torch.save),
---device cpu|cuda, --data FILE.
+--measure FILE (bytes sent, held and saved by autograd, as JSON: one FILE.rank<R>.json
+per rank), --device cpu|cuda, --data FILE.
 """
 
 import argparse
+import contextlib
 import hashlib
 import json
 import math
@@ -87,6 +89,9 @@ parser.add_argument(
     "--dump-weights", metavar="FILE", help="write the full (gathered) weights"
 )
 parser.add_argument(
+    "--measure", metavar="FILE", help="write measured bytes as JSON (1 step is enough)"
+)
+parser.add_argument(
     "--device",
     choices=["cpu", "cuda"],
     default="cuda" if torch.cuda.is_available() else "cpu",
@@ -140,6 +145,109 @@ def generator(*key):
 
 
 # -----------------------------------------------------------------------------
+# Measurement (--measure FILE): checks `dslc explain` against this script
+
+# `dslc explain` predicts what every rank sends per step (payload bytes by axis and
+# collective), the bytes of model state it holds and the bytes autograd saves per
+# micro-batch; tests/test_measure.py compares this script's own numbers with those.
+#
+# Payload of a call is the full tensor (NCCL tests, PERFORMANCE.md): the all-reduced
+# tensor, the all-gather output, the reduce-scatter input.
+# Scalar reductions (the logged loss, the gradient norm) are counted apart: the
+# prediction leaves them out.
+
+
+class Meter:
+    """What this rank sent, holds and saved, written by dump() as JSON."""
+
+    def __init__(self):
+        self.step = None  # the step being measured; None outside train_step
+        self.comm = {}  # step -> {(axis, kind): [calls, bytes]}
+        self.scalar_comm = {}  # the same for scalar reductions
+        self.saved = []  # bytes autograd saved, one entry per micro-batch
+        self.state = None  # model-state bytes, after the first optimizer step
+        self.skip = set()  # storages of parameters and buffers: not activations
+
+    def count(self, axis, kind, nbytes, scalar=False):
+        table = (self.scalar_comm if scalar else self.comm).setdefault(self.step, {})
+        calls_bytes = table.setdefault((axis, kind), [0, 0])
+        calls_bytes[0] += 1
+        calls_bytes[1] += nbytes
+
+    @contextlib.contextmanager
+    def saved_tensors(self):
+        """Bytes of the distinct storages autograd saves for backward while the block
+        runs (a storage saved by several ops, e.g. one input of q, k and v, counts
+        once); weights and buffers are not activations and are left out."""
+        seen = {}
+
+        def pack(t):
+            storage = t.untyped_storage()
+            key = storage.data_ptr()
+            if key not in self.skip:
+                seen[key] = storage.nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            yield
+        self.saved.append(sum(seen.values()))
+
+    def dump(self, path, n_params):
+        def rows(table):
+            return {
+                str(step): [
+                    {"axis": a, "kind": k, "calls": c, "bytes": b}
+                    for (a, k), (c, b) in sorted(per.items())
+                ]
+                for step, per in table.items()
+            }
+
+        record = {
+            "rank": RANK,
+            "coords": COORDS,
+            "param_count": n_params,
+            "comm": rows(self.comm),
+            "scalar_comm": rows(self.scalar_comm),
+            "state": self.state,
+            "saved_per_microbatch": self.saved,
+        }
+        with open(path, "w") as f:
+            json.dump(record, f, indent=1)
+
+
+METER = Meter() if args.measure else None
+
+
+def nbytes(x):
+    return x.numel() * x.element_size()
+
+
+def measure_state():
+    """Bytes of model state this rank holds, as the optimizer step leaves it: the
+    fp32 weights and gradients in the model; the
+    moments in the optimizer. Per-tensor step counters are reported apart."""
+    optimizer_bytes = counters = 0
+    for state in optimizer.state.values():
+        for value in state.values():
+            if torch.is_tensor(value) and value.dim() == 0:
+                counters += nbytes(value)
+            elif torch.is_tensor(value):
+                optimizer_bytes += nbytes(value)
+    return {
+        "params": sum(nbytes(p) for p in params),
+        "grads": sum(nbytes(p.grad) for p in params if p.grad is not None),
+        "optimizer": optimizer_bytes,
+        "optimizer_step_counters": counters,
+    }
+
+
+def measure_block():
+    """The autograd-saved-bytes counter for one micro-batch's forward (a no-op
+    without --measure)."""
+    return METER.saved_tensors() if METER else contextlib.nullcontext()
+
+
+# -----------------------------------------------------------------------------
 # Mesh: one process group per axis
 
 # rank = sum(coordinate * stride) over the axes of MESH, the last axis with stride 1, so
@@ -175,17 +283,23 @@ TP_RANK = COORDS["tp"]
 
 # Every collective of this script goes through one of these functions, one per kind,
 # so that counting what the script sends per axis and kind is a change in one place.
-# `axis` names a mesh axis; the operation runs over this rank's group on it.
+# `axis` names a mesh axis; the operation runs over this rank's group on it. With
+# --measure each call adds its payload to METER (scalar=True: a scalar reduction for
+# the log or the gradient norm, which `dslc explain` leaves out of the traffic).
 
 
-def all_reduce(x, axis, op=dist.ReduceOp.SUM, async_op=False):
+def all_reduce(x, axis, op=dist.ReduceOp.SUM, async_op=False, scalar=False):
     """In place: x becomes the reduction of x over the axis group."""
+    if METER:
+        METER.count(axis, "all_reduce", nbytes(x), scalar)
     return dist.all_reduce(x, op=op, group=GROUPS[axis], async_op=async_op)
 
 
 def all_gather(x, axis, dim, out=None):
     """The group's tensors concatenated along dim, in the order of their coordinates
     (written in place into `out` when given: dim 0 of a contiguous buffer)."""
+    if METER:  # the payload is the gathered output
+        METER.count(axis, "all_gather", nbytes(x) * AXIS_SIZE[axis])
     if out is not None:
         dist.all_gather(list(out.chunk(AXIS_SIZE[axis])), x, group=GROUPS[axis])
         return out
@@ -197,6 +311,8 @@ def all_gather(x, axis, dim, out=None):
 def reduce_scatter(x, axis, dim, out=None, async_op=False):
     """x summed over the group; this rank keeps its chunk along dim (into `out` when
     given). With async_op, returns the work handle instead of the chunk."""
+    if METER:  # the payload is the full input
+        METER.count(axis, "reduce_scatter", nbytes(x))
     parts = [part.contiguous() for part in x.chunk(AXIS_SIZE[axis], dim=dim)]
     out = torch.empty_like(parts[0]) if out is None else out
     work = dist.reduce_scatter(out, parts, group=GROUPS[axis], async_op=async_op)
@@ -369,7 +485,7 @@ tp_exit = ReduceScatterToSequenceParallel.apply
 
 def reduce_sequence_parallel_grads(grads):
     """Sum over tp the gradients of the replicated parameters (one flat all-reduce)."""
-    if not grads:  # (a ZeRO shard may hold none; then neither do its tp peers)
+    if not grads:  # (a ZeRO bucket may hold none; then neither do its tp peers)
         return
     flat = torch.cat([g.reshape(-1) for g in grads])
     all_reduce(flat, "tp")
@@ -625,7 +741,7 @@ def grad_norm(grads, sharded):
     zero = torch.zeros((), device=device)
     sharded_sq = sum((n.float() ** 2 for n, s in zip(norms, sharded) if s), zero)
     replicated_sq = sum((n.float() ** 2 for n, s in zip(norms, sharded) if not s), zero)
-    all_reduce(sharded_sq, "tp")
+    all_reduce(sharded_sq, "tp", scalar=True)
     total_sq = sharded_sq + replicated_sq
     return total_sq.sqrt()
 
@@ -641,6 +757,8 @@ n_params = sum(global_numel(p) for p in params)
 grad_buckets = GradientBuckets(params, BUCKET_BYTES)
 owners = weights = params
 sharded = [p.tp_dim is not None for p in owners]
+if METER:  # weights and buffers that autograd saves are not activations
+    METER.skip = {t.untyped_storage().data_ptr() for t in [*params, *model.buffers()]}
 opt_params = weights
 decay = [q for p, q in zip(owners, opt_params) if p.dim() >= 2]
 no_decay = [q for p, q in zip(owners, opt_params) if p.dim() < 2]
@@ -689,7 +807,8 @@ def forward_backward(x, y, last):
     last micro-batch of the step, so accumulating the others costs no communication.
     Returns the micro-batch's mean loss (detached)."""
     grad_buckets.sync = last
-    loss = model(x, y)
+    with measure_block():
+        loss = model(x, y)
     # a micro-batch is 1 / (MICRO_STEPS * DP) of the global batch: grads sum to the mean
     (loss * (1.0 / (MICRO_STEPS * DP))).backward()
     return loss.detach()
@@ -706,7 +825,7 @@ def train_step(step):
     grads = [p.grad for p in params]  # one per entry of `owners`
     reduce_sequence_parallel_grads([g for g, s in zip(grads, sharded) if not s])
     loss /= MICRO_STEPS
-    all_reduce(loss, "dp")  # for the log: the mean over the global batch
+    all_reduce(loss, "dp", scalar=True)  # for the log: the mean over the global batch
     loss /= DP
     lr = get_lr(step)
     for group in optimizer.param_groups:
@@ -714,6 +833,8 @@ def train_step(step):
     norm = grad_norm(grads, sharded)
     torch._foreach_mul_(grads, (GRAD_CLIP / (norm + 1e-6)).clamp(max=1.0))
     optimizer.step()
+    if METER and METER.state is None:
+        METER.state = measure_state()  # before zero_grad: the gradients still exist
     zero_grad()
     return loss.item(), lr, norm.item()
 
@@ -740,7 +861,11 @@ if master:
 losses = []
 for step in range(start, args.steps):
     t0 = time.perf_counter()
+    if METER:
+        METER.step = step
     loss, lr, norm = train_step(step)
+    if METER:
+        METER.step = None
     if args.device == "cuda":
         torch.cuda.synchronize()
     dt = time.perf_counter() - t0
@@ -755,6 +880,9 @@ for step in range(start, args.steps):
             line += f" | mfu {mfu:.1%} | peak mem {peak:.2f} GiB"
         print(line, flush=True)
 
+if METER:
+    root, ext = os.path.splitext(args.measure)
+    METER.dump(f"{root}.rank{RANK}{ext}", n_params)
 if args.dump_weights:
     full_weights = gather_weights()  # every rank takes part in the gathers
     if master:

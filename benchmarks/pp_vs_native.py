@@ -1,0 +1,207 @@
+"""Generated pipeline-parallel step vs torch.distributed.pipelining, CPU + gloo.
+
+    .venv/bin/python benchmarks/pp_vs_native.py [--pp 2] [--steps 20] [--repeats 2]
+
+For each schedule, both sides run under torchrun with pp processes, the same GPT-2
+(untied head, so the native stages need no shared weight), the same layers per
+stage, micro-batch size and number of micro-batches, and the same work per step
+(the pipeline's forwards and backwards, cross-entropy on the last stage, the loss
+summed to every rank, AdamW):
+- generated: the script dslc emits for a `mesh { pp = N }` plan with that schedule
+  (its own action list, batched isend/irecv, one interpreter loop);
+- native: torch.distributed.pipelining's PipelineStage on the same stage modules,
+  driven by ScheduleGPipe, Schedule1F1B or ScheduleInterleaved1F1B.
+A step's time is the median after warm-up, best of --repeats alternating runs.
+Prints ms/step and generated / native per schedule (target <= 0.9).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = {"layers": 4, "hidden": 128, "heads": 4, "vocab": 512, "seq_len": 128}
+MICRO_BATCH, MICROBATCHES = 2, 8
+SCHEDULES = {  # dslc schedule -> (native schedule class, virtual stages)
+    "gpipe": ("ScheduleGPipe", 1),
+    "1f1b": ("Schedule1F1B", 1),
+    "interleaved_1f1b": ("ScheduleInterleaved1F1B", 2),
+}
+PLAN = """
+cluster cpus {{ nodes = 1; gpus_per_node = {pp}; device = cpu
+    link shm {{ scope = node; bandwidth = 10 GB/s; latency = 10 us }} }}
+plan bench_pp {{
+    model gpt2 {{
+        layers = {layers}; hidden = {hidden}; heads = {heads}; vocab = {vocab}; seq_len = {seq_len}
+        tie_embeddings = false
+    }}
+    cluster = cpus
+    mesh {{ pp = {pp} on shm }}
+    pipeline {{ schedule = {schedule}; virtual_stages = {v}; microbatches = {m} }}
+    train {{
+        steps = 100; micro_batch = {mb}; global_batch = {batch}; precision = fp32
+        grad_clip = 0; optimizer adamw {{ lr = 3e-4 }}; lr_schedule constant {{ warmup = 0 }}
+        data = synthetic
+    }}
+}}
+"""
+
+
+def native_worker(schedule: str, steps: int, warmup: int) -> None:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch import nn
+    from torch.distributed import pipelining
+
+    dist.init_process_group("gloo")
+    rank, pp = dist.get_rank(), dist.get_world_size()
+    cls, v = SCHEDULES[schedule]
+    h, nh, T, V = MODEL["hidden"], MODEL["heads"], MODEL["seq_len"], MODEL["vocab"]
+    n_stages = pp * v
+    per_stage = MODEL["layers"] // n_stages
+
+    class Block(nn.Module):  # the generated script's GPT-2 block, from nn modules
+        def __init__(self):
+            super().__init__()
+            self.ln_1, self.ln_2 = nn.LayerNorm(h), nn.LayerNorm(h)
+            self.q, self.k, self.v, self.o = (nn.Linear(h, h) for _ in range(4))
+            self.up, self.down = nn.Linear(h, 4 * h), nn.Linear(4 * h, h)
+
+        def forward(self, x):
+            B = x.size(0)
+            y = self.ln_1(x)
+            q, k, v = (
+                m(y).view(B, T, nh, h // nh).transpose(1, 2) for m in (self.q, self.k, self.v)
+            )
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.o(y.transpose(1, 2).reshape(B, T, h))
+            return x + self.down(F.gelu(self.up(self.ln_2(x)), approximate="tanh"))
+
+    class Stage(nn.Module):
+        def __init__(self, index):
+            super().__init__()
+            self.first, self.last = index == 0, index == n_stages - 1
+            if self.first:
+                self.wte, self.wpe = nn.Embedding(V, h), nn.Embedding(T, h)
+            self.blocks = nn.ModuleList(Block() for _ in range(per_stage))
+            if self.last:
+                self.ln_f, self.head = nn.LayerNorm(h), nn.Linear(h, V, bias=False)
+
+        def forward(self, x):
+            if self.first:
+                x = self.wte(x) + self.wpe.weight[:T]
+            for block in self.blocks:
+                x = block(x)
+            return self.head(self.ln_f(x)) if self.last else x
+
+    def loss_fn(logits, targets):
+        return F.cross_entropy(logits.float().view(-1, V), targets.reshape(-1))
+
+    torch.manual_seed(0)
+    indices = [c * pp + rank for c in range(v)]  # the interleaved placement, as dslc's
+    modules = [Stage(i) for i in indices]
+    stages = [
+        pipelining.PipelineStage(mod, i, n_stages, torch.device("cpu"))
+        for mod, i in zip(modules, indices)
+    ]
+    sched_cls = getattr(pipelining, cls)
+    sched = sched_cls(stages if v > 1 else stages[0], MICROBATCHES, loss_fn=loss_fn)
+    params = [p for mod in modules for p in mod.parameters()]
+    decay = [p for p in params if p.dim() >= 2]
+    rest = [p for p in params if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=3e-4, betas=(0.9, 0.95))
+    times = []
+    for step in range(steps):
+        t0 = time.perf_counter()
+        g = torch.Generator().manual_seed(step)
+        batch = torch.randint(V, (MICRO_BATCH * MICROBATCHES, T + 1), generator=g)
+        losses = []
+        if rank == 0:
+            sched.step(batch[:, :-1], target=batch[:, 1:], losses=losses)
+        elif rank == pp - 1:
+            sched.step(target=batch[:, 1:], losses=losses)
+        else:
+            sched.step()
+        loss = torch.stack(losses).mean() if losses else torch.zeros(())
+        dist.all_reduce(loss)  # the logged loss, as the generated script does
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss.item()
+        times.append(time.perf_counter() - t0)
+    if rank == 0:
+        print(1000 * statistics.median(times[warmup:]))
+    dist.destroy_process_group()
+
+
+def torchrun(nproc: int, *args: str) -> str:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    cmd += [f"--nproc-per-node={nproc}", *args]
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    env.setdefault("PYTHONWARNINGS", "ignore")
+    return subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout
+
+
+def run_generated(script: Path, pp: int, steps: int, warmup: int) -> float:
+    out = torchrun(pp, str(script), "--steps", str(steps), "--device", "cpu")
+    times = [float(m) for m in re.findall(r"\| ([\d.]+) ms \|", out)]
+    assert len(times) == steps, out
+    return statistics.median(times[warmup:])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pp", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--native-worker", choices=sorted(SCHEDULES), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.native_worker:
+        native_worker(args.native_worker, args.steps, args.warmup)
+        return
+
+    sys.path.insert(0, str(ROOT))
+    from dslc import codegen
+    from dslc.lower import load_text
+
+    threads = os.environ.get("OMP_NUM_THREADS", "1")
+    print(f"pp = {args.pp} processes, CPU, gloo, fp32, OMP_NUM_THREADS={threads}")
+    print(f"gpt2 {MODEL}, {MICROBATCHES} micro-batches of {MICRO_BATCH}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for schedule, (cls, v) in SCHEDULES.items():
+            text = PLAN.format(
+                pp=args.pp,
+                schedule=schedule,
+                v=v,
+                m=MICROBATCHES,
+                mb=MICRO_BATCH,
+                batch=MICRO_BATCH * MICROBATCHES,
+                **MODEL,
+            )
+            plan = load_text(text, "bench_pp.plan").program.plans[0]
+            script = codegen.write(plan, Path(tmp) / schedule) / "train.py"
+            gen = native = math.inf
+            for _ in range(args.repeats):
+                gen = min(gen, run_generated(script, args.pp, args.steps, args.warmup))
+                flags = ["--native-worker", schedule, "--steps", str(args.steps)]
+                flags += ["--warmup", str(args.warmup)]
+                native = min(native, float(torchrun(args.pp, __file__, *flags).split()[-1]))
+            print(
+                f"{schedule:17s} generated {gen:8.2f} ms/step | {cls:24s} {native:8.2f} ms/step"
+                f" | generated / native = {gen / native:.3f} (target <= 0.9)"
+            )
+
+
+if __name__ == "__main__":
+    main()
