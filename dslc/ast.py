@@ -7,7 +7,6 @@ blocks); what each block means is decided in lower.py.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
 
 from .diagnostics import Span
 
@@ -47,23 +46,23 @@ class Ident:
 @dataclass(frozen=True)
 class Call:
     name: str
-    args: tuple["Value", ...]
+    args: tuple[Value, ...]
     span: Span
 
 
 @dataclass(frozen=True)
 class Tuple:
-    items: tuple["Value", ...]
+    items: tuple[Value, ...]
     span: Span
 
 
 @dataclass(frozen=True)
 class List:
-    items: tuple["Value", ...]
+    items: tuple[Value, ...]
     span: Span
 
 
-Value = Union[Number, Quantity, String, Bool, Ident, Call, Tuple, List]
+Value = Number | Quantity | String | Bool | Ident | Call | Tuple | List
 
 
 @dataclass(frozen=True)
@@ -92,11 +91,11 @@ class Block:
     kind_span: Span
     name: str | None  # the optional second word
     name_span: Span | None
-    body: tuple["Stmt", ...]
+    body: tuple[Stmt, ...]
     span: Span
 
 
-Stmt = Union[Assign, Axis, Block]
+Stmt = Assign | Axis | Block
 
 
 @dataclass(frozen=True)
@@ -108,4 +107,4 @@ class Import:
 @dataclass(frozen=True)
 class File:
     path: str
-    items: tuple[Union[Import, Block], ...]
+    items: tuple[Import | Block, ...]

@@ -6,7 +6,7 @@ about (``plan.where("model.heads")``). See dslc/codes.py for the catalogue.
 from __future__ import annotations
 
 import os
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from .diagnostics import Diagnostic, error, warning
 from .estimate import memory_diagnostics

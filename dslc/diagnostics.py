@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Iterable, Sequence
 
 
 @dataclass(frozen=True, order=True)
@@ -25,7 +25,7 @@ class Span:
     end_col: int
 
     @classmethod
-    def point(cls, file: str, line: int = 1, col: int = 1) -> "Span":
+    def point(cls, file: str, line: int = 1, col: int = 1) -> Span:
         return cls(file, line, col, line, col + 1)
 
     def __str__(self) -> str:

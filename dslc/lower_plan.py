@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .lower import _Lowerer
 
 
-def lower_plan(lw: "_Lowerer", block: ast.Block) -> ir.Plan | None:
+def lower_plan(lw: _Lowerer, block: ast.Block) -> ir.Plan | None:
     r = lw.r
     spans: dict[str, Span] = {}
     f = r.fields(block, ("model", "cluster"), blocks=lw.PLAN_BLOCKS)
@@ -110,7 +110,7 @@ def _int_list(r, f: Fields, key: str) -> tuple[int, ...] | None:
     return tuple(i.value for i in items)
 
 
-def _mesh(lw: "_Lowerer", f: Fields, cluster: ir.Cluster | None, spans: dict[str, Span]) -> ir.Mesh | None:
+def _mesh(lw: _Lowerer, f: Fields, cluster: ir.Cluster | None, spans: dict[str, Span]) -> ir.Mesh | None:
     r = lw.r
     axes: list[ir.MeshAxis] = []
     ok = True

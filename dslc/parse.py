@@ -12,8 +12,8 @@ import ast as pyast
 from functools import cache
 
 from lark import Lark, Token, v_args
-from lark.visitors import Transformer_NonRecursive
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+from lark.visitors import Transformer_NonRecursive
 
 from . import ast
 from .diagnostics import Diagnostic, Span, error

@@ -168,7 +168,11 @@ def seconds(t: float) -> str:
 
 def _table(head: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
     widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
-    fmt = lambda r: "  " + "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+
+    def fmt(r: list[str]) -> str:
+        cells = (c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
+        return ("  " + "  ".join(cells)).rstrip()
+
     return [fmt(head)] + [fmt(r) for r in rows]
 
 

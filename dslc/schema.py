@@ -7,8 +7,8 @@ for a required key) instead of raising, so one run reports every mistake.
 from __future__ import annotations
 
 import difflib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from . import ast
 from .diagnostics import Diagnostic, Span, error, note

@@ -294,7 +294,10 @@ class Topology:
         declared = [lk for a in axes_of(self.mesh, axes) if (lk := self.cluster.link(self.mesh.axis(a).link))]
         node = [lk for lk in self.cluster.links if lk.scope == "node"]
         wide = [lk for lk in self.cluster.links if lk.scope == "cluster"]
-        fast = lambda links: max(links, key=lambda lk: lk.bandwidth) if links else None
+
+        def fast(links):
+            return max(links, key=lambda lk: lk.bandwidth) if links else None
+
         intra = fast([lk for lk in declared if lk.scope == "node"]) or fast(node) or fast(declared) or fast(wide)
         inter = fast([lk for lk in declared if lk.scope == "cluster"]) or fast(wide)
         return intra, inter
