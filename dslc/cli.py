@@ -163,7 +163,7 @@ def cmd_schedule(args) -> int:
     plan = plans[0]
     pl = plan.pipeline
     actions = schedule.build(pl.schedule, plan.pp, pl.microbatches, pl.virtual_stages)
-    problems = deadlock.verify(actions)
+    problems = deadlock.verify(actions, split_backward=pl.schedule == "zb_h1")
     if problems:
         for p in problems:
             print(f"error: {p}", file=sys.stderr)

@@ -21,16 +21,20 @@ from .schedule import COMPUTE, KINDS, Action, Actions, ScheduleError, expected_p
 __all__ = ["check", "verify"]
 
 
-def check(actions: Actions) -> None:
+def check(actions: Actions, split_backward: bool | None = None) -> None:
     """:func:`verify`, raising :class:`ScheduleError` with every problem found."""
-    problems = verify(actions)
+    problems = verify(actions, split_backward)
     if problems:
         shown = problems[:12] + [f"… and {len(problems) - 12} more"] * (len(problems) > 12)
         raise ScheduleError("\n".join(shown), tuple(problems))
 
 
-def verify(actions: Actions) -> list[str]:
+def verify(actions: Actions, split_backward: bool | None = None) -> list[str]:
     """Deadlock-freedom proof. Returns [] if fine, else human-readable problems.
+
+    ``split_backward``: whether every (micro-batch, chunk) must also run W (zb_h1). The
+    caller that knows the schedule should say so; None infers it from the presence of any W,
+    which cannot notice a list whose only W is missing.
 
     Builds a networkx DiGraph whose edges mean "must finish before": program order on each rank
     (a run of comm actions is one batch, posted together, complete when all its operations are),
@@ -55,7 +59,7 @@ def verify(actions: Actions) -> list[str]:
         if a.kind in KINDS and a.microbatch >= 0 and a.chunk >= 0:
             valid.append((r, i, a))
     first: dict[tuple[int, str, int, int], int] = {}  # (rank, kind, mb, chunk) -> first index
-    problems += _coverage(valid, p, m, v, first)
+    problems += _coverage(valid, p, m, v, first, split_backward)
     pairs, pair_problems = _pair(actions, valid, p, m, v, first)
     problems += pair_problems + _order_problems(actions, valid, p)
 
@@ -101,7 +105,7 @@ def _ranges(xs: list[int]) -> str:
     return ", ".join(str(a) if a == b else f"{a}–{b}" for a, b in out)
 
 
-def _coverage(valid, p: int, m: int, v: int, first: dict) -> list[str]:
+def _coverage(valid, p: int, m: int, v: int, first: dict, split_backward: bool | None) -> list[str]:
     """Every rank runs F and B (and W, when the backward is split) once per micro-batch and
     local chunk, in the order F, B, W."""
     seen: dict[tuple[int, str, int, int], list[int]] = defaultdict(list)
@@ -109,7 +113,9 @@ def _coverage(valid, p: int, m: int, v: int, first: dict) -> list[str]:
         if a.kind in COMPUTE:
             seen[(r, a.kind, a.microbatch, a.chunk)].append(i)
     first.update((key, idx[0]) for key, idx in seen.items())
-    kinds = COMPUTE if any(key[1] == "W" for key in seen) else ("F", "B")
+    if split_backward is None:
+        split_backward = any(key[1] == "W" for key in seen)
+    kinds = COMPUTE if split_backward else ("F", "B")
     problems = []
     for r in range(p):
         for c in range(v):
