@@ -82,6 +82,16 @@ def pick(result: LoadResult, name: str | None):
     return list(plans)
 
 
+def load_plans(paths: Sequence[str], name: str | None):
+    """Load, print the diagnostics to stderr, and pick the plans: (result, plans),
+    or None when the plans have errors (the caller exits 1)."""
+    result = load(paths)
+    emit(result.diagnostics, result.sources)
+    if has_errors(result.diagnostics):
+        return None
+    return result, pick(result, name)
+
+
 # --------------------------------------------------------------------------
 # commands
 
@@ -99,12 +109,11 @@ def cmd_lint(args) -> int:
 def cmd_compile(args) -> int:
     from .diagnostics import error
 
-    result = load(args.paths)
-    emit(result.diagnostics, result.sources)
-    if has_errors(result.diagnostics):
+    loaded = load_plans(args.paths, args.plan)
+    if loaded is None:
         print("dslc: not compiled: the plans have errors", file=sys.stderr)
         return 1
-    plans = pick(result, args.plan)
+    result, plans = loaded
     from . import codegen
 
     root = Path(args.output)
@@ -137,11 +146,10 @@ def cmd_compile(args) -> int:
 def cmd_explain(args) -> int:
     from . import report
 
-    result = load([args.plan_file])
-    emit(result.diagnostics, result.sources)
-    if has_errors(result.diagnostics):
+    loaded = load_plans([args.plan_file], args.plan)
+    if loaded is None:
         return 1
-    plans = pick(result, args.plan)
+    _, plans = loaded
     if args.json:
         docs = [report.to_json(report.explain(p)) for p in plans]
         print(json.dumps(docs[0] if len(docs) == 1 else docs, indent=2, allow_nan=False))
@@ -153,11 +161,10 @@ def cmd_explain(args) -> int:
 def cmd_schedule(args) -> int:
     from . import deadlock, draw, schedule
 
-    result = load([args.plan_file])
-    emit(result.diagnostics, result.sources)
-    if has_errors(result.diagnostics):
+    loaded = load_plans([args.plan_file], args.plan)
+    if loaded is None:
         return 1
-    plans = pick(result, args.plan)
+    _, plans = loaded
     if len(plans) > 1:
         raise UsageError(f"{args.plan_file} holds {len(plans)} plans; pick one with --plan")
     plan = plans[0]

@@ -199,8 +199,6 @@ def parse(text: str, file: str) -> tuple[ast.File | None, list[Diagnostic]]:
         tree = _Build(file).transform(parser().parse(text))
     except UnexpectedInput as e:
         return None, [_syntax_error(e, text, file)]
-    except RecursionError:  # pragma: no cover - defensive; parsing is iterative
-        return None, [error("E007", Span.point(file), "plan is nested too deeply")]
     items = tuple(c for c in tree.children if isinstance(c, (ast.Import, ast.Block)))
     return ast.File(file, items), []
 

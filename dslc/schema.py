@@ -137,14 +137,14 @@ class Reader:
             return False
         return True
 
-    def _get(self, f: Fields, key: str, default, required: bool):
+    def _get(self, f: Fields, key: str, required: bool):
         a = f.assigns.get(key)
         if a is None and required:
             self._missing(f, key)
         return a
 
     def int(self, f: Fields, key: str, default=None, required=False, minimum=None, maximum=None):
-        a = self._get(f, key, default, required)
+        a = self._get(f, key, required)
         if a is None:
             return default
         v = a.value
@@ -162,7 +162,7 @@ class Reader:
         return v.value
 
     def float(self, f: Fields, key: str, default=None, required=False, minimum=None, maximum=None, exclusive=False):
-        a = self._get(f, key, default, required)
+        a = self._get(f, key, required)
         if a is None:
             return default
         if not isinstance(a.value, ast.Number):
@@ -173,7 +173,7 @@ class Reader:
         return float(a.value.value)
 
     def bool(self, f: Fields, key: str, default=None, required=False):
-        a = self._get(f, key, default, required)
+        a = self._get(f, key, required)
         if a is None:
             return default
         if not isinstance(a.value, ast.Bool):
@@ -182,7 +182,7 @@ class Reader:
         return a.value.value
 
     def string(self, f: Fields, key: str, default=None, required=False):
-        a = self._get(f, key, default, required)
+        a = self._get(f, key, required)
         if a is None:
             return default
         if not isinstance(a.value, ast.String):
@@ -197,7 +197,7 @@ class Reader:
         return a.value.name
 
     def choice(self, f: Fields, key: str, choices: tuple[str, ...], default=None, required=False):
-        a = self._get(f, key, default, required)
+        a = self._get(f, key, required)
         if a is None:
             return default
         v = a.value
@@ -211,7 +211,7 @@ class Reader:
         return word
 
     def quantity(self, f: Fields, key: str, dim: str, default=None, required=False, minimum=None, exclusive=False, catalog: str | None = None):
-        a = self._get(f, key, default, required)
+        a = self._get(f, key, required)
         if a is None:
             if catalog is not None and default is not None:
                 self.diags.append(note("N021", f.block.span, f"{key} of {catalog} not given; using the catalog's {_format(default, dim)}", f"set `{key} = …` to override"))
