@@ -22,7 +22,13 @@ def pipeline_view(plan: Plan, unsupported: type[Exception]) -> dict:
     """The view-model keys of the pipeline; pp = 1 gives the keys with inert values."""
     pp, pl = plan.pp, plan.pipeline
     if pp == 1:
-        return {"pp": 1, "pp_schedule": "none", "split_backward": False, "tied_pp": False}
+        return {
+            "pp": 1,
+            "pp_schedule": "none",
+            "split_backward": False,
+            "linear": "F.linear",
+            "tied_pp": False,
+        }
     v, m = pl.virtual_stages, pl.microbatches
     layers = plan.stage_layers()
     if len(layers) != pp * v or sum(layers) != plan.model.layers or min(layers) < 1:
@@ -46,6 +52,8 @@ def pipeline_view(plan: Plan, unsupported: type[Exception]) -> dict:
         "pp_schedule": pl.schedule,
         "virtual_stages": v,
         "split_backward": pl.schedule == "zb_h1",
+        # zb_h1: every linear layer defers its weight gradient to W (parallel/zb.jinja)
+        "linear": "linear" if pl.schedule == "zb_h1" else "F.linear",
         "pp_stride": plan.mesh.stride("pp"),
         "chunk_layers": repr(chunk_layers),
         "stage_layers": repr(tuple(layers)),

@@ -287,7 +287,7 @@ def test_unsupported_axes_are_named(axis):
         codegen.render(dataclasses.replace(plan, mesh=mesh))
 
 
-@pytest.mark.parametrize("name", ["gpt2pp_pp2_interleaved", "llamapp_pp2_zb_h1", "gpt2pp_dp2_pp2_tp2"])
+@pytest.mark.parametrize("name", ["gpt2pp_pp2_interleaved", "llamapp_dp2_pp2_zb_h1", "gpt2pp_dp2_pp2_tp2"])
 def test_pipeline_script_carries_the_compiled_schedule(name, golden_plans):
     """The SCHEDULE the script interprets is dslc.schedule.build's action lists, action
     for action, and CHUNK_LAYERS is Plan.stage_layers() placed round-robin."""

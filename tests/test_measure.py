@@ -50,11 +50,18 @@ PLANS = {
     ),
 }
 
-# Pipeline plans, written out here (the golden matrix has none yet).
+# Pipeline plans, written out here. zb_h1 with tp: its W pass must not run the tp
+# collectives of the backward a second time.
 PIPELINE_SOURCE = """
 cluster cpu2 {
     nodes = 1
     gpus_per_node = 2
+    device = cpu
+    link shm { scope = node; bandwidth = 10 GB/s; latency = 10 us }
+}
+cluster cpu4 {
+    nodes = 1
+    gpus_per_node = 4
     device = cpu
     link shm { scope = node; bandwidth = 10 GB/s; latency = 10 us }
 }
@@ -72,6 +79,18 @@ plan pp2_1f1b {
     pipeline { schedule = 1f1b; microbatches = 4 }
     train {
         steps = 1; micro_batch = 2; global_batch = 8; precision = bf16; seed = 7
+        optimizer adamw { lr = 1e-3 }
+        data = synthetic
+    }
+}
+plan pp2_tp2_zb_h1 {
+    model = gpt2_tiny
+    cluster = cpu4
+    mesh { pp = 2 on shm; tp = 2 on shm }
+    tensor_parallel { sequence_parallel = true }
+    pipeline { schedule = zb_h1; microbatches = 4 }
+    train {
+        steps = 1; micro_batch = 2; global_batch = 8; precision = fp32; seed = 7
         optimizer adamw { lr = 1e-3 }
         data = synthetic
     }
@@ -150,7 +169,7 @@ def _stage(plan, rank):
     return plan.mesh.coords(rank)["pp"] if plan.pp > 1 else 0
 
 
-ALL = [*PLANS, "pp2_1f1b", "dp2_pp2_tp2"]
+ALL = [*PLANS, "pp2_1f1b", "pp2_tp2_zb_h1", "dp2_pp2_tp2"]
 
 
 @pytest.fixture(params=ALL)

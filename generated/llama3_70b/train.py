@@ -2088,16 +2088,6 @@ class Transformer(nn.Module):
             return self.head_loss(x, targets)
         return x
 
-    def chunk_parameters(self, chunk):
-        """The parameters that local chunk `chunk` uses (for its weight-gradient pass)."""
-        first, end = CHUNK_LAYERS[PP_RANK][chunk]
-        out = [p for i in range(first, end) for p in self.blocks[str(i)].parameters()]
-        if self.is_first and chunk == 0:
-            out += [*self.wte.parameters()]
-        if self.is_last and chunk == VIRTUAL_STAGES - 1:
-            out += [*self.norm.parameters(), self.lm_head]
-        return out
-
 
 @torch.no_grad()
 def init_weights(model):
