@@ -75,11 +75,15 @@ def timing(plan: Plan, topo: Topology, settings: est.Settings = est.DEFAULT, sta
     t_f = t_b = t_w = 0.0
     for g, n in enumerate(plan.stage_layers()):
         last = g == p * v - 1
-        fwd = n * T * (mm + core) + (2 * T * m.hidden * ceil(m.vocab / plan.tp) if last else 0)
+        head = 2 * T * m.hidden * ceil(m.vocab / plan.tp) if last else 0
+        fwd = n * T * (mm + core) + head
         edge = traffic.edge_specs(plan, g == 0, last)
         t_f = max(t_f, fwd / rate + n * lay_f + secs(edge, "fwd", "exposed"))
-        t_b = max(t_b, ((1 if zb else 2) * fwd + n * T * rec) / rate + n * lay_b + secs(edge, "bwd", "exposed"))
-        t_w = max(t_w, fwd / rate if zb else 0.0)
+        # zb_h1 (as the generated script splits it): W is the linear layers' dW, as many
+        # FLOPs as their forward; B is everything else, the attention core's backward too
+        w = n * T * mm + head if zb else 0.0
+        t_b = max(t_b, (2 * fwd - w + n * T * rec) / rate + n * lay_b + secs(edge, "bwd", "exposed"))
+        t_w = max(t_w, w / rate)
     t_comm = Comm("pp", ("pp",), "send", "", 1, traffic.pp_bytes(plan), p).call_seconds(topo) if p > 1 else 0.0
     sim = sched.simulate(acts if acts is not None else est.actions(plan), t_f, t_b, t_w, t_comm)
     exposed = overlapped = 0.0

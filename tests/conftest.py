@@ -1,8 +1,9 @@
-"""Shared fixtures: the golden plans, and a launcher for generated scripts; the
-hypothesis profile for CI."""
+"""Shared fixtures: the golden plans, a launcher for generated scripts and the cached
+training runs of the golden tests; the hypothesis profile for CI."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -55,3 +56,30 @@ def run_script():
         )
 
     return run
+
+
+@pytest.fixture(scope="session")
+def trained(run_script, tmp_path_factory):
+    """trained(plan, *flags) -> (losses, weights): the plan compiled and run (torchrun
+    for more than one process) with --dump-losses and --dump-weights, at most once per
+    plan name and flags."""
+    torch = pytest.importorskip("torch")
+    from dslc import codegen
+
+    root = tmp_path_factory.mktemp("golden")
+    cache = {}
+
+    def train(plan, *args):
+        key = (plan.name, args)
+        if key not in cache:
+            script = codegen.write(plan, root) / "train.py"
+            losses, weights = root / f"{plan.name}.json", root / f"{plan.name}.pt"
+            flags = ["--dump-losses", losses, "--dump-weights", weights, *args]
+            out = run_script(script, plan.world_size, *flags)
+            assert (
+                out.returncode == 0
+            ), f"{plan.name} failed:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}"
+            cache[key] = (json.loads(losses.read_text()), torch.load(weights))
+        return cache[key]
+
+    return train

@@ -32,29 +32,6 @@ PARALLEL = [name for name in PLANS if not name.endswith("_serial")]
 RTOL = 1e-5
 
 
-@pytest.fixture(scope="module")
-def trained(golden_plans, run_script, tmp_path_factory):
-    """trained(plan) -> (losses, weights), running each plan at most once."""
-    torch = pytest.importorskip("torch")
-    root = tmp_path_factory.mktemp("golden")
-    cache = {}
-
-    def train(plan, *args):
-        key = (plan.name, args)
-        if key not in cache:
-            script = codegen.write(plan, root) / "train.py"
-            losses, weights = root / f"{plan.name}.json", root / f"{plan.name}.pt"
-            flags = ["--dump-losses", losses, "--dump-weights", weights, *args]
-            out = run_script(script, plan.world_size, *flags)
-            assert (
-                out.returncode == 0
-            ), f"{plan.name} failed:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}"
-            cache[key] = (json.loads(losses.read_text()), torch.load(weights))
-        return cache[key]
-
-    return train
-
-
 def serial_of(name: str) -> str:
     return name.split("_")[0] + "_serial"
 

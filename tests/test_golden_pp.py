@@ -15,13 +15,10 @@ tests/test_golden.py so multi-process runs never overlap on a small machine."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from pathlib import Path
 
 import pytest
-
-from dslc import codegen
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("golden")]
 
@@ -33,30 +30,6 @@ PLANS = [
 ]
 PARALLEL = [name for name in PLANS if not name.endswith("_serial")]
 RTOL = 1e-5
-
-
-@pytest.fixture(scope="module")
-def trained(golden_plans, run_script, tmp_path_factory):
-    """trained(name) -> (losses, weights), running each plan once."""
-    torch = pytest.importorskip("torch")
-    root = tmp_path_factory.mktemp("golden_pp")
-    cache = {}
-
-    def train(name):
-        if name not in cache:
-            plan = golden_plans[name]
-            script = codegen.write(plan, root) / "train.py"
-            losses, weights = root / f"{name}.json", root / f"{name}.pt"
-            out = run_script(
-                script, plan.world_size, "--dump-losses", losses, "--dump-weights", weights
-            )
-            assert (
-                out.returncode == 0
-            ), f"{name} failed:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}"
-            cache[name] = (json.loads(losses.read_text()), torch.load(weights))
-        return cache[name]
-
-    return train
 
 
 def serial_of(name: str) -> str:
@@ -96,8 +69,8 @@ def test_pipeline_plan_matches_serial(name, golden_plans, trained):
     plan, ref = golden_plans[name], golden_plans[serial_of(name)]
     assert plan.model == dataclasses.replace(ref.model, span=plan.model.span)
     assert plan.train.global_batch == ref.train.global_batch
-    losses, weights = trained(name)
-    ref_losses, ref_weights = trained(ref.name)
+    losses, weights = trained(plan)
+    ref_losses, ref_weights = trained(ref)
     assert len(losses) == len(ref_losses) == plan.train.steps
     for step, (got, want) in enumerate(zip(losses, ref_losses), 1):
         assert abs(got - want) <= RTOL * abs(want), f"step {step}: {got} != {want} (serial)"
@@ -106,13 +79,13 @@ def test_pipeline_plan_matches_serial(name, golden_plans, trained):
         torch.testing.assert_close(weights[key], want, rtol=RTOL, atol=RTOL, msg=f"{name}: {key}")
 
 
-def test_the_comparison_is_meaningful(trained):
+def test_the_comparison_is_meaningful(golden_plans, trained):
     """The serial reference trains: the loss changes from step to step and the run is
     deterministic, so a pipeline that skipped a micro-batch, a stage's update or the
     tied gradient's reduction would not match it."""
     for name in ("gpt2pp_serial", "llamapp_serial"):
-        losses, weights = trained(name)
+        losses, weights = trained(golden_plans[name])
         assert len(set(losses)) == len(losses)
         assert "blocks.3.mlp.down_proj.weight" in weights
-    assert "lm_head" not in trained("gpt2pp_serial")[1]  # tied: the head is wte
-    assert "lm_head" in trained("llamapp_serial")[1]
+    assert "lm_head" not in trained(golden_plans["gpt2pp_serial"])[1]  # tied: the head is wte
+    assert "lm_head" in trained(golden_plans["llamapp_serial"])[1]

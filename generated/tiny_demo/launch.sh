@@ -17,6 +17,8 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 TORCHRUN="${TORCHRUN:-torchrun}"  # e.g. TORCHRUN=.venv/bin/torchrun
 NNODES="${NNODES:-1}"
 NPROC_PER_NODE="${NPROC_PER_NODE:-4}"
+# torchrun sets one thread per process anyway when this is unset (and prints a notice)
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 
 if [ "$NNODES" -eq 1 ] && [ -z "${MASTER_ADDR:-}" ]; then
     exec "$TORCHRUN" --standalone --nnodes=1 --nproc-per-node="$NPROC_PER_NODE" "$HERE/train.py" "$@"
