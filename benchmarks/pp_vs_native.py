@@ -24,16 +24,13 @@ runtimes' own overhead and the latency of their messages.
 from __future__ import annotations
 
 import argparse
-import os
-import re
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from common import ENV, adamw, compile_plan, generated_step_ms, reference_block, run
+
 MODEL = {"layers": 4, "hidden": 128, "heads": 4, "vocab": 512, "seq_len": 128}
 MICRO_BATCH, MICROBATCHES = 2, 8
 SCHEDULES = {  # dslc schedule -> (native schedule class, virtual stages)
@@ -71,26 +68,9 @@ def native_worker(schedule: str, steps: int, warmup: int) -> None:
     dist.init_process_group("gloo")
     rank, pp = dist.get_rank(), dist.get_world_size()
     cls, v = SCHEDULES[schedule]
-    h, nh, T, V = MODEL["hidden"], MODEL["heads"], MODEL["seq_len"], MODEL["vocab"]
+    h, T, V = MODEL["hidden"], MODEL["seq_len"], MODEL["vocab"]
     n_stages = pp * v
     per_stage = MODEL["layers"] // n_stages
-
-    class Block(nn.Module):  # the generated script's GPT-2 block, from nn modules
-        def __init__(self):
-            super().__init__()
-            self.ln_1, self.ln_2 = nn.LayerNorm(h), nn.LayerNorm(h)
-            self.q, self.k, self.v, self.o = (nn.Linear(h, h) for _ in range(4))
-            self.up, self.down = nn.Linear(h, 4 * h), nn.Linear(4 * h, h)
-
-        def forward(self, x):
-            B = x.size(0)
-            y = self.ln_1(x)
-            q, k, v = (
-                m(y).view(B, T, nh, h // nh).transpose(1, 2) for m in (self.q, self.k, self.v)
-            )
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + self.o(y.transpose(1, 2).reshape(B, T, h))
-            return x + self.down(F.gelu(self.up(self.ln_2(x)), approximate="tanh"))
 
     class Stage(nn.Module):
         def __init__(self, index):
@@ -98,7 +78,9 @@ def native_worker(schedule: str, steps: int, warmup: int) -> None:
             self.first, self.last = index == 0, index == n_stages - 1
             if self.first:
                 self.wte, self.wpe = nn.Embedding(V, h), nn.Embedding(T, h)
-            self.blocks = nn.ModuleList(Block() for _ in range(per_stage))
+            self.blocks = nn.ModuleList(
+                reference_block(h, MODEL["heads"], T) for _ in range(per_stage)
+            )
             if self.last:
                 self.ln_f, self.head = nn.LayerNorm(h), nn.Linear(h, V, bias=False)
 
@@ -121,11 +103,7 @@ def native_worker(schedule: str, steps: int, warmup: int) -> None:
     ]
     sched_cls = getattr(pipelining, cls)
     sched = sched_cls(stages if v > 1 else stages[0], MICROBATCHES, loss_fn=loss_fn)
-    params = [p for mod in modules for p in mod.parameters()]
-    decay = [p for p in params if p.dim() >= 2]
-    rest = [p for p in params if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}]
-    opt = torch.optim.AdamW(groups, lr=3e-4, betas=(0.9, 0.95))
+    opt = adamw(p for mod in modules for p in mod.parameters())
     times = []
     for step in range(steps):
         t0 = time.perf_counter()
@@ -149,21 +127,6 @@ def native_worker(schedule: str, steps: int, warmup: int) -> None:
     dist.destroy_process_group()
 
 
-def torchrun(nproc: int, *args: str) -> str:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    cmd += [f"--nproc-per-node={nproc}", *args]
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-    env.setdefault("PYTHONWARNINGS", "ignore")
-    return subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout
-
-
-def run_generated(script: Path, pp: int, steps: int, warmup: int) -> float:
-    out = torchrun(pp, str(script), "--steps", str(steps), "--device", "cpu")
-    times = [float(m) for m in re.findall(r"\| ([\d.]+) ms \|", out)]
-    assert len(times) == steps, out
-    return statistics.median(times[warmup:])
-
-
 def main() -> None:
     global MICRO_BATCH, MICROBATCHES
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -184,12 +147,7 @@ def main() -> None:
         native_worker(args.native_worker, args.steps, args.warmup)
         return
 
-    sys.path.insert(0, str(ROOT))
-    from dslc import codegen
-    from dslc.lower import load_text
-
-    threads = os.environ.get("OMP_NUM_THREADS", "1")
-    print(f"pp = {args.pp} processes, CPU, gloo, fp32, OMP_NUM_THREADS={threads}")
+    print(f"pp = {args.pp} processes, CPU, gloo, fp32, OMP_NUM_THREADS={ENV['OMP_NUM_THREADS']}")
     print(f"gpt2 {MODEL}, {MICROBATCHES} micro-batches of {MICRO_BATCH}")
     with tempfile.TemporaryDirectory() as tmp:
         for schedule, (cls, v) in SCHEDULES.items():
@@ -204,16 +162,15 @@ def main() -> None:
                 batch=MICRO_BATCH * MICROBATCHES,
                 **MODEL,
             )
-            plan = load_text(text, "bench_pp.plan").program.plans[0]
-            script = codegen.write(plan, Path(tmp) / schedule) / "train.py"
+            script = compile_plan(text, Path(tmp) / schedule)
             flags = ["--native-worker", schedule, "--steps", str(args.steps)]
             flags += ["--warmup", str(args.warmup), "--hidden", str(args.hidden)]
             flags += ["--seq-len", str(args.seq_len), "--micro-batch", str(args.micro_batch)]
             flags += ["--microbatches", str(args.microbatches)]
             gens, natives = [], []
             for _ in range(args.repeats):
-                gens.append(run_generated(script, args.pp, args.steps, args.warmup))
-                natives.append(float(torchrun(args.pp, __file__, *flags).split()[-1]))
+                gens.append(generated_step_ms(script, args.pp, args.steps, args.warmup))
+                natives.append(float(run(args.pp, __file__, *flags).split()[-1]))
             gen, native = min(gens), min(natives)
             ratio = statistics.median(g / n for g, n in zip(gens, natives))
             print(
