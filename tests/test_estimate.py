@@ -8,55 +8,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 from fractions import Fraction
-from math import ceil, prod
+from math import ceil
 
 import pytest
+from irbuild import model, plan
 
 from dslc import estimate as est
 from dslc import traffic
-from dslc.diagnostics import Span
-from dslc.ir import (
-    Cluster,
-    ContextParallel,
-    Data,
-    DataParallel,
-    Device,
-    Link,
-    LRSchedule,
-    Mesh,
-    MeshAxis,
-    Model,
-    Optimizer,
-    Pipeline,
-    Plan,
-    TensorParallel,
-    Train,
-)
-
-SP = Span("x.plan", 1, 1, 1, 2)
-GiB = 2**30
-
-
-def model(arch="gpt2", l=2, h=64, a=4, V=128, s=32, kv=None, ffn=None, tie=None, dropout=0.0, experts=0, top_k=0, cf=0.0) -> Model:
-    ffn = ffn or (4 * h if arch == "gpt2" else 3 * h)
-    tie = (arch == "gpt2") if tie is None else tie
-    return Model(arch, arch, l, h, a, kv or a, ffn, V, s, 1e-5, 1e4, tie, dropout, experts, top_k, cf, 0.0, SP)
-
-
-def plan(mdl: Model, *axes, gpn=8, zero=0, sp=False, schedule="1f1b", v=1, m=1, b=1, precision="bf16",
-         recompute="none", cp="ring", optimizer="adamw", momentum=0.0, memory=80 * GiB) -> Plan:
-    world = prod(size for _, size, _ in axes)
-    gpn = min(gpn, world)
-    links = (Link("nvlink", "node", 450e9, 2e-6, SP), Link("ib", "cluster", 50e9, 8e-6, SP))
-    cluster = Cluster("c", world // gpn, gpn, Device("h100_sxm", 989e12, memory), links, SP)
-    mesh = Mesh(tuple(MeshAxis(n, size, lk, SP) for n, size, lk in axes), SP)
-    dp = mesh.size("dp") * mesh.size("ep")
-    opt = Optimizer(optimizer, 1e-4, (0.9, 0.95), 1e-8, 0.1, momentum, None)
-    train = Train(10, b, b * m * dp, precision, recompute, 1.0, 0, "dynamic", opt, LRSchedule("constant", 0, 0.0, 10, None),
-                  Data("synthetic", None, None, None), None, None)
-    return Plan("p", "x.plan", mdl, cluster, mesh, TensorParallel(sp, None), DataParallel(zero, None),
-                Pipeline(schedule, v, m, None, None), ContextParallel(cp, True, None), train, SP)
-
+from dslc.ir import Plan
 
 # ---------------------------------------------------------------------------- parameters
 

@@ -5,50 +5,23 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from math import prod
 
+import irbuild
 import pytest
+from irbuild import model
 
 from dslc import estimate as est
 from dslc import report
-from dslc.diagnostics import Span
-from dslc.ir import (
-    Cluster,
-    ContextParallel,
-    Data,
-    DataParallel,
-    Device,
-    Link,
-    LRSchedule,
-    Mesh,
-    MeshAxis,
-    Model,
-    Optimizer,
-    Pipeline,
-    Plan,
-    TensorParallel,
-    Train,
-)
+from dslc.ir import Plan
 from dslc.topology import Topology
 
-SP = Span("x.plan", 1, 1, 1, 2)
-GiB = 2**30
-LLAMA3_8B = Model("llama3_8b", "llama", 32, 4096, 32, 8, 14336, 128256, 8192, 1e-5, 5e5, False, 0.0, 0, 0, 0.0, 0.0, SP)
-TINY = Model("tiny", "gpt2", 8, 64, 4, 4, 256, 128, 32, 1e-5, 1e4, True, 0.1, 0, 0, 0.0, 0.0, SP)
+LLAMA3_8B = model("llama", 32, 4096, 32, 128256, 8192, kv=8, ffn=14336, tie=False, name="llama3_8b", rope_theta=5e5)
+TINY = model("gpt2", 8, 64, 4, 128, 32, ffn=256, dropout=0.1, name="tiny")
 
 
-def plan(mdl: Model, *axes, gpn=8, m=8, b=1, schedule="1f1b", v=1, zero=1, sp=False, recompute="none",
-         bandwidth=(450e9, 50e9), latency=(2e-6, 8e-6), peak=989e12, memory=80 * GiB) -> Plan:
-    world = prod(size for _, size, _ in axes) if axes else 1
-    gpn = min(gpn, world)
-    links = (Link("nvlink", "node", bandwidth[0], latency[0], SP), Link("ib", "cluster", bandwidth[1], latency[1], SP))
-    cluster = Cluster("dgx", world // gpn, gpn, Device("h100_sxm", peak, memory), links, SP)
-    mesh = Mesh(tuple(MeshAxis(n, size, lk, SP) for n, size, lk in axes), SP)
-    opt = Optimizer("adamw", 3e-4, (0.9, 0.95), 1e-8, 0.1, 0.0, None)
-    train = Train(10, b, b * m * mesh.size("dp"), "bf16", recompute, 1.0, 0, "dynamic", opt, LRSchedule("cosine", 1, 0.0, 10, None),
-                  Data("synthetic", None, None, None), None, None)
-    return Plan("demo", "demo.plan", mdl, cluster, mesh, TensorParallel(sp, None), DataParallel(zero, None),
-                Pipeline(schedule, v, m, None, None), ContextParallel("ring", True, None), train, SP)
+def plan(mdl, *axes, m=8, zero=1, **kw):
+    """irbuild.plan with this module's defaults: 8 micro-batches, ZeRO-1, plan "demo"."""
+    return irbuild.plan(mdl, *axes, m=m, zero=zero, name="demo", **kw)
 
 
 def llama_plan(**kw) -> Plan:
