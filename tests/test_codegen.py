@@ -458,6 +458,15 @@ def test_startup_errors_are_one_line(tmp_path, run_script):
     assert out.returncode == 1 and "Traceback" not in out.stderr
     assert out.stderr.startswith("train.py: error: this plan runs on 2 processes (tp2), not 1")
 
+    # an output that could not be written after training is refused before it
+    plan = make_plan(tmp_path)
+    script = codegen.write(plan, tmp_path / "out") / "train.py"
+    for flag in ("--dump-losses", "--dump-weights", "--measure"):
+        missing = tmp_path / "no such folder" / "x.json"
+        out = run_script(script, 1, flag, missing, timeout=120)
+        assert out.returncode == 1 and out.stdout == ""  # no step ran
+        assert out.stderr == f"train.py: error: {flag} {missing}: cannot write into {missing.parent}\n"
+
 
 def _repository_plans():
     from dslc.lower import load_paths

@@ -15,10 +15,13 @@ tests/test_golden.py so multi-process runs never overlap on a small machine."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from pathlib import Path
 
 import pytest
+
+from dslc import codegen
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("golden")]
 
@@ -89,3 +92,33 @@ def test_the_comparison_is_meaningful(golden_plans, trained):
         assert "blocks.3.mlp.down_proj.weight" in weights
     assert "lm_head" not in trained(golden_plans["gpt2pp_serial"])[1]  # tied: the head is wte
     assert "lm_head" in trained(golden_plans["llamapp_serial"])[1]
+
+
+def test_trace_shows_each_rank_running_its_action_list(golden_plans, run_script, tmp_path):
+    """--trace FILE: the last step's timeline, all ranks in one Chrome trace. Each rank's
+    computes are its action list's, in order, one after another; between them, one
+    wait per batch of messages."""
+    from dslc import schedule
+
+    plan = golden_plans["gpt2pp_pp2_interleaved"]
+    script = codegen.write(plan, tmp_path) / "train.py"
+    trace = tmp_path / "trace.json"
+    out = run_script(script, plan.world_size, "--steps", "2", "--trace", trace)
+    assert out.returncode == 0, out.stderr[-3000:]
+    events = json.loads(trace.read_text())["traceEvents"]
+    pl = plan.pipeline
+    actions = schedule.build(pl.schedule, plan.pp, pl.microbatches, pl.virtual_stages)
+    assert {e["pid"] for e in events} == set(range(plan.world_size))
+    for rank in range(plan.world_size):
+        stage = actions[plan.mesh.coords(rank)["pp"]]
+        names = [e["args"]["name"] for e in events if e["pid"] == rank and e["ph"] == "M"]
+        assert names == [f"rank {rank}: pp stage {plan.mesh.coords(rank)['pp']}"]
+        spans = sorted((e for e in events if e["pid"] == rank and e["ph"] == "X"), key=lambda e: e["ts"])
+        computes = [e["args"] for e in spans if e["name"] != "send/recv"]
+        want = [(a.kind, a.microbatch, a.chunk) for a in stage if not a.is_comm]
+        assert [(c["kind"], c["microbatch"], c["chunk"]) for c in computes] == want
+        batches = sum(a.is_comm and (i == 0 or not stage[i - 1].is_comm) for i, a in enumerate(stage))
+        assert len(spans) - len(computes) == batches
+        assert spans[0]["ts"] >= 0  # after the barrier that starts the step
+        for a, b in zip(spans, spans[1:]):
+            assert a["ts"] + a["dur"] <= b["ts"] + 0.2, (a, b)  # one at a time (0.1 us rounding)

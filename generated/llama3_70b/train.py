@@ -13,7 +13,8 @@ Run it:
 Flags: --steps N, --seed N, --log-every N, --dump-losses FILE (JSON list of the global
 loss of every step), --dump-weights FILE (the full weights, gathered; torch.save),
 --measure FILE (bytes sent, held and saved by autograd, as JSON: one FILE.rank<R>.json
-per rank), --device cpu|cuda, --resume.
+per rank), --device cpu|cuda, --resume,
+--trace FILE (when every rank ran each action of the last step, as Chrome trace JSON).
 """
 
 import argparse
@@ -103,6 +104,11 @@ parser.add_argument(
 parser.add_argument(
     "--resume", action="store_true", help="continue from the latest checkpoint"
 )
+parser.add_argument(
+    "--trace",
+    metavar="FILE",
+    help="write the last step's pipeline timeline (Chrome trace JSON)",
+)
 args = parser.parse_args()
 
 
@@ -111,6 +117,18 @@ def fail(message):
     print(f"{os.path.basename(__file__)}: error: {message}", file=sys.stderr)
     sys.exit(1)
 
+
+# the files asked for are written after training: find out now if they cannot be
+outputs = {
+    "--dump-losses": args.dump_losses,
+    "--dump-weights": args.dump_weights,
+    "--measure": args.measure,
+}
+outputs["--trace"] = args.trace
+for flag, path in outputs.items():
+    folder = os.path.dirname(os.path.abspath(path)) if path else None
+    if folder and not (os.path.isdir(folder) and os.access(folder, os.W_OK)):
+        fail(f"{flag} {path}: cannot write into {folder}")
 
 if int(os.environ.get("WORLD_SIZE", "1")) != WORLD_SIZE:
     got = os.environ.get("WORLD_SIZE", "1")
@@ -1841,11 +1859,55 @@ if args.device == "cuda":  # NCCL: every rank of the group joins before the firs
     dist.barrier(group=GROUPS["pp"])
 
 
+class Timeline:
+    """--trace FILE: when each action of one step ran on this rank (every compute, and
+    the wait for every batch of messages), in microseconds from a barrier that starts
+    the step on all ranks. dump() gathers every rank's events into one Chrome trace
+    file: open it in ui.perfetto.dev or chrome://tracing (one row per rank) and set it
+    beside the simulated timeline of `dslc schedule`."""
+
+    def __init__(self):
+        self.events, self.origin = None, 0.0  # records only while events is a list
+
+    def start(self):
+        dist.barrier()
+        self.origin = time.perf_counter()
+        name = f"rank {RANK}: pp stage {PP_RANK}"
+        self.events = [
+            {"name": "process_name", "ph": "M", "pid": RANK, "args": {"name": name}}
+        ]
+
+    def span(self, name, begin, **detail):
+        """An action that began at perf_counter() `begin` and ends now."""
+        if self.events is None:
+            return
+        if (
+            args.device == "cuda"
+        ):  # kernels run asynchronously: time them, not their launch
+            torch.cuda.synchronize()
+        ts, dur = round((begin - self.origin) * 1e6, 1), round(
+            (time.perf_counter() - begin) * 1e6, 1
+        )
+        event = {"name": name, "ph": "X", "pid": RANK, "tid": 0, "ts": ts, "dur": dur}
+        self.events.append({**event, "args": detail})
+
+    def dump(self, path):
+        everyone = [None] * WORLD_SIZE if master else None
+        dist.gather_object(self.events or [], everyone, dst=0)
+        if master:
+            events = [e for rank_events in everyone for e in rank_events]
+            with open(path, "w") as f:
+                json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
+
+
+TIMELINE = Timeline()
+
+
 def p2p(ops):
     """Post one batch of point-to-point operations, [("send" | "recv", tensor, pp
     rank)], with a single batch_isend_irecv, and wait for all of them. Every message of
     the pipeline goes through here."""
-    batch = []
+    begin, batch = time.perf_counter(), []
     for kind, tensor, peer in ops:
         if kind == "send":
             if METER:
@@ -1855,6 +1917,7 @@ def p2p(ops):
             batch.append(dist.P2POp(dist.irecv, tensor, PP_PEERS[peer], GROUPS["pp"]))
     for work in dist.batch_isend_irecv(batch):
         work.wait()
+    TIMELINE.span("send/recv", begin, messages=len(ops))
 
 
 def run_schedule(x, y, scale):
@@ -1889,6 +1952,7 @@ def run_schedule(x, y, scale):
                 pending = []
             # the dp reduction of a chunk's gradients starts in its last backward
             grad_buckets.sync = mb == MICRO_STEPS - 1
+            begin = time.perf_counter()
             if kind == "F":
                 if key in inputs:  # received: its gradient is what B sends back
                     inputs[key].requires_grad_()
@@ -1902,6 +1966,7 @@ def run_schedule(x, y, scale):
                 torch.autograd.backward(outputs.pop(key), grads.pop(key, None))
                 if key in inputs:
                     input_grads[key] = inputs.pop(key).grad
+            TIMELINE.span(f"{kind} {mb}", begin, kind=kind, microbatch=mb, chunk=chunk)
     if pending:
         p2p(pending)
     return loss
@@ -2403,6 +2468,8 @@ for step in range(start, args.steps):
     t0 = time.perf_counter()
     if METER:
         METER.step = step
+    if args.trace and step + 1 == args.steps:
+        TIMELINE.start()
     loss, lr, norm = train_step(step)
     if METER:
         METER.step = None
@@ -2425,6 +2492,8 @@ for step in range(start, args.steps):
 if METER:
     root, ext = os.path.splitext(args.measure)
     METER.dump(f"{root}.rank{RANK}{ext}", n_params)
+if args.trace:
+    TIMELINE.dump(args.trace)  # every rank takes part in the gather
 if args.dump_weights:
     full_weights = gather_weights()  # every rank takes part in the gathers
     if master:

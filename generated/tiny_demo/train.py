@@ -108,6 +108,17 @@ def fail(message):
     sys.exit(1)
 
 
+# the files asked for are written after training: find out now if they cannot be
+outputs = {
+    "--dump-losses": args.dump_losses,
+    "--dump-weights": args.dump_weights,
+    "--measure": args.measure,
+}
+for flag, path in outputs.items():
+    folder = os.path.dirname(os.path.abspath(path)) if path else None
+    if folder and not (os.path.isdir(folder) and os.access(folder, os.W_OK)):
+        fail(f"{flag} {path}: cannot write into {folder}")
+
 here = os.path.dirname(os.path.abspath(__file__))
 data_path = args.data or os.path.normpath(os.path.join(here, DATA_PATH))
 if not os.path.isfile(data_path):
