@@ -3,9 +3,9 @@ serial plan computes.
 
 tests/golden/{gpt2,llama}_pp.plan hold a 4-layer model (gpt2 with tied embeddings,
 llama untied) trained by a serial plan and by pp2 gpipe (uneven stages 1 + 3), pp2
-1f1b, pp4 1f1b, pp2 interleaved_1f1b (v = 2), zb_h1 (split backward; pp2 x tp2 for gpt2,
-dp2 x pp2 with full recompute for llama), dp2 x pp2 (llama: ZeRO-1, full recompute),
-pp2 x tp2 with sequence parallel, and dp2 x pp2 x tp2 + sp interleaved on 8 processes
+1f1b, pp4 1f1b, pp2 interleaved_1f1b (v = 2), zb_h1 (split backward; pp2 x tp2 for
+gpt2, dp2 x pp2 with ZeRO-1 and full recompute for llama), dp2 x pp2 (llama: ZeRO-1,
+full recompute), pp2 x tp2 with sequence parallel, and dp2 x pp2 x tp2 + sp interleaved on 8 processes
 (gpt2: ZeRO-1 with the tied embedding).
 Each runs under torchrun (CPU, gloo, fp32); every step's global loss must equal the
 serial plan's within 1e-5 relative and the final weights, gathered from every stage,
@@ -57,10 +57,11 @@ def test_matrix_is_complete(golden_plans):
         assert any(p.world_size == 8 and p.dp == p.pp == p.tp == 2 for p in plans)
         assert all(p.pp > 1 for p in plans)
     # zb_h1's split backward with tp (the tied head's gradient deferred too) and with dp
-    # (buckets filled by W, blocks recomputed in B)
+    # (ZeRO-1 buckets filled by W, blocks recomputed in B)
     zb = {(n, golden_plans[n].dp, golden_plans[n].tp) for n in PARALLEL if "zb_h1" in n}
     assert zb == {("gpt2pp_pp2_tp2_zb_h1", 1, 2), ("llamapp_dp2_pp2_zb_h1", 2, 1)}
-    assert golden_plans["llamapp_dp2_pp2_zb_h1"].train.recompute == "full"
+    zb_dp = golden_plans["llamapp_dp2_pp2_zb_h1"]
+    assert zb_dp.train.recompute == "full" and zb_dp.data_parallel.zero == 1
     assert golden_plans["gpt2pp_serial"].model.tie_embeddings
     assert not golden_plans["llamapp_serial"].model.tie_embeddings
 
