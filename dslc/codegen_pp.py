@@ -24,6 +24,7 @@ def pipeline_view(plan: Plan, unsupported: type[Exception]) -> dict:
     if pp == 1:
         return {
             "pp": 1,
+            "pipeline_parallel": False,
             "pp_schedule": "none",
             "split_backward": False,
             "linear": "F.linear",
@@ -49,6 +50,7 @@ def pipeline_view(plan: Plan, unsupported: type[Exception]) -> dict:
     groups = plan.mesh.groups("pp")
     return {
         "pp": pp,
+        "pipeline_parallel": True,
         "pp_schedule": pl.schedule,
         "virtual_stages": v,
         "split_backward": pl.schedule == "zb_h1",
