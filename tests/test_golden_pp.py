@@ -5,8 +5,8 @@ tests/golden/{gpt2,llama}_pp.plan hold a 4-layer model (gpt2 with tied embedding
 llama untied) trained by a serial plan and by pp2 gpipe (uneven stages 1 + 3), pp2
 1f1b, pp4 1f1b, pp2 interleaved_1f1b (v = 2), zb_h1 (split backward; pp2 x tp2 for
 gpt2, dp2 x pp2 with ZeRO-1 and full recompute for llama), dp2 x pp2 (llama: ZeRO-1,
-full recompute), pp2 x tp2 with sequence parallel, and dp2 x pp2 x tp2 + sp interleaved on 8 processes
-(gpt2: ZeRO-1 with the tied embedding).
+full recompute), pp2 x tp2 with sequence parallel, and dp2 x pp2 x tp2 + sp
+interleaved on 8 processes (gpt2: ZeRO-1 with the tied embedding).
 Each runs under torchrun (CPU, gloo, fp32); every step's global loss must equal the
 serial plan's within 1e-5 relative and the final weights, gathered from every stage,
 within 1e-5. One serial run per model is shared; the runs share the xdist group of
