@@ -13,6 +13,7 @@ import re
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,3 +115,27 @@ def adamw(params):
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
     return torch.optim.AdamW(groups, lr=3e-4, betas=(0.9, 0.95))
+
+
+def timed_steps(model, config: dict, steps: int, clip: float = 0.0) -> list[float]:
+    """Seconds of each of `steps` training steps of a reference_gpt model: a batch drawn
+    from a generator keyed by the step, forward, backward, optional global-norm
+    clipping, AdamW."""
+    import torch
+
+    opt = adamw(model.parameters())
+    times = []
+    for step in range(steps):
+        t0 = time.perf_counter()
+        g = torch.Generator().manual_seed(step)
+        shape = (config["micro_batch"], config["seq_len"] + 1)
+        batch = torch.randint(config["vocab"], shape, generator=g)
+        loss = model(batch[:, :-1], batch[:, 1:])
+        loss.backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss.item()
+        times.append(time.perf_counter() - t0)
+    return times

@@ -18,10 +18,9 @@ import argparse
 import math
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
-from common import ENV, adamw, compile_plan, generated_step_ms, reference_gpt, run
+from common import ENV, compile_plan, generated_step_ms, reference_gpt, run, timed_steps
 
 CONFIG = {"layers": 4, "hidden": 256, "heads": 8, "vocab": 512, "seq_len": 256, "micro_batch": 8}
 PLAN = """
@@ -44,23 +43,8 @@ def plain_loop(steps: int) -> list[float]:
     """The reference: a nanoGPT-style model and loop with stock torch modules."""
     import torch
 
-    c = CONFIG
     torch.manual_seed(0)
-    model = reference_gpt(c)
-    opt = adamw(model.parameters())
-    times = []
-    for step in range(steps):
-        t0 = time.perf_counter()
-        g = torch.Generator().manual_seed(step)
-        batch = torch.randint(c["vocab"], (c["micro_batch"], c["seq_len"] + 1), generator=g)
-        loss = model(batch[:, :-1], batch[:, 1:])
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        loss.item()
-        times.append(time.perf_counter() - t0)
-    return times
+    return timed_steps(reference_gpt(CONFIG), CONFIG, steps, clip=1.0)
 
 
 def main() -> None:

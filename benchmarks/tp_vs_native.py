@@ -22,10 +22,9 @@ import math
 import os
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
-from common import ENV, adamw, compile_plan, generated_step_ms, reference_gpt, run
+from common import ENV, compile_plan, generated_step_ms, reference_gpt, run, timed_steps
 
 SIZES = {
     "small": {
@@ -82,18 +81,7 @@ def native_worker(size: str, steps: int, warmup: int) -> None:
     plan.update(o=RowwiseParallel(), down=RowwiseParallel())
     for block in model.blocks:
         parallelize_module(block, mesh, plan)
-    opt = adamw(model.parameters())
-    times = []
-    for step in range(steps):
-        t0 = time.perf_counter()
-        g = torch.Generator().manual_seed(step)
-        batch = torch.randint(c["vocab"], (c["micro_batch"], c["seq_len"] + 1), generator=g)
-        loss = model(batch[:, :-1], batch[:, 1:])
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        loss.item()
-        times.append(time.perf_counter() - t0)
+    times = timed_steps(model, c, steps)
     if dist.get_rank() == 0:
         print(1000 * statistics.median(times[warmup:]))
     dist.destroy_process_group()
