@@ -44,7 +44,7 @@ def compile_plan(text: str, out_dir: Path) -> Path:
     """train.py of the (only) plan in `text`, compiled by dslc into out_dir."""
     sys.path.insert(0, str(ROOT))
     from dslc import codegen
-    from dslc.lower import load_text
+    from dslc.driver import load_text
 
     plan = load_text(text, "bench.plan").program.plans[0]
     return codegen.write(plan, out_dir) / "train.py"

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import time
 
-from dslc import report
-from dslc.diagnostics import Span
+from dslc.cost.topology import build_graph
 from dslc.ir import (
     Cluster,
     ContextParallel,
@@ -30,7 +29,8 @@ from dslc.ir import (
     TensorParallel,
     Train,
 )
-from dslc.topology import build_graph
+from dslc.report import explain as report
+from dslc.source import Span
 
 SPAN = Span("bench.plan", 1, 1, 1, 2)
 TARGETS = {16_384: 2.0, 131_072: 10.0}

@@ -10,8 +10,8 @@ import statistics
 import time
 from pathlib import Path
 
-from dslc.lower import load_paths
-from dslc.parse import parser
+from dslc.driver import load_paths
+from dslc.front.parse import parser
 
 ROOT = Path(__file__).resolve().parent.parent
 PLANS = [ROOT / "plans" / "llama3_8b.plan", ROOT / "plans" / "llama3_70b.plan", ROOT / "plans" / "mixtral_8x7b.plan"]

@@ -7,9 +7,7 @@ Peak FLOP/s are dense bf16 tensor-core figures from the vendors' datasheets.
 from __future__ import annotations
 
 from .ir import Device
-
-GiB = 2**30
-GB = 10**9
+from .units import GB, GiB
 
 DEVICES: dict[str, Device] = {
     d.name: d

@@ -8,10 +8,10 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 
+from .cost.schedule import shape_problems
+from .cost.topology import axis_crossing
 from .diagnostics import Diagnostic, error, warning
-from .estimate import memory_diagnostics
 from .ir import Plan
-from .topology import axis_crossing
 
 Check = Callable[[Plan], Iterator[Diagnostic]]
 CHECKS: list[Check] = []
@@ -23,12 +23,11 @@ def rule(fn: Check) -> Check:
 
 
 def check_plan(plan: Plan) -> list[Diagnostic]:
+    """Every rule's diagnostics. Whether the plan fits in memory (E090) is decided after
+    the checks, by :mod:`dslc.search`, for plans that pass them."""
     out: list[Diagnostic] = []
     for fn in CHECKS:
         out.extend(fn(plan))
-    if not any(d.is_error for d in out):
-        # E090 (dslc/estimate.py): only a plan whose shapes are sound can be estimated
-        out.extend(memory_diagnostics(plan))
     return out
 
 
@@ -117,8 +116,8 @@ def pipeline(plan: Plan):
     v, m = pl.virtual_stages, pl.microbatches
     if pl.schedule == "interleaved_1f1b" and p > 1 and v < 2:
         yield error("E056", plan.where("pipeline.virtual_stages", "pipeline.schedule"), f"interleaved_1f1b needs virtual_stages ≥ 2, got {v}", "set virtual_stages = 2 or use schedule = 1f1b")
-    if v > 1 and pl.schedule != "interleaved_1f1b":
-        yield error("E056", plan.where("pipeline.virtual_stages"), f"virtual_stages={v} needs schedule = interleaved_1f1b, not {pl.schedule}")
+    for pr in shape_problems(pl.schedule, p, m, v):  # shared with dslc.cost.schedule.build
+        yield error(pr.code, plan.where(*pr.keys), pr.message, pr.hint)
     if p == 1:
         if any(k in plan.spans for k in ("pipeline.schedule", "pipeline.virtual_stages", "pipeline.layers_per_stage")):
             yield warning("W057", plan.where("pipeline"), "pipeline options have no effect: the mesh has no pp axis", "add `pp = N on <link>` to the mesh, or remove them")
@@ -134,10 +133,6 @@ def pipeline(plan: Plan):
             yield error("E052", where, f"stage {[n < 1 for n in pl.layers_per_stage].index(True)} has no layers", "every stage needs at least one layer")
     elif chunks > layers:
         yield error("E050", plan.where("mesh.pp", "pipeline.virtual_stages"), f"pp={p} × virtual_stages={v} = {chunks} stages but the model has only {layers} layers", f"use at most {layers} stages in all")
-    if pl.schedule in ("1f1b", "zb_h1", "interleaved_1f1b") and m < p:
-        yield error("E053", plan.where("pipeline.microbatches", "train.global_batch"), f"{pl.schedule} needs microbatches ≥ pp, got microbatches={m} < pp={p}", f"raise microbatches to at least {p} (global_batch = micro_batch × microbatches × dp)")
-    elif pl.schedule == "interleaved_1f1b" and m % p:
-        yield error("E054", plan.where("pipeline.microbatches"), f"interleaved_1f1b needs microbatches divisible by pp, got microbatches={m}, pp={p}", f"use {m - m % p or p} or {m + p - m % p}")
     if pl.schedule == "gpipe" and (p - 1) / m > 0.25:
         yield warning("W055", plan.where("pipeline.schedule"), f"gpipe with pp={p} and microbatches={m} idles {(p - 1) / m:.0%} of the time in the pipeline bubble ((p−1)/m)", f"use ≥ {4 * (p - 1)} micro-batches, or schedule = 1f1b")
 

@@ -15,8 +15,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from . import __version__
-from .diagnostics import RENDERERS, Diagnostic, Sources, has_errors, render_text
-from .lower import LoadResult, load_paths, load_text
+from .diagnostics import Diagnostic, error, has_errors
+from .driver import LoadResult, load_paths, load_text
+from .report.diagnostics import RENDERERS, render_text
+from .source import Sources
 
 
 class UsageError(Exception):
@@ -107,8 +109,6 @@ def cmd_lint(args) -> int:
 
 
 def cmd_compile(args) -> int:
-    from .diagnostics import error
-
     loaded = load_plans(args.paths, args.plan)
     if loaded is None:
         print("dslc: not compiled: the plans have errors", file=sys.stderr)
@@ -144,7 +144,7 @@ def cmd_compile(args) -> int:
 
 
 def cmd_explain(args) -> int:
-    from . import report
+    from .report import explain as report
 
     loaded = load_plans([args.plan_file], args.plan)
     if loaded is None:
@@ -159,7 +159,8 @@ def cmd_explain(args) -> int:
 
 
 def cmd_schedule(args) -> int:
-    from . import deadlock, draw, schedule
+    from .cost import deadlock, schedule
+    from .report import draw
 
     loaded = load_plans([args.plan_file], args.plan)
     if loaded is None:
@@ -176,8 +177,8 @@ def cmd_schedule(args) -> int:
             print(f"error: {p}", file=sys.stderr)
         return 1
     # the plan's own costs (dslc explain): forward, backward, weight-grad and p2p times, in ms
-    from .report import timing
-    from .topology import Topology
+    from .cost.time import timing
+    from .cost.topology import Topology
 
     t, _ = timing(plan, Topology.of(plan), acts=actions)
     sim = schedule.simulate(actions, t.t_f * 1e3, t.t_b * 1e3, t.t_w * 1e3, t.t_comm * 1e3)

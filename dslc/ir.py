@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from math import prod
 
-from .diagnostics import Span
+from .source import Span
 
 AXES = ("dp", "tp", "pp", "cp", "ep")
 ARCHS = ("gpt2", "llama", "mixtral")

@@ -25,7 +25,7 @@ GOLDEN = ROOT / "tests" / "golden"
 @pytest.fixture(scope="session")
 def golden_plans():
     """Every plan of tests/golden/*.plan by name (lowered and checked: no errors)."""
-    from dslc.lower import load_paths
+    from dslc.driver import load_paths
 
     res = load_paths(sorted(GOLDEN.glob("*.plan")))
     errors = [f"{d.span}: {d.code} {d.message}" for d in res.diagnostics if d.is_error]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from math import prod
 
-from dslc.diagnostics import Span
 from dslc.ir import (
     Cluster,
     ContextParallel,
@@ -23,6 +22,7 @@ from dslc.ir import (
     TensorParallel,
     Train,
 )
+from dslc.source import Span
 
 SP = Span("x.plan", 1, 1, 1, 2)
 GiB = 2**30

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dslc.cli import main
-from dslc.lower import load_paths
+from dslc.driver import load_paths
 
 CASES = Path(__file__).parent / "cases"
 PLANS = sorted(CASES.glob("*.plan"))

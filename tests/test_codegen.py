@@ -21,8 +21,8 @@ import pytest
 
 from dslc import codegen
 from dslc.codegen import CodegenError, Unsupported
+from dslc.driver import load_text
 from dslc.ir import Checkpoint, MeshAxis
-from dslc.lower import load_text
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -163,7 +163,7 @@ def test_output_is_deterministic_across_processes(golden_plans):
     first = codegen.render(plan)
     assert codegen.render(plan) == first
     code = (
-        "import sys, json; from dslc.lower import load_paths; from dslc import codegen;"
+        "import sys, json; from dslc.driver import load_paths; from dslc import codegen;"
         "p = {q.name: q for q in load_paths(['tests/golden/llama.plan']).program.plans};"
         "sys.stdout.write(json.dumps(codegen.render(p['llama_dp2_tp2_sp'])))"
     )
@@ -291,7 +291,7 @@ def test_unsupported_axes_are_named(axis):
 def test_pipeline_script_carries_the_compiled_schedule(name, golden_plans):
     """The SCHEDULE the script interprets is dslc.schedule.build's action lists, action
     for action, and CHUNK_LAYERS is Plan.stage_layers() placed round-robin."""
-    from dslc import schedule
+    from dslc.cost import schedule
 
     plan = golden_plans[name]
     tree = ast.parse(codegen.render(plan)["train.py"])
@@ -469,7 +469,7 @@ def test_startup_errors_are_one_line(tmp_path, run_script):
 
 
 def _repository_plans():
-    from dslc.lower import load_paths
+    from dslc.driver import load_paths
 
     return {p.name: p for p in load_paths(sorted((ROOT / "plans").glob("*.plan"))).program.plans}
 

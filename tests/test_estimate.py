@@ -13,8 +13,9 @@ from math import ceil
 import pytest
 from irbuild import model, plan
 
-from dslc import estimate as est
-from dslc import traffic
+from dslc import arch, search
+from dslc.cost import flops, traffic
+from dslc.cost import memory as est
 from dslc.ir import Plan
 
 # ---------------------------------------------------------------------------- parameters
@@ -28,15 +29,15 @@ SC21 = [  # Narayanan et al. SC21, Table 1: (heads, hidden, layers, billions of 
 @pytest.mark.parametrize("a, h, l, billions", SC21)
 def test_gpt_parameter_count_is_sc21_plus_the_final_layernorm(a, h, l, billions):
     V, s = 51200, 2048
-    total = est.params(model("gpt2", l, h, a, V, s)).total
+    total = arch.params(model("gpt2", l, h, a, V, s)).total
     closed = 12 * l * h * h + 13 * l * h + (V + s) * h  # 12lh²(1 + 13/(12h) + (V+s)/(12lh)), in integers
     assert total == closed + 2 * h  # the paper leaves out the final LayerNorm's weight and bias
-    assert est.sc21_params(l, h, V, s) == pytest.approx(closed, rel=1e-12)
+    assert arch.sc21_params(l, h, V, s) == pytest.approx(closed, rel=1e-12)
     assert abs(total / 1e9 - billions) < 0.05  # the table's rounding
 
 
 def test_gpt2_small_has_its_published_124_439_808_parameters():
-    assert est.params(model("gpt2", 12, 768, 12, 50257, 1024)).total == 124_439_808
+    assert arch.params(model("gpt2", 12, 768, 12, 50257, 1024)).total == 124_439_808
 
 
 def test_llama3_8b_gqa_swiglu_untied():
@@ -44,7 +45,7 @@ def test_llama3_8b_gqa_swiglu_untied():
     per_layer = h * h + 2 * h * kv + h * h + 3 * h * f + 2 * h  # q, k, v, o; gate, up, down; 2 RMSNorms
     expected = V * h + l * per_layer + h + V * h  # embedding, layers, final norm, head
     assert expected == 8_030_261_248  # the count Meta publishes for Llama 3 8B
-    assert est.params(model("llama", l, h, 32, V, 8192, kv=8, ffn=f, tie=False)).total == expected
+    assert arch.params(model("llama", l, h, 32, V, 8192, kv=8, ffn=f, tie=False)).total == expected
 
 
 def test_mixtral_8x7b_router_and_experts():
@@ -52,7 +53,7 @@ def test_mixtral_8x7b_router_and_experts():
     per_layer = 2 * h * h + 2 * h * kv + h * E + E * 3 * h * f + 2 * h
     expected = 2 * V * h + l * per_layer + h
     mixtral = model("mixtral", l, h, 32, V, 4096, kv=8, ffn=f, tie=False, experts=E, top_k=2)
-    assert est.params(mixtral).total == expected
+    assert arch.params(mixtral).total == expected
     assert expected == 46_702_792_704  # Mixtral 8x7B's published "46.7B total parameters"
 
 
@@ -61,7 +62,7 @@ def test_stage_params_add_up_to_the_model_over_tp_and_pp():
     p = plan(mdl, ("pp", 4, "ib"), ("tp", 4, "nvlink"))
     stages = est.stage_params(p)
     # sharded weights are split 4 ways, norms are replicated on every tp rank
-    assert sum((s.dense - s.tp_replicated) * 4 + s.tp_replicated for s in stages) == est.params(mdl).total
+    assert sum((s.dense - s.tp_replicated) * 4 + s.tp_replicated for s in stages) == arch.params(mdl).total
     assert stages[1].dense == 2 * (256 * (256 + 2 * 128) // 4 + 256 * 256 // 4 + 3 * 256 * 512 // 4 + 2 * 256)
 
 
@@ -78,15 +79,15 @@ def gpt3_plan(recompute: str) -> Plan:
 
 def test_gpt3_flops_match_narayanan():
     B, s, l, h, V = 4 * 384, GPT3["s"], GPT3["l"], GPT3["h"], GPT3["V"]
-    full = est.flops(gpt3_plan("full"))
+    full = flops.flops(gpt3_plan("full"))
     assert full.hardware == pytest.approx(96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h)), rel=1e-12)
-    assert est.narayanan_flops(B, s, l, h, V) == pytest.approx(full.hardware, rel=1e-12)
+    assert flops.narayanan_flops(B, s, l, h, V) == pytest.approx(full.hardware, rel=1e-12)
     # model FLOPs: 3 passes over the layers and the logits: 72·B·s·l·h²(1 + s/(6h) + V/(12lh))
     assert full.model == pytest.approx(72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h)), rel=1e-12)
-    none = est.flops(gpt3_plan("none"))
+    none = flops.flops(gpt3_plan("none"))
     assert none.hardware == none.model == full.model
     # selective recompute re-runs the attention core, 4·s·h FLOPs per token per layer
-    assert est.flops(gpt3_plan("selective")).hardware == pytest.approx(full.model + 4 * B * s * l * s * h, rel=1e-12)
+    assert flops.flops(gpt3_plan("selective")).hardware == pytest.approx(full.model + 4 * B * s * l * s * h, rel=1e-12)
 
 
 def test_llama_and_mixtral_flops_are_six_per_matmul_weight_per_token_plus_attention():
@@ -94,11 +95,11 @@ def test_llama_and_mixtral_flops_are_six_per_matmul_weight_per_token_plus_attent
     llama = plan(model("llama", l, h, 32, V, s, kv=8, ffn=f, tie=False), ("dp", 8, "ib"), m=4)
     tokens = 8 * 4 * s
     weights = l * (h * (h + 2 * kv) + h * h + 3 * h * f) + h * V
-    assert est.flops(llama).model == pytest.approx(6 * tokens * weights + 3 * tokens * l * 4 * s * h, rel=1e-12)
+    assert flops.flops(llama).model == pytest.approx(6 * tokens * weights + 3 * tokens * l * 4 * s * h, rel=1e-12)
     E, k = 8, 2
     mix = plan(model("mixtral", l, h, 32, 32000, s, kv=8, ffn=f, tie=False, experts=E, top_k=k), ("dp", 2, "ib"), ("ep", 4, "ib"), m=4)
     weights = l * (h * (h + 2 * kv) + h * h + k * 3 * h * f + h * E) + h * 32000  # only top_k experts run per token
-    assert est.flops(mix).model == pytest.approx(6 * tokens * weights + 3 * tokens * l * 4 * s * h, rel=1e-12)
+    assert flops.flops(mix).model == pytest.approx(6 * tokens * weights + 3 * tokens * l * 4 * s * h, rel=1e-12)
 
 
 # ---------------------------------------------------------------------------- model states (ZeRO)
@@ -123,7 +124,7 @@ def test_bytes_per_parameter_by_precision_and_optimizer():
 @pytest.mark.parametrize("zero", [0, 1, 2, 3])
 def test_memory_model_states_over_dp(zero):
     mdl = model("gpt2", 2, 64, 4, 1000, 32)
-    P = est.params(mdl).total
+    P = arch.params(mdl).total
     n = 8
     (mem,) = est.memory(plan(mdl, ("dp", n, "ib"), zero=zero))
     shard = -(-P // n)
@@ -135,7 +136,7 @@ def test_memory_model_states_over_dp(zero):
 def test_expert_states_are_sharded_over_dp_only_and_dense_over_dp_and_ep():
     mdl = model("mixtral", 2, 64, 4, 128, 32, kv=2, ffn=96, tie=False, experts=8, top_k=2)
     (mem,) = est.memory(plan(mdl, ("dp", 2, "ib"), ("ep", 4, "ib"), zero=1))
-    pr = est.params(mdl)
+    pr = arch.params(mdl)
     expert = pr.layers * pr.experts // 4  # 2 of the 8 experts of each layer
     dense = pr.total - pr.layers * pr.experts
     assert mem.params == 2 * (dense + expert)
@@ -309,7 +310,7 @@ def test_tied_embedding_grads_are_all_reduced_between_first_and_last_stage():
 
 def test_zero_shards_are_padded_to_the_group():
     mdl = model("gpt2", 2, 64, 4, 1001, 32)
-    P = est.params(mdl).total
+    P = arch.params(mdl).total
     p = plan(mdl, ("dp", 8, "ib"), zero=1)
     got = traffic.rank_payload(p, 0)
     assert got[("dp", "reduce_scatter")] == got[("dp", "all_gather")] == 8 * ceil(P / 8) * 2
@@ -351,16 +352,16 @@ def test_expert_all_to_all_per_moe_layer():
 def test_memory_error_names_the_breakdown_and_what_would_fit():
     h, l, V, f = 4096, 32, 128256, 14336
     p = plan(model("llama", l, h, 32, V, 2048, kv=8, ffn=f, tie=False), ("dp", 16, "ib"), zero=0, m=1)
-    (d,) = est.memory_diagnostics(p)
+    (d,) = search.fit_diagnostics(p)
     assert d.code == "E090" and d.span == p.span and d.is_error
     assert "params 15.0 GiB" in d.message and "optimizer 89.7 GiB" in d.message  # 2 and 12 bytes × 8.03 B
     assert "zero = 1 (" in d.hint and "recompute" not in d.hint
     fixed = replace(p, data_parallel=replace(p.data_parallel, zero=1))
-    assert est.memory_diagnostics(fixed) == []
+    assert search.fit_diagnostics(fixed) == []
 
 
 def test_memory_error_when_nothing_single_fits():
     p = plan(model("gpt2", 96, 12288, 96, 51200, 2048), ("dp", 8, "ib"), zero=0, m=1)
-    (d,) = est.memory_diagnostics(p)
+    (d,) = search.fit_diagnostics(p)
     # 16 bytes × 175 B params need 2.6 TB: even sharded 8 ways (zero 3, or tp 8) it is > 300 GiB
     assert "no single change" in d.hint and "closest: " in d.hint and "add GPUs" in d.hint

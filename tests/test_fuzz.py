@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dslc.cli import main
-from dslc.lower import load_text
+from dslc.driver import load_text
 
 ROOT = Path(__file__).resolve().parent.parent
 SEEDS = [p.read_bytes().decode("utf-8", "replace") for p in sorted((ROOT / "tests" / "cases").glob("*.plan"))]

@@ -69,7 +69,7 @@ def test_weights_moved_and_loss_is_sane(golden_plans, trained):
 
 
 def test_bundled_text_loss_falls(run_script, tmp_path):
-    from dslc.lower import load_paths
+    from dslc.driver import load_paths
 
     plan = load_paths([ROOT / "plans" / "tiny_demo.plan"]).program.plans[0]
     script = codegen.write(plan, tmp_path) / "train.py"

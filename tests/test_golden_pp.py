@@ -99,7 +99,7 @@ def test_trace_shows_each_rank_running_its_action_list(golden_plans, run_script,
     """--trace FILE: the last step's timeline, all ranks in one Chrome trace. Each rank's
     computes are its action list's, in order, one after another; between them, one
     wait per batch of messages."""
-    from dslc import schedule
+    from dslc.cost import schedule
 
     plan = golden_plans["gpt2pp_pp2_interleaved"]
     script = codegen.write(plan, tmp_path) / "train.py"

@@ -14,7 +14,7 @@ import re
 import pytest
 
 from dslc import codegen
-from dslc.lower import load_text
+from dslc.driver import load_text
 
 torch = pytest.importorskip("torch")
 pytestmark = [

@@ -16,9 +16,11 @@ import json
 
 import pytest
 
-from dslc import codegen, report, traffic
-from dslc import estimate as est
-from dslc.lower import load_text
+from dslc import codegen
+from dslc.cost import memory as est
+from dslc.cost import traffic
+from dslc.driver import load_text
+from dslc.report import explain as report
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("golden")]
 

@@ -10,10 +10,12 @@ import irbuild
 import pytest
 from irbuild import model
 
-from dslc import estimate as est
-from dslc import report
+from dslc import arch
+from dslc.cost import flops
+from dslc.cost.time import timing
+from dslc.cost.topology import Topology
 from dslc.ir import Plan
-from dslc.topology import Topology
+from dslc.report import explain as report
 
 LLAMA3_8B = model("llama", 32, 4096, 32, 128256, 8192, kv=8, ffn=14336, tie=False, name="llama3_8b", rope_theta=5e5)
 TINY = model("gpt2", 8, 64, 4, 128, 32, ffn=256, dropout=0.1, name="tiny")
@@ -40,14 +42,14 @@ def _free_links(mdl, *axes, **kw):
 @pytest.mark.parametrize("schedule, p, m", [("1f1b", 4, 8), ("1f1b", 8, 32), ("gpipe", 4, 6)])
 def test_bubble_is_p_minus_1_over_m(schedule, p, m):
     pl = _free_links(TINY, ("pp", p, "ib"), m=m, schedule=schedule)
-    t, _ = report.timing(pl, Topology.of(pl))
+    t, _ = timing(pl, Topology.of(pl))
     assert t.bubble_fraction == pytest.approx((p - 1) / m, rel=1e-9)  # Narayanan et al. SC21 §2.2
 
 
 @pytest.mark.parametrize("p, v, m", [(4, 2, 8), (2, 4, 4)])
 def test_interleaved_bubble_is_p_minus_1_over_vm(p, v, m):
     pl = _free_links(TINY, ("pp", p, "ib"), m=m, schedule="interleaved_1f1b", v=v)
-    t, _ = report.timing(pl, Topology.of(pl))
+    t, _ = timing(pl, Topology.of(pl))
     assert t.bubble_fraction == pytest.approx((p - 1) / (v * m), rel=1e-9)
 
 
@@ -55,9 +57,9 @@ def test_zero_bubble_h1_idles_p_minus_1_times_tf_plus_tb_minus_tw():
     """Qi et al. 2023: ZB-H1's bubble is (p−1)(T_F + T_B − T_W)."""
     p, m = 4, 8
     pl = _free_links(TINY, ("pp", p, "ib"), m=m, schedule="zb_h1")
-    t, _ = report.timing(pl, Topology.of(pl))
+    t, _ = timing(pl, Topology.of(pl))
     # W is the linears' dW (their forward's FLOPs), B the rest of the backward
-    mm, core = est.layer_flops(pl.model, pl.model.seq_len)
+    mm, core = arch.layer_flops(pl.model, pl.model.seq_len)
     assert t.t_w / t.t_f == pytest.approx(mm / (mm + core), rel=0.05)  # the head is small
     assert t.t_b + t.t_w == pytest.approx(2 * t.t_f)
     idle = t.pipeline - m * (t.t_f + t.t_b + t.t_w)
@@ -96,7 +98,7 @@ def test_json_contract():
         assert key in doc
     assert doc["plan"] == "demo" and doc["world_size"] == 16
     assert doc["params"]["total"] == 8_030_261_248
-    assert doc["flops_per_step"] == est.flops(pl).model
+    assert doc["flops_per_step"] == flops.flops(pl).model
     assert [s["stage"] for s in doc["memory"]] == [0, 1]
     for s in doc["memory"]:
         assert s["total"] == s["params"] + s["grads"] + s["optimizer"] + s["activations"]
@@ -167,7 +169,7 @@ def test_explain_at_131072_gpus_uses_classes():
 
 
 def test_explain_a_plan_from_text():
-    from dslc.lower import load_text
+    from dslc.driver import load_text
 
     text = """
 cluster dgx_h100 {

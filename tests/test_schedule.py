@@ -14,9 +14,9 @@ from itertools import pairwise
 
 import pytest
 
-from dslc.deadlock import check, verify
-from dslc.draw import draw, text_grid
-from dslc.schedule import Action, ScheduleError, build, message, simulate
+from dslc.cost.deadlock import check, verify
+from dslc.cost.schedule import Action, ScheduleError, build, message, simulate
+from dslc.report.draw import draw, text_grid
 
 A = Action
 
@@ -365,6 +365,6 @@ def test_text_grid_has_one_row_per_rank_when_narrow():
 
 
 def test_importing_draw_does_not_import_matplotlib():
-    code = "import sys, dslc.draw, dslc.schedule; print('matplotlib' in sys.modules)"
+    code = "import sys, dslc.report.draw, dslc.cost.schedule; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dslc.deadlock import verify
-from dslc.schedule import SCHEDULES, build, simulate
+from dslc.cost.deadlock import verify
+from dslc.cost.schedule import SCHEDULES, build, simulate
 
 SAMPLES = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

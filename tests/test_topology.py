@@ -9,9 +9,11 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from dslc.diagnostics import Span
+from dslc.cost.collectives import Comm
+from dslc.cost.links import Flow, charge, charge_comms
+from dslc.cost.topology import Topology, axis_crossing, build_graph, group_classes, hop_path
 from dslc.ir import Cluster, Device, Link, Mesh, MeshAxis
-from dslc.topology import Comm, Flow, Topology, axis_crossing, build_graph, group_classes, hop_path
+from dslc.source import Span
 
 SP = Span("x.plan", 1, 1, 1, 2)
 NVLINK = Link("nvlink", "node", 450e9, 2e-6, SP)
@@ -128,7 +130,7 @@ def test_dp_all_reduce_on_two_nodes_charges_ib_only():
     topo = Topology(cluster(), mesh(("dp", 2, "ib"), ("tp", 8, "nvlink")))
     row = Comm("dp", ("dp",), "all_reduce", "grads", 1, int(S), 2)
     assert row.wire == S
-    g = topo.charge_comms([[row]]).annotate(topo.graph)
+    g = charge_comms(topo, [[row]]).annotate(topo.graph)
     for r in range(16):
         assert g.edges[("gpu", r), ("nic", "ib", r // 8)]["bytes"] == S
         assert g.edges[("gpu", r), ("hub", "nvlink", r // 8)]["bytes"] == 0
@@ -141,7 +143,7 @@ def test_tp_ring_across_two_nodes_crosses_twice():
     """tp=16 on 2 × 8: ring 0→1→…→15→0; hops 7→8 and 15→0 go over ib, the rest nvlink."""
     W = 10.0
     topo = Topology(cluster(), mesh(("tp", 16, "nvlink"),))
-    loads = topo.charge([Flow(("tp",), "ring", (W,))])
+    loads = charge(topo, [Flow(("tp",), "ring", (W,))])
     for r in range(16):
         over_ib = r in (7, 15)
         assert loads.edge_bytes(("gpu", r), ("nic", "ib", r // 8))[0] == (W if over_ib else 0)
@@ -157,7 +159,7 @@ def test_all_to_all_splits_bytes_between_node_and_cluster_links():
     outside; each rank's (n−1)/n·S wire bytes go 1/3 to nvlink and 2/3 to ib."""
     W = 3.0
     topo = Topology(cluster(2, 4), mesh(("ep", 4, "ib"), ("tp", 2, "nvlink")))
-    loads = topo.charge([Flow(("ep",), "pairwise", (W,))])
+    loads = charge(topo, [Flow(("ep",), "pairwise", (W,))])
     for r in range(8):
         assert loads.edge_bytes(("gpu", r), ("hub", "nvlink", r // 4)) == (1.0, 1.0)
         assert loads.edge_bytes(("gpu", r), ("nic", "ib", r // 4)) == (2.0, 2.0)
@@ -167,7 +169,7 @@ def test_all_to_all_splits_bytes_between_node_and_cluster_links():
 
 def test_pipeline_chain_sends_forward_and_backward():
     topo = Topology(cluster(), mesh(("pp", 2, "ib"), ("tp", 8, "nvlink")))
-    loads = topo.charge([Flow(("pp",), "chain", (5.0, 0.0), (0.0, 7.0))])
+    loads = charge(topo, [Flow(("pp",), "chain", (5.0, 0.0), (0.0, 7.0))])
     assert loads.edge_bytes(("gpu", 3), ("nic", "ib", 0)) == (5.0, 7.0)
     assert loads.edge_bytes(("gpu", 11), ("nic", "ib", 1)) == (7.0, 5.0)
     assert loads.edge_bytes(("nic", "ib", 0), ("switch", "ib")) == (40.0, 56.0)
@@ -179,7 +181,7 @@ def test_pipeline_chain_sends_forward_and_backward():
 
 def test_members_restrict_a_ring_to_first_and_last_stage():
     topo = Topology(cluster(1, 8), mesh(("pp", 4, "nvlink"), ("tp", 2, "nvlink")))
-    loads = topo.charge([Flow(("pp",), "ring", (4.0, 0.0, 0.0, 4.0), members=(0, 3))])
+    loads = charge(topo, [Flow(("pp",), "ring", (4.0, 0.0, 0.0, 4.0), members=(0, 3))])
     sent = [loads.edge_bytes(("gpu", r), ("hub", "nvlink", 0))[0] for r in range(8)]
     assert sent == [4.0, 4.0, 0, 0, 0, 0, 4.0, 4.0]
     assert [c.example for c in topo.classes("pp", (0, 3))] == [(0, 6)]
@@ -187,7 +189,7 @@ def test_members_restrict_a_ring_to_first_and_last_stage():
 
 def test_without_a_node_link_intra_node_hops_loop_through_the_nic():
     topo = Topology(cluster(2, 2, links=(IB,)), mesh(("dp", 4, "ib"),))
-    loads = topo.charge([Flow(("dp",), "ring", (1.0,))])
+    loads = charge(topo, [Flow(("dp",), "ring", (1.0,))])
     # ring 0→1 (same node), 1→2 (across), 2→3 (same), 3→0 (across)
     assert [loads.edge_bytes(("gpu", r), ("nic", "ib", r // 2))[0] for r in range(4)] == [1.0] * 4
     assert loads.edge_bytes(("nic", "ib", 0), ("switch", "ib")) == (1.0, 1.0)
@@ -216,7 +218,7 @@ def test_classes_and_ring_charges_match_a_walk_over_every_group(case):
     assert Counter({tuple(r // gpn - c.example[0] // gpn for r in c.example): c.count for c in group_classes(m, gpn, axis)}) \
         == _brute_force(m, gpn, axis)
     topo = Topology(cluster(m.world_size // gpn, gpn), m)
-    loads = topo.charge([Flow((axis,), "ring", (1.0,))])
+    loads = charge(topo, [Flow((axis,), "ring", (1.0,))])
     out = {("nvlink", r): 0.0 for r in range(m.world_size)} | {("ib", r): 0.0 for r in range(m.world_size)}
     up = Counter()
     for grp in m.groups(axis):

@@ -10,18 +10,11 @@ import difflib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from ..diagnostics import Diagnostic, error, note
+from ..source import Span
+from ..units import UNITS, quantity
 from . import ast
-from .diagnostics import Diagnostic, Span, error, note
 
-# -- units, resolved to SI: bytes, bytes/s, seconds, FLOP/s -----------------
-_SIZE = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
-_BITS = {"b": 1 / 8, "Kb": 1e3 / 8, "Mb": 1e6 / 8, "Gb": 1e9 / 8, "Tb": 1e12 / 8}
-UNITS: dict[str, dict[str, float]] = {
-    "size": dict(_SIZE),
-    "rate": {f"{u}/s": v for u, v in (_SIZE | _BITS).items()},
-    "time": {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0},
-    "flops": {"FLOP/s": 1.0, "GFLOP/s": 1e9, "TFLOP/s": 1e12, "PFLOP/s": 1e15},
-}
 _DIM_WORDS = {"size": "a size", "rate": "a bandwidth", "time": "a time", "flops": "a compute rate"}
 _EXAMPLE = {"size": "80 GiB", "rate": "450 GB/s", "time": "2 us", "flops": "989 TFLOP/s"}
 
@@ -118,7 +111,7 @@ class Reader:
         where = f"{b.kind}" + (f" '{b.name}'" if b.name else "")
         self.diags.append(error("E012", b.name_span or b.kind_span, f"{where} is missing required key '{key}'", f"add `{key} = …` to the block"))
 
-    def _wrong(self, a: ast.Assign, want: str, hint: str | None = None) -> None:
+    def wrong(self, a: ast.Assign, want: str, hint: str | None = None) -> None:
         self.diags.append(error("E013", a.value.span, f"'{a.key}' must be {want}, not {describe(a.value)}", hint))
 
     def _range(self, a: ast.Assign, v, minimum, maximum, exclusive: bool) -> bool:
@@ -152,7 +145,7 @@ class Reader:
             hint = None
             if isinstance(v, ast.Number) and float(v.value).is_integer():
                 hint = f"write {int(v.value)}"
-            self._wrong(a, "a whole number", hint)
+            self.wrong(a, "a whole number", hint)
             return None if required else default
         if minimum is not None and minimum >= 1 and v.value < 1:
             self.diags.append(error("E015", v.span, f"'{key}' must be positive, got {v.value}"))
@@ -166,7 +159,7 @@ class Reader:
         if a is None:
             return default
         if not isinstance(a.value, ast.Number):
-            self._wrong(a, "a number")
+            self.wrong(a, "a number")
             return None if required else default
         if not self._range(a, a.value.value, minimum, maximum, exclusive):
             return None if required else default
@@ -177,7 +170,7 @@ class Reader:
         if a is None:
             return default
         if not isinstance(a.value, ast.Bool):
-            self._wrong(a, "true or false")
+            self.wrong(a, "true or false")
             return None if required else default
         return a.value.value
 
@@ -186,13 +179,13 @@ class Reader:
         if a is None:
             return default
         if not isinstance(a.value, ast.String):
-            self._wrong(a, 'a string in quotes ("…")')
+            self.wrong(a, 'a string in quotes ("…")')
             return None if required else default
         return a.value.value
 
     def ident(self, a: ast.Assign) -> str | None:
         if not isinstance(a.value, ast.Ident):
-            self._wrong(a, "a name")
+            self.wrong(a, "a name")
             return None
         return a.value.name
 
@@ -203,7 +196,7 @@ class Reader:
         v = a.value
         word = v.name if isinstance(v, ast.Ident) else v.text if isinstance(v, ast.Number) else None
         if word is None:
-            self._wrong(a, "one of " + ", ".join(choices))
+            self.wrong(a, "one of " + ", ".join(choices))
             return None if required else default
         if word not in choices:
             self.diags.append(self.unknown("E019", f"'{word}' is not a valid {key}", word, choices, v.span))
@@ -214,7 +207,7 @@ class Reader:
         a = self._get(f, key, required)
         if a is None:
             if catalog is not None and default is not None:
-                self.diags.append(note("N021", f.block.span, f"{key} of {catalog} not given; using the catalog's {_format(default, dim)}", f"set `{key} = …` to override"))
+                self.diags.append(note("N021", f.block.span, f"{key} of {catalog} not given; using the catalog's {quantity(default, dim)}", f"set `{key} = …` to override"))
             return default
         v = a.value
         table = UNITS[dim]
@@ -237,7 +230,7 @@ class Reader:
                 return None if required else default
             value = v.value * table[v.unit]
         else:
-            self._wrong(a, f"{describe_dim(dim)} such as {_EXAMPLE[dim]}")
+            self.wrong(a, f"{describe_dim(dim)} such as {_EXAMPLE[dim]}")
             return None if required else default
         if not self._range(a, value, minimum, None, exclusive):
             return None if required else default
@@ -246,13 +239,3 @@ class Reader:
 
 def describe_dim(dim: str) -> str:
     return _DIM_WORDS[dim]
-
-
-def _format(value: float, dim: str) -> str:
-    if dim == "rate":
-        return f"{value / 1e9:g} GB/s"
-    if dim == "time":
-        return f"{value * 1e6:g} us"
-    if dim == "size":
-        return f"{value / 2**30:g} GiB"
-    return f"{value / 1e12:g} TFLOP/s"

@@ -54,15 +54,15 @@ from __future__ import annotations
 from collections import defaultdict, deque
 from dataclasses import dataclass
 
-from .ir import SCHEDULES
+from ..ir import SCHEDULES
 
 COMPUTE = ("F", "B", "W")
 COMM = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
 KINDS = COMPUTE + COMM
 
 __all__ = [
-    "SCHEDULES", "Action", "ScheduleError", "Simulation", "build", "expected_peer", "locate",
-    "message", "simulate",
+    "SCHEDULES", "Action", "Problem", "ScheduleError", "Simulation", "build", "expected_peer",
+    "locate", "message", "shape_problems", "simulate",
 ]
 
 
@@ -110,24 +110,46 @@ class ScheduleError(Exception):
 # ---------------------------------------------------------------------------- build
 
 
+@dataclass(frozen=True)
+class Problem:
+    """Why action lists of a shape cannot be built: a diagnostic code, the plan keys it is
+    about (most specific first), the message naming the numbers, and a hint."""
+
+    code: str
+    keys: tuple[str, ...]
+    message: str
+    hint: str | None = None
+
+
+def shape_problems(schedule: str, pp: int, microbatches: int, virtual_stages: int = 1) -> list[Problem]:
+    """The one statement of which (schedule, pp, microbatches, virtual_stages) can be built:
+    :func:`build` refuses these, and :mod:`dslc.check` reports them at the plan's keys.
+    1f1b, zb_h1 and interleaved_1f1b need microbatches ≥ pp, interleaved_1f1b also
+    microbatches % pp == 0; only interleaved_1f1b takes v > 1."""
+    p, m, v = pp, microbatches, virtual_stages
+    if schedule not in SCHEDULES:
+        return [Problem("E019", ("pipeline.schedule",), f"unknown schedule {schedule!r}; expected one of {', '.join(SCHEDULES)}")]
+    if p < 1 or m < 1 or v < 1:
+        return [Problem("E015", ("pipeline",), f"pp, microbatches and virtual_stages must be ≥ 1 (got {p}, {m}, {v})")]
+    out = []
+    if v > 1 and schedule != "interleaved_1f1b":
+        out.append(Problem("E056", ("pipeline.virtual_stages",), f"virtual_stages={v} needs schedule = interleaved_1f1b, not {schedule}"))
+    if schedule in ("1f1b", "zb_h1", "interleaved_1f1b") and m < p:
+        out.append(Problem("E053", ("pipeline.microbatches", "train.global_batch"), f"{schedule} needs microbatches ≥ pp, got microbatches={m} < pp={p}",
+                           f"raise microbatches to at least {p} (global_batch = micro_batch × microbatches × dp)"))
+    elif schedule == "interleaved_1f1b" and m % p:
+        out.append(Problem("E054", ("pipeline.microbatches",), f"interleaved_1f1b needs microbatches divisible by pp, got microbatches={m}, pp={p} (remainder {m % p})",
+                           f"use {m - m % p or p} or {m + p - m % p}"))
+    return out
+
+
 def build(schedule: str, pp: int, microbatches: int, virtual_stages: int = 1) -> Actions:
     """One ordered action list per pipeline rank (index = pp rank).
 
-    Raises ValueError naming the numbers: 1f1b and zb_h1 need microbatches ≥ pp,
-    interleaved_1f1b needs microbatches % pp == 0; only interleaved_1f1b takes v > 1."""
+    Raises ValueError with the message of the first of :func:`shape_problems`."""
+    if problems := shape_problems(schedule, pp, microbatches, virtual_stages):
+        raise ValueError(problems[0].message)
     p, m, v = pp, microbatches, virtual_stages
-    if schedule not in SCHEDULES:
-        raise ValueError(f"unknown schedule {schedule!r}; expected one of {', '.join(SCHEDULES)}")
-    if p < 1 or m < 1 or v < 1:
-        raise ValueError(
-            f"pp, microbatches and virtual_stages must be ≥ 1 (got {p}, {m}, {v})")
-    if v > 1 and schedule != "interleaved_1f1b":
-        raise ValueError(f"virtual_stages={v} needs schedule interleaved_1f1b, not {schedule}")
-    if schedule in ("1f1b", "zb_h1") and m < p:
-        raise ValueError(f"{schedule} needs microbatches ≥ pp, got microbatches={m} < pp={p}")
-    if schedule == "interleaved_1f1b" and m % p:
-        raise ValueError(f"interleaved_1f1b needs microbatches divisible by pp, got "
-                         f"microbatches={m}, pp={p} (remainder {m % p})")
     order = {"gpipe": _gpipe, "1f1b": _one_f_one_b, "interleaved_1f1b": _interleaved,
              "zb_h1": _zb_h1}[schedule]
     return tuple(_with_comm(order(p, m, v, r), r, p, v) for r in range(p))

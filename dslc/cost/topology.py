@@ -22,11 +22,8 @@ link if it is node-scope); between nodes the axis's cluster-scope link (else the
 fastest). The slowest link a group crosses sets its bandwidth (NCCL's ring runs at the
 speed of its slowest hop).
 
-Traffic charged to links (:meth:`Topology.charge`): a ring puts each rank's wire bytes on
-the hop to its successor; an all-to-all sends 1/(n−1) of them to every peer; a pipeline
-chain sends forward to the next stage and backward to the previous one. Per-link bytes
-are accumulated with numpy over ranks (linear), then reduced to the busiest edge of each
-link (the per-GPU edges and the node uplinks).
+What a collective costs is :mod:`dslc.cost.collectives`; the bytes it puts on every
+link, :mod:`dslc.cost.links`.
 """
 
 from __future__ import annotations
@@ -39,10 +36,7 @@ from math import gcd
 import networkx as nx
 import numpy as np
 
-from .ir import Cluster, Link, Mesh, Plan
-
-PATTERNS = ("ring", "pairwise", "chain")
-
+from ..ir import Cluster, Link, Mesh, Plan
 
 # ---------------------------------------------------------------------------- graph
 
@@ -178,57 +172,6 @@ def axis_crossing(plan_or_mesh: Plan | Mesh, gpus_per_node: int, axis: str) -> t
     return None
 
 
-# ---------------------------------------------------------------------------- links
-
-FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
-          "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n, "send": lambda n: 1.0}
-STEPS = {"all_reduce": lambda n: 2 * (n - 1), "all_gather": lambda n: n - 1,
-         "reduce_scatter": lambda n: n - 1, "all_to_all": lambda n: n - 1, "send": lambda n: 1}
-
-
-@dataclass(frozen=True)
-class Comm:
-    """A collective (or p2p send) that one rank calls ``calls`` times per step on its group;
-    one row of the traffic table. NCCL ring factors (nccl-tests PERFORMANCE.md) turn the
-    payload S into wire bytes per rank and ring steps."""
-
-    axis: str  # the group: "tp", "pp", "cp", "ep", "dp", "dp+ep", …
-    axes: tuple[str, ...]
-    kind: str  # all_reduce | all_gather | reduce_scatter | all_to_all | send
-    what: str
-    calls: int  # per step per rank
-    bytes_per_call: int  # payload S
-    group: int  # ranks in the group
-    per: str = "micro-batch"  # micro-batch (inside the pipeline) | step (once, outside it)
-    overlap: str = "exposed"  # exposed | backward | attention | prefetch
-    members: tuple[int, ...] | None = None  # positions of the group taking part (default all)
-    back: bool = False  # chain only: sent to the previous stage (gradients)
-
-    @property
-    def pattern(self) -> str:
-        """How NCCL lays it on links: pairwise all-to-all, chain of pp sends, else a ring."""
-        return "pairwise" if self.kind == "all_to_all" else "chain" if self.axis == "pp" and self.kind == "send" else "ring"
-
-    @property
-    def payload(self) -> int:
-        return self.calls * self.bytes_per_call
-
-    @property
-    def wire(self) -> float:
-        return self.calls * FACTOR[self.kind](self.group) * self.bytes_per_call
-
-    def call_seconds(self, topo: Topology) -> float:
-        """latency × ring steps + wire bytes / bandwidth of the slowest link crossed."""
-        route = topo.route(self.axes, "pairwise" if self.kind == "all_to_all" else "ring", self.members)
-        if route is None:
-            return 0.0
-        n, wire = self.group, FACTOR[self.kind](self.group) * self.bytes_per_call
-        return STEPS[self.kind](n) * route.latency + (wire / route.bandwidth if route.bandwidth > 0 else float("inf"))
-
-    def seconds(self, topo: Topology) -> float:
-        return self.calls * self.call_seconds(topo)
-
-
 @dataclass(frozen=True)
 class Route:
     """How the groups of an axis set reach each other: the slowest link any of their
@@ -239,30 +182,6 @@ class Route:
     latency: float
     crosses_nodes: bool
     links: tuple[str, ...]  # every physical link used, intra-node first
-
-
-@dataclass(frozen=True)
-class Flow:
-    """Wire bytes one rank sends per step for one collective, for :meth:`Topology.charge`.
-
-    ``bytes_by_stage[i]``: bytes a rank of pipeline stage i sends (one entry: every rank);
-    for ``chain`` these go to the next stage and ``back_by_stage`` to the previous one;
-    ``members``: the positions of each group that take part (default: all)."""
-
-    axes: tuple[str, ...]
-    pattern: str  # ring | pairwise | chain
-    bytes_by_stage: tuple[float, ...]
-    back_by_stage: tuple[float, ...] = ()
-    members: tuple[int, ...] | None = None
-
-
-@dataclass(frozen=True)
-class BusiestLink:
-    link: str
-    edge: tuple[tuple, tuple]  # graph vertices of the busiest edge
-    bytes: float  # per step, in its busier direction
-    bandwidth: float  # of that edge, per direction
-    seconds: float  # bytes / bandwidth: time the edge is busy per step
 
 
 @dataclass
@@ -332,140 +251,3 @@ class Topology:
         route = Route(slow.name, slow.bandwidth, max(lk.latency for lk in used), any(c.crosses_nodes for c in classes), tuple(lk.name for lk in used))
         self._routes[key] = route
         return route
-
-    # ------------------------------------------------------------------ charging
-
-    def charge_comms(self, stages) -> LinkLoads:
-        """Charge traffic rows, one sequence of :class:`Comm` per pipeline stage."""
-        p = len(stages)
-        keyed: dict[tuple, tuple[list[float], list[float]]] = {}
-        for s, rows in enumerate(stages):
-            for c in rows:
-                fw, bw = keyed.setdefault((c.axes, c.pattern, c.members), ([0.0] * p, [0.0] * p))
-                (bw if c.back else fw)[s] += c.wire
-        return self.charge([Flow(axes, pat, tuple(fw), tuple(bw) if pat == "chain" else (), mem) for (axes, pat, mem), (fw, bw) in keyed.items()])
-
-    def charge(self, flows: list[Flow]) -> LinkLoads:
-        """Charge every flow to the physical links its hops cross (numpy over ranks)."""
-        n, g = self.mesh.world_size, self.gpus_per_node
-        ranks = np.arange(n, dtype=np.int64)
-        node = ranks // g
-        stage = (ranks // self.mesh.stride("pp")) % self.mesh.size("pp") if self.mesh.size("pp") > 1 else np.zeros(n, dtype=np.int64)
-        loads = LinkLoads(self, {}, {}, {}, {})
-        for fl in flows:
-            names = axes_of(self.mesh, fl.axes)
-            if not names:
-                continue
-            off = offsets(self.mesh, names)
-            size = len(off)
-            pos = np.zeros(n, dtype=np.int64)
-            for a in names:
-                pos = pos * self.mesh.size(a) + (ranks // self.mesh.stride(a)) % self.mesh.size(a)
-            base = ranks - off[pos]
-            sel = list(range(size)) if fl.members is None else list(fl.members)
-            index = np.full(size, -1, dtype=np.int64)
-            index[sel] = np.arange(len(sel))
-            part = index[pos] >= 0
-            src, k = ranks[part], index[pos[part]]
-            w = np.asarray(fl.bytes_by_stage, dtype=np.float64)[stage[src] if len(fl.bytes_by_stage) > 1 else 0] * np.ones(len(src))
-            sel_off = off[sel]
-            intra, inter = self.hop_links(names)
-            if fl.pattern == "pairwise":
-                key = base[part] * (n // g + 1) + node[src]
-                _, inv, cnt = np.unique(key, return_inverse=True, return_counts=True)
-                same = cnt[inv] - 1
-                per_peer = w / max(len(sel) - 1, 1)
-                loads.add(intra, src, per_peer * same, node, cross=False)
-                loads.add(inter, src, per_peer * (len(sel) - 1 - same), node, cross=True)
-                continue
-            dst = base[part] + sel_off[(k + 1) % len(sel)]
-            loads.hop(intra, inter, src, dst, w, node)
-            if fl.pattern == "chain" and fl.back_by_stage:
-                back = np.asarray(fl.back_by_stage, dtype=np.float64)[stage[src]]
-                prev = base[part] + sel_off[(k - 1) % len(sel)]
-                loads.hop(intra, inter, src, prev, back, node)
-        return loads
-
-
-@dataclass
-class LinkLoads:
-    """Bytes per step on every edge direction: ``gpu_out/gpu_in[link][rank]`` (the GPU's
-    edge to its hub or NIC), ``node_up/node_down[link][node]`` (NIC–switch)."""
-
-    topo: Topology
-    gpu_out: dict[str, np.ndarray]
-    gpu_in: dict[str, np.ndarray]
-    node_up: dict[str, np.ndarray]
-    node_down: dict[str, np.ndarray]
-
-    def _arr(self, table: dict, link: str, size: int) -> np.ndarray:
-        if link not in table:
-            table[link] = np.zeros(size)
-        return table[link]
-
-    def add(self, link: Link | None, src: np.ndarray, w: np.ndarray, node: np.ndarray, cross: bool) -> None:
-        """Symmetric traffic (all-to-all): what a rank sends on ``link`` it also receives."""
-        if link is None or not np.any(w):
-            return
-        n, nodes = len(node), self.topo.cluster.nodes
-        np.add.at(self._arr(self.gpu_out, link.name, n), src, w)
-        np.add.at(self._arr(self.gpu_in, link.name, n), src, w)
-        if cross:
-            up = np.bincount(node[src], weights=w, minlength=nodes)
-            self._arr(self.node_up, link.name, nodes)[:] += up
-            self._arr(self.node_down, link.name, nodes)[:] += up
-
-    def hop(self, intra: Link | None, inter: Link | None, src: np.ndarray, dst: np.ndarray, w: np.ndarray, node: np.ndarray) -> None:
-        """Point-to-point hops src[i] → dst[i] carrying w[i] bytes."""
-        n, nodes = len(node), self.topo.cluster.nodes
-        same = node[src] == node[dst]
-        for link, mask, cross in ((intra, same, False), (inter, ~same, True)):
-            if link is None or not np.any(mask & (w > 0)):
-                continue
-            s, d, x = src[mask], dst[mask], w[mask]
-            np.add.at(self._arr(self.gpu_out, link.name, n), s, x)
-            np.add.at(self._arr(self.gpu_in, link.name, n), d, x)
-            if cross:
-                np.add.at(self._arr(self.node_up, link.name, nodes), node[s], x)
-                np.add.at(self._arr(self.node_down, link.name, nodes), node[d], x)
-
-    def edge_bytes(self, u: tuple, v: tuple) -> tuple[float, float]:
-        """(bytes u→v, bytes v→u) per step on the graph edge u–v."""
-        for a, b, flip in ((u, v, False), (v, u, True)):
-            if a[0] == "gpu" and b[0] in ("hub", "nic"):
-                out, inn = self.gpu_out.get(b[1]), self.gpu_in.get(b[1])
-                pair = (float(out[a[1]]) if out is not None else 0.0, float(inn[a[1]]) if inn is not None else 0.0)
-                return pair[::-1] if flip else pair
-            if a[0] == "nic" and b[0] == "switch":
-                up, down = self.node_up.get(a[1]), self.node_down.get(a[1])
-                pair = (float(up[a[2]]) if up is not None else 0.0, float(down[a[2]]) if down is not None else 0.0)
-                return pair[::-1] if flip else pair
-        raise KeyError(f"no edge {u}–{v} in the cluster graph")
-
-    def annotate(self, graph: nx.Graph) -> nx.Graph:
-        """Write ``bytes`` (busier direction) on every edge of ``graph``; returns it."""
-        for u, v, data in graph.edges(data=True):
-            data["bytes"] = max(self.edge_bytes(u, v))
-        return graph
-
-    def busiest(self) -> list[BusiestLink]:
-        """The busiest edge of every link (per-GPU edges and, for cluster links, node uplinks)."""
-        g = self.topo.gpus_per_node
-        out: list[BusiestLink] = []
-        for lk in self.topo.cluster.links:
-            kind = "hub" if lk.scope == "node" else "nic"
-            best = None
-            if lk.name in self.gpu_out or lk.name in self.gpu_in:
-                both = np.maximum(self.gpu_out.get(lk.name, 0.0), self.gpu_in.get(lk.name, 0.0))
-                r = int(np.argmax(both))
-                best = BusiestLink(lk.name, (("gpu", r), (kind, lk.name, r // g)), float(both[r]), lk.bandwidth, float(both[r]) / lk.bandwidth)
-            if lk.name in self.node_up:
-                both = np.maximum(self.node_up[lk.name], self.node_down[lk.name])
-                nd = int(np.argmax(both))
-                up = BusiestLink(lk.name, (("nic", lk.name, nd), ("switch", lk.name)), float(both[nd]), lk.bandwidth * g, float(both[nd]) / (lk.bandwidth * g))
-                if best is None or up.seconds > best.seconds:
-                    best = up
-            if best is not None and best.bytes > 0:
-                out.append(best)
-        return out
-

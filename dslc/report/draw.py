@@ -11,7 +11,7 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
-from .schedule import COMPUTE, Action, Actions, Simulation, message
+from ..cost.schedule import COMPUTE, Action, Actions, Simulation, message
 
 # One look per kind: the micro-batch picks the colour, the kind its shade and hatch.
 KIND_LOOK = {

@@ -15,9 +15,10 @@ from lark import Lark, Token, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 from lark.visitors import Transformer_NonRecursive
 
+from ..diagnostics import Diagnostic, error
+from ..resources import resource_dir
+from ..source import Span
 from . import ast
-from .diagnostics import Diagnostic, Span, error
-from .resources import resource_dir
 
 MAX_BYTES = 4 * 1024 * 1024
 

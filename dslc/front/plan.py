@@ -6,24 +6,27 @@ Defaults are made explicit here (see docs/language.md for the table).
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
-from . import ast, ir
-from .diagnostics import Span, error
-from .schema import Fields
+from .. import ir
+from ..diagnostics import error
+from ..source import Span
+from . import ast
+from .schema import Fields, Reader
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .lower import _Lowerer
+PLAN_BLOCKS = ("model", "cluster", "mesh", "tensor_parallel", "data_parallel", "pipeline", "context_parallel", "experts", "train")
+
+# resolve(kind, fields, spans): the plan's model or cluster, by reference or inline
+Resolve = Callable[[str, Fields, dict[str, Span]], object]
 
 
-def lower_plan(lw: _Lowerer, block: ast.Block) -> ir.Plan | None:
-    r = lw.r
+def lower_plan(r: Reader, block: ast.Block, resolve: Resolve) -> ir.Plan | None:
     spans: dict[str, Span] = {}
-    f = r.fields(block, ("model", "cluster"), blocks=lw.PLAN_BLOCKS)
+    f = r.fields(block, ("model", "cluster"), blocks=PLAN_BLOCKS)
     for kind in ("model", "cluster"):
         r.single(f, kind)  # diagnoses a second inline block
-    model = lw._resolve("model", f, spans)
-    cluster = lw._resolve("cluster", f, spans)
+    model = resolve("model", f, spans)
+    cluster = resolve("cluster", f, spans)
 
     def sub(kind: str, keys=(), blocks=(), axes=False) -> Fields:
         b = r.single(f, kind)
@@ -37,7 +40,7 @@ def lower_plan(lw: _Lowerer, block: ast.Block) -> ir.Plan | None:
             spans[f"{kind}.{key}"] = a.span
         return sf
 
-    mesh = _mesh(lw, sub("mesh", ir.AXES, axes=True), cluster, spans)
+    mesh = _mesh(r, sub("mesh", ir.AXES, axes=True), cluster, spans)
 
     tpf = sub("tensor_parallel", ("sequence_parallel",))
     tp = ir.TensorParallel(r.bool(tpf, "sequence_parallel", False), spans.get("tensor_parallel"))
@@ -92,7 +95,7 @@ def lower_plan(lw: _Lowerer, block: ast.Block) -> ir.Plan | None:
         spans.get("pipeline"),
     )
 
-    train = _train(lw, tf, block, cluster, micro_batch, global_batch, spans)
+    train = _train(r, tf, block, cluster, micro_batch, global_batch, spans)
 
     if model is None or cluster is None or mesh is None or train is None:
         return None
@@ -105,13 +108,12 @@ def _int_list(r, f: Fields, key: str) -> tuple[int, ...] | None:
         return None
     items = a.value.items if isinstance(a.value, (ast.List, ast.Tuple)) else None
     if items is None or not all(isinstance(i, ast.Number) and isinstance(i.value, int) for i in items):
-        r._wrong(a, "a list of whole numbers such as [8, 8, 8, 8]")
+        r.wrong(a, "a list of whole numbers such as [8, 8, 8, 8]")
         return None
     return tuple(i.value for i in items)
 
 
-def _mesh(lw: _Lowerer, f: Fields, cluster: ir.Cluster | None, spans: dict[str, Span]) -> ir.Mesh | None:
-    r = lw.r
+def _mesh(r: Reader, f: Fields, cluster: ir.Cluster | None, spans: dict[str, Span]) -> ir.Mesh | None:
     axes: list[ir.MeshAxis] = []
     ok = True
     for a in f.assigns.values():  # `tp = 4` or `tp = 4 nvlink`: the link is missing
@@ -146,8 +148,7 @@ def _mesh(lw: _Lowerer, f: Fields, cluster: ir.Cluster | None, spans: dict[str, 
     return ir.Mesh(tuple(axes), spans.get("mesh", f.block.span)) if ok else None
 
 
-def _train(lw, f: Fields, plan_block, cluster, micro_batch, global_batch, spans) -> ir.Train | None:
-    r = lw.r
+def _train(r: Reader, f: Fields, plan_block, cluster, micro_batch, global_batch, spans) -> ir.Train | None:
     steps = r.int(f, "steps", 100, minimum=1)
     default_precision = "fp32" if cluster is not None and cluster.device.name == "cpu" else "bf16"
     precision = r.choice(f, "precision", ir.PRECISIONS, default_precision) or default_precision
@@ -204,7 +205,7 @@ def _betas(r, of: Fields) -> tuple[float, float]:
         return (0.9, 0.95)
     items = a.value.items if isinstance(a.value, ast.Tuple) else ()
     if len(items) != 2 or not all(isinstance(i, ast.Number) for i in items):
-        r._wrong(a, "a pair of numbers such as (0.9, 0.95)")
+        r.wrong(a, "a pair of numbers such as (0.9, 0.95)")
         return (0.9, 0.95)
     b1, b2 = (float(i.value) for i in items)
     if not (0 <= b1 < 1 and 0 <= b2 < 1):
@@ -221,7 +222,7 @@ def _data(r, f: Fields, plan_block) -> ir.Data | None:
         return ir.Data("synthetic", None, None, a.span)
     if isinstance(v, ast.Call) and v.name in ("text", "tokens"):
         if len(v.args) != 1 or not isinstance(v.args[0], ast.String):
-            r._wrong(a, f'{v.name}("path") with one path in quotes')
+            r.wrong(a, f'{v.name}("path") with one path in quotes')
             return None
         path = v.args[0].value
         base = os.path.dirname(plan_block.span.file) if not plan_block.span.file.startswith("<") else ""
@@ -230,6 +231,6 @@ def _data(r, f: Fields, plan_block) -> ir.Data | None:
     if word:
         r.diags.append(r.unknown("E019", f"unknown data source '{word}'", word, ("synthetic", "text", "tokens"), v.span))
     else:
-        r._wrong(a, 'synthetic, text("file.txt") or tokens("file.bin")')
+        r.wrong(a, 'synthetic, text("file.txt") or tokens("file.bin")')
     return None
 

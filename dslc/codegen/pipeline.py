@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from itertools import accumulate
 
-from . import schedule
-from .ir import Plan
+from ..cost import schedule
+from ..ir import Plan
 
 __all__ = ["pipeline_view", "schedule_literal"]
 

@@ -1,7 +1,9 @@
-"""What one training step holds and computes: pure functions of the plan.
+"""What one training step holds: parameters per stage, ZeRO model states, activations.
+Pure functions of the plan.
 
-What it sends is :mod:`dslc.traffic`. (Links and call times are :mod:`dslc.topology`'s; the
-step time, which needs both and the schedule simulation, is :func:`dslc.report.timing`.)
+What it sends is :mod:`dslc.cost.traffic`, what it computes :mod:`dslc.cost.flops`, how
+long it takes :mod:`dslc.cost.time`; parameter shapes are the architecture's
+(:mod:`dslc.arch`).
 
 Notation: b micro_batch, s seq_len, T = b·s/cp tokens per rank per micro-batch, h hidden,
 t tp, p pp, v virtual stages, m micro-batches, e bytes of the plan's dtype (fp32 4,
@@ -10,16 +12,14 @@ bf16/fp16 2). Every number is *per rank and per step* unless it says otherwise.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from math import ceil, prod
 
+from .. import arch
+from ..ir import Plan
+from ..units import DTYPE_BYTES
 from . import schedule as sched
-from .diagnostics import Diagnostic, error
-from .ir import Model, Plan
 from .topology import axes_of
-
-BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-GiB = 2**30
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ PAPER = Settings(attention="paper", dropout=True, sp_inputs="shard")
 
 def dtype_bytes(plan: Plan) -> int:
     """e: bytes per element of the plan's precision."""
-    return BYTES[plan.train.precision]
+    return DTYPE_BYTES[plan.train.precision]
 
 
 def local_tokens(plan: Plan) -> int:
@@ -62,58 +62,6 @@ def group_size(plan: Plan, axes: tuple[str, ...]) -> int:
 
 
 # ---------------------------------------------------------------------------- parameters
-
-
-@dataclass(frozen=True)
-class Params:
-    """Exact parameter count of the generated model, by part."""
-
-    embedding: int  # V·h token embedding
-    positions: int  # s·h learned positions (gpt2)
-    layer: int  # one layer without its experts
-    experts: int  # all experts of one layer (mixtral)
-    final_norm: int
-    head: int  # V·h, 0 when tied to the embedding
-    layers: int
-
-    @property
-    def total(self) -> int:
-        return self.embedding + self.positions + self.layers * (self.layer + self.experts) + self.final_norm + self.head
-
-
-def widths(model: Model, t: int = 1) -> tuple[int, int, int]:
-    """(q, kv, ffn) widths on one tp rank; kv heads are replicated when fewer than t."""
-    q, kv = model.heads * model.head_dim, model.kv_heads * model.head_dim
-    return q // t, (kv // t if model.kv_heads % t == 0 else kv), model.ffn // t
-
-
-def _layer(model: Model, t: int = 1) -> tuple[int, int, int]:
-    """(tp-sharded, tp-replicated, expert) parameters of one layer on one tp rank.
-
-    gpt2: LayerNorm (weight+bias) ×2, qkv and out projections with biases, GELU MLP with
-    biases. llama: RMSNorm ×2, no biases, SwiGLU (3 matrices), GQA k/v of kv_heads·head_dim.
-    mixtral: llama attention, router h×E, E SwiGLU experts."""
-    h = model.hidden
-    q, kv, f = widths(model, t)
-    attn = h * (q + 2 * kv) + q * h
-    if model.arch == "gpt2":
-        return attn + (q + 2 * kv) + 2 * h * f + f, 4 * h + 2 * h, 0
-    if model.is_moe:
-        return attn, 2 * h + h * model.experts, 3 * h * f * model.experts
-    return attn + 3 * h * f, 2 * h, 0
-
-
-def params(model: Model) -> Params:
-    h, gpt2 = model.hidden, model.arch == "gpt2"
-    sharded, rep, experts = _layer(model)
-    return Params(model.vocab * h, model.seq_len * h if gpt2 else 0, sharded + rep, experts,
-                  2 * h if gpt2 else h, 0 if model.tie_embeddings else model.vocab * h, model.layers)
-
-
-def sc21_params(l: int, h: int, V: int, s: int) -> float:
-    """The parameter count of Narayanan et al. (SC21): 12·l·h²(1 + 13/(12h) + (V+s)/(12lh))
-    for GPT with a tied head; it leaves out the final LayerNorm (2h)."""
-    return 12 * l * h * h * (1 + 13 / (12 * h) + (V + s) / (12 * l * h))
 
 
 @dataclass(frozen=True)
@@ -140,19 +88,19 @@ def chunk_layers(plan: Plan) -> list[list[int]]:
 def stage_params(plan: Plan) -> tuple[StageParams, ...]:
     """Vocab-parallel embedding (+ gpt2 positions) on the first stage; final norm and head on
     the last (with tied embeddings and p > 1 the last stage holds a copy, as Megatron)."""
-    m, t, p = plan.model, plan.tp, plan.pp
+    m, t, p, a = plan.model, plan.tp, plan.pp, arch.of(plan.model)
     h, emb = m.hidden, ceil(m.vocab / t) * m.hidden
-    sharded, rep, experts = _layer(m, t)
+    sharded, rep, experts = arch.layer_params(m, t)
     tied = emb if m.tie_embeddings and p > 1 else 0
     out = []
     for r, chunks in enumerate(chunk_layers(plan)):
         n = sum(chunks)
         dense, reps = n * (sharded + rep), n * rep
         if r == 0:  # gpt2's positions are replicated over tp (under SP each rank sees its slice)
-            pos = m.seq_len * h if m.arch == "gpt2" else 0
+            pos = m.seq_len * h if a.positions == "learned" else 0
             dense, reps = dense + emb + pos, reps + pos
         if r == p - 1:
-            norm = 2 * h if m.arch == "gpt2" else h
+            norm = a.norm_params * h
             dense, reps = dense + norm + (emb if not m.tie_embeddings or p > 1 else 0), reps + norm
         out.append(StageParams(dense, n * experts // plan.ep, reps, tied if r in (0, p - 1) else 0))
     return tuple(out)
@@ -195,7 +143,7 @@ def layer_activation_bytes(plan: Plan, settings: Settings = DEFAULT) -> int:
     (h + 4f/t + h)·e. Full recompute keeps the layer input T·h·e·r (the paper's 2sbh)."""
     m, e, t, T = plan.model, dtype_bytes(plan), plan.tp, local_tokens(plan)
     r = t if plan.tensor_parallel.sequence_parallel else 1
-    h, (q, kv, f) = m.hidden, widths(m, t)
+    h, (q, kv, f) = m.hidden, arch.widths(m, t)
     mask = 1 if (settings.dropout if settings.dropout is not None else m.dropout > 0) else 0
     rec = plan.train.recompute
     if rec == "full":
@@ -213,7 +161,7 @@ def layer_activation_bytes(plan: Plan, settings: Settings = DEFAULT) -> int:
         routed = tok * m.top_k if not m.capacity_factor else m.experts * ceil(m.capacity_factor * tok * m.top_k / m.experts)
         mlp = T * m.experts * 4 // r + routed * (2 * h + 4 * f) * e
     else:
-        mlp = T * f * e * (2 if m.arch == "gpt2" else 4)
+        mlp = T * f * e * (2 if arch.of(m).mlp == "gelu" else 4)  # GELU in, out; SwiGLU gate, up, silu, product
     return rep + attn + mlp
 
 
@@ -273,120 +221,3 @@ def memory(plan: Plan, settings: Settings = DEFAULT, peaks: tuple[int, ...] | No
             act += ceil(held / v) * head
         out.append(StageMemory(s, dense[0] + expert[0], dense[1] + expert[1], dense[2] + expert[2], act, held, sum(chunks)))
     return tuple(out)
-
-
-# ---------------------------------------------------------------------------- FLOPs
-
-
-def layer_flops(model: Model, seq: int, t: int = 1) -> tuple[float, float]:
-    """(matmul, attention-core) forward FLOPs per token of one layer on one tp rank.
-
-    Matmuls 2·h·(q + 2kv) + 2·q·h, MLP 2·2·h·f (GELU) or 3·2·h·f (SwiGLU; MoE: top_k of them
-    plus the router 2·h·E); attention core 2·2·s·q (QKᵀ and AV, no causal saving), as in
-    Narayanan et al. SC21 (who count GPT: 24h² + 4sh per token per layer)."""
-    h = model.hidden
-    q, kv, f = widths(model, t)
-    mlp = 4 * h * f if model.arch == "gpt2" else 6 * h * f
-    if model.is_moe:
-        mlp = model.top_k * mlp + 2 * h * model.experts
-    return 2 * h * (q + 2 * kv) + 2 * q * h + mlp, 4 * seq * q
-
-
-def narayanan_flops(B: int, s: int, l: int, h: int, V: int) -> float:
-    """FLOPs per step of GPT with full recompute, Narayanan et al. (SC21):
-    96·B·s·l·h²(1 + s/(6h) + V/(16lh))."""
-    return 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
-
-
-@dataclass(frozen=True)
-class Flops:
-    model: float  # 3 passes (forward + backward): what MFU counts
-    hardware: float  # + recomputation: full re-runs the layers' forward, selective the attention core
-
-
-def batch_tokens(plan: Plan) -> int:
-    """Tokens per step: micro_batch × micro-batches × dp × ep sequences of seq_len."""
-    return plan.train.micro_batch * plan.microbatches * plan.data_parallel_size * plan.model.seq_len
-
-
-def flops(plan: Plan) -> Flops:
-    """Per step, whole cluster: model = 3·tokens·(l·layer + 2·h·V) — for GPT this is
-    72·B·s·l·h²(1 + s/(6h) + V/(12lh)); hardware adds l·layer (full) or l·core (selective),
-    which with full recompute gives the 96·B·s·l·h²(1 + s/(6h) + V/(16lh)) of SC21."""
-    m = plan.model
-    tokens = batch_tokens(plan)
-    mm, core = layer_flops(m, m.seq_len)
-    model = 3 * tokens * (m.layers * (mm + core) + 2 * m.hidden * m.vocab)
-    extra = {"none": 0, "selective": core, "full": mm + core}[plan.train.recompute]
-    return Flops(model, model + tokens * m.layers * extra)
-
-
-# ---------------------------------------------------------------------------- diagnostics
-
-
-def _gib(x: float) -> str:
-    return f"{x / GiB:.1f} GiB"
-
-
-def _variants(plan: Plan):
-    """(knob, label, plan) for single changes that lower memory, smallest change first; the
-    global batch is kept (fewer samples per micro-batch or fewer dp ranks → more micro-batches)."""
-    tr, mesh, pipe = plan.train, plan.mesh, plan.pipeline
-    if group_size(plan, grad_group(plan, False)) > 1:
-        for z in range(plan.data_parallel.zero + 1, 4):
-            yield "zero", f"zero = {z}", replace(plan, data_parallel=replace(plan.data_parallel, zero=z))
-    order = ("none", "selective", "full")
-    for rc in order[order.index(tr.recompute) + 1 :]:
-        yield "recompute", f"recompute = {rc}", replace(plan, train=replace(tr, recompute=rc))
-    k = 2
-    while tr.micro_batch // k >= 1:
-        mb = replace(pipe, microbatches=pipe.microbatches * k)
-        yield "micro_batch", f"micro_batch = {tr.micro_batch // k}", replace(plan, train=replace(tr, micro_batch=tr.micro_batch // k), pipeline=mb)
-        k *= 2
-    dp = mesh.axis("dp")
-    for name in ("tp", "pp"):
-        k = 2
-        while dp is not None and dp.size % k == 0:
-            size = mesh.size(name) * k
-            if (name == "tp" and (plan.model.heads % size or plan.model.ffn % size)) or (name == "pp" and plan.model.layers < size * pipe.virtual_stages):
-                break
-            axes = [replace(a, size=a.size // k if a.name == "dp" else size if a.name == name else a.size) for a in mesh.axes]
-            axes += [] if mesh.axis(name) else [replace(dp, name=name, size=size)]
-            new = replace(pipe, layers_per_stage=None, microbatches=pipe.microbatches * k)
-            yield name, f"{name} = {size} with dp = {dp.size // k}", replace(plan, mesh=replace(mesh, axes=tuple(axes)), pipeline=new)
-            k *= 2
-
-
-def memory_diagnostics(plan: Plan, settings: Settings = DEFAULT, stages: tuple[StageMemory, ...] | None = None) -> list[Diagnostic]:
-    """E090 at the plan when its worst rank needs more than the device memory, with the
-    breakdown and, for each of zero, recompute, micro_batch, tp and pp, the smallest change
-    that fits and the memory it would reach."""
-    cap, dev = plan.cluster.device.memory, plan.cluster.device.name
-    try:
-        stages = stages if stages is not None else memory(plan, settings)
-    except ValueError:  # no schedule for these numbers: the pipeline checks report why
-        return []
-    worst = max(stages, key=lambda s: s.total)
-    if worst.total <= cap:
-        return []
-    msg = (f"pipeline stage {worst.stage} needs {_gib(worst.total)} per GPU but {dev} has {_gib(cap)}: params "
-           f"{_gib(worst.params)}, grads {_gib(worst.grads)}, optimizer {_gib(worst.optimizer)}, activations "
-           f"{_gib(worst.activations)} ({worst.inflight} micro-batch chunks in flight × {worst.layers} layers)")
-    fits: dict[str, str] = {}
-    closest: tuple[float, str] | None = None
-    for knob, label, variant in _variants(plan):
-        if knob in fits:
-            continue
-        try:
-            need = max(s.total for s in memory(variant, settings))
-        except ValueError:  # the schedule cannot be built for this variant
-            continue
-        if need <= cap:
-            fits[knob] = f"{label} ({_gib(need)})"
-        elif closest is None or need < closest[0]:
-            closest = (need, f"{label} ({_gib(need)})")
-    if fits:
-        hint = "it fits with any one of: " + ", ".join(fits.values())
-    else:
-        hint = "no single change of zero, recompute, micro_batch, tp or pp fits" + (f"; closest: {closest[1]}" if closest else "") + "; combine them or add GPUs"
-    return [error("E090", plan.span, msg, hint)]

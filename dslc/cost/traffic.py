@@ -47,7 +47,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from math import ceil
 
-from .estimate import (
+from ..arch import widths
+from ..ir import Plan
+from .collectives import Comm
+from .memory import (
     StageParams,
     chunk_layers,
     dtype_bytes,
@@ -55,10 +58,8 @@ from .estimate import (
     group_size,
     local_tokens,
     stage_params,
-    widths,
 )
-from .ir import Plan
-from .topology import Comm, axes_of
+from .topology import axes_of
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,8 @@ class _Spec:
     nbytes: int
     fwd: int
     bwd: int = 0
-    overlap: str = "exposed"
+    overlap: str = "exposed"  # one of dslc.cost.collectives.OVERLAPS
+    ends: bool = False  # only the first and the last rank of the group take part
 
 
 def layer_specs(plan: Plan) -> list[_Spec]:
@@ -138,12 +140,12 @@ def step_specs(plan: Plan, sp_params: StageParams) -> list[_Spec]:
         if zero < 3:
             out.append(_Spec(axes, "all_gather", f"{tag} params after the step", padded, 1))
         else:
-            out += [_Spec(axes, "all_gather", f"{tag} params (forward)", padded, 1, 0, "prefetch"),
-                    _Spec(axes, "all_gather", f"{tag} params (backward)", padded, 0, 1, "prefetch")]
+            out += [_Spec(axes, "all_gather", f"{tag} params (forward)", padded, 1, 0, "forward"),
+                    _Spec(axes, "all_gather", f"{tag} params (backward)", padded, 0, 1, "backward")]
     if plan.tp > 1 and plan.tensor_parallel.sequence_parallel and sp_params.tp_replicated:
         out.append(_Spec(("tp",), "all_reduce", "grads of tp-replicated weights (SP)", sp_params.tp_replicated * e, 0, 1))
     if sp_params.tied:
-        out.append(_Spec(("pp",), "all_reduce", "tied embedding grads", sp_params.tied * e, 0, 1))
+        out.append(_Spec(("pp",), "all_reduce", "tied embedding grads", sp_params.tied * e, 0, 1, ends=True))
     return out
 
 
@@ -164,7 +166,7 @@ def pp_bytes(plan: Plan) -> int:
 
 def to_comm(plan: Plan, sp: _Spec, calls: int, per: str = "micro-batch") -> Comm:
     axes = axes_of(plan.mesh, sp.axes)
-    members = (0, plan.pp - 1) if sp.what == "tied embedding grads" else None
+    members = (0, plan.pp - 1) if sp.ends else None
     group = 2 if members else group_size(plan, axes)
     return Comm("+".join(axes), axes, sp.kind, sp.what, calls, sp.nbytes, group, per, sp.overlap, members)
 
@@ -176,8 +178,8 @@ def stage_traffic(plan: Plan, stage: int) -> list[Comm]:
     rows = [to_comm(plan, sp, m * layers * (sp.fwd + sp.bwd)) for sp in layer_specs(plan)]
     for g in range(stage, p * v, p):
         rows += [to_comm(plan, sp, m * (sp.fwd + sp.bwd)) for sp in edge_specs(plan, g == 0, g == p * v - 1)]
-    for what, n in zip(("activations to the next stage", "gradients to the previous stage"), pp_sends(plan, stage)):
-        rows.append(Comm("pp", ("pp",), "send", what, m * n, pp_bytes(plan), p, back=what.startswith("gradients")))
+    sends = zip(("activations to the next stage", "gradients to the previous stage"), (False, True), pp_sends(plan, stage))
+    rows += [Comm("pp", ("pp",), "send", what, m * n, pp_bytes(plan), p, back=back) for what, back, n in sends]
     rows += [to_comm(plan, sp, sp.fwd + sp.bwd, "step") for sp in step_specs(plan, stage_params(plan)[stage])]
     merged: dict[tuple, Comm] = {}
     for c in rows:

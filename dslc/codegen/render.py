@@ -29,9 +29,9 @@ from pathlib import Path
 import black
 import jinja2
 
-from .codegen_pp import pipeline_view
-from .ir import Plan
-from .resources import resource_dir
+from ..ir import Plan
+from ..resources import resource_dir
+from .pipeline import pipeline_view
 
 DEFAULT_ROOT = Path("generated")
 FILES = ("train.py", "launch.sh")

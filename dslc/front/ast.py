@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .diagnostics import Span
+from ..source import Span
 
 
 @dataclass(frozen=True)

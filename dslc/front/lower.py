@@ -1,147 +1,26 @@
-"""AST → IR: resolve imports and names, check keys, types and units, fill in
-every default, and build the frozen IR of each plan.
+"""AST → IR: resolve names, check keys, types and units, fill in every default, and
+build the frozen IR of each plan of a unit (:mod:`dslc.front.load` reads the unit).
 
-A *unit* of compilation is one root file with its transitive imports; names
-(clusters, models, plans) are global within a unit. Diagnostics are
-collected, never raised: a bad key gets its default so that every other
-error of the file is still reported.
+Names (clusters, models, plans) are global within a unit. Diagnostics are collected,
+never raised: a bad key gets its default so that every other error of the file is
+still reported. The plan block itself is :mod:`dslc.front.plan`.
 """
 
 from __future__ import annotations
 
-import os
 import re
-from dataclasses import dataclass, field
-from pathlib import Path
 
-from . import ast, ir
-from .check import check_plan
-from .diagnostics import Diagnostic, Sources, Span, error, warning
-from .parse import decode, parse
+from .. import arch as archs
+from .. import ir
+from ..catalog import DEVICES, LINKS
+from ..diagnostics import Diagnostic, error, warning
+from ..source import Span
+from . import ast
+from .load import Unit
+from .plan import lower_plan
 from .schema import Fields, Reader
 
 IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-
-
-@dataclass
-class LoadResult:
-    program: ir.Program
-    diagnostics: list[Diagnostic]
-    sources: Sources
-
-    @property
-    def plans(self) -> tuple[ir.Plan, ...]:
-        return self.program.plans
-
-
-# --------------------------------------------------------------------------
-# reading files and imports
-
-
-@dataclass
-class _Unit:
-    root: str
-    files: list[str] = field(default_factory=list)  # root first, then imports (DFS)
-
-
-class _Loader:
-    def __init__(self, sources: Sources, diags: list[Diagnostic]):
-        self.sources = sources
-        self.diags = diags
-        self.asts: dict[str, ast.File | None] = {}
-
-    def read(self, path: str, data: bytes | None = None) -> ast.File | None:
-        if path in self.asts:
-            return self.asts[path]
-        if data is None:
-            data = Path(path).read_bytes()
-        text, d = decode(data, path)
-        tree = None
-        if text is not None:
-            self.sources.texts[path] = text
-            tree, d = parse(text, path)
-        self.diags.extend(d)
-        self.asts[path] = tree
-        return tree
-
-    def unit(self, root: str) -> _Unit:
-        unit = _Unit(root)
-        self._visit(root, unit, stack=[], via=[])
-        return unit
-
-    def _visit(self, path: str, unit: _Unit, stack: list[str], via: list[ast.Import]) -> None:
-        """Depth-first over imports; ``via[i]`` is the import in ``stack[i]``
-        that led on, so a cycle is reported where it starts."""
-        if path in unit.files:
-            return
-        unit.files.append(path)
-        tree = self.asts.get(path)
-        if tree is None:
-            return
-        if not tree.items and not self.sources.texts.get(path, "").strip():
-            self.diags.append(warning("W023", Span.point(path), "empty file: no cluster, model or plan"))
-        base = os.path.dirname(path)
-        for item in tree.items:
-            if not isinstance(item, ast.Import):
-                continue
-            target = os.path.normpath(os.path.join(base, item.path))
-            chain = stack + [path]
-            if target in chain:
-                k = chain.index(target)
-                files = " → ".join(chain[k:] + [target])
-                blame = (via + [item])[k]
-                self.diags.append(error("E006", blame.span, f"import cycle: {files}", "move the shared definitions into a file both can import"))
-                continue
-            if target not in self.asts:
-                try:
-                    self.read(target)
-                except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-                    self.asts[target] = None
-                    self.diags.append(error("E005", item.span, f"import not found: {item.path}", f"looked for {target} (paths are relative to the importing file)"))
-                    continue
-                except OSError as e:
-                    self.asts[target] = None
-                    self.diags.append(error("E005", item.span, f"cannot read import {item.path}: {e.strerror}"))
-                    continue
-            self._visit(target, unit, chain, via + [item])
-
-
-def load_paths(paths: list[Path | str], check: bool = True) -> LoadResult:
-    """Load and lower files (each with its imports). ``OSError`` from a root
-    path propagates: the CLI turns it into a one-line I/O error."""
-    sources, diags = Sources(), []
-    loader = _Loader(sources, diags)
-    roots = []
-    for p in paths:
-        path = os.path.normpath(str(p))
-        loader.read(path)
-        roots.append(path)
-    return _lower_units(loader, roots, check)
-
-
-def load_text(text: str | bytes, filename: str = "<stdin>", check: bool = True) -> LoadResult:
-    sources, diags = Sources(), []
-    loader = _Loader(sources, diags)
-    data = text.encode("utf-8") if isinstance(text, str) else text
-    loader.read(filename, data)
-    return _lower_units(loader, [filename], check)
-
-
-def _lower_units(loader: _Loader, roots: list[str], check: bool) -> LoadResult:
-    plans: list[ir.Plan] = []
-    diags = loader.diags
-    for root in roots:
-        unit = loader.unit(root)
-        lowered, d = _lower_unit(unit, loader.asts)
-        diags.extend(d)
-        for plan in lowered:
-            plans.append(plan)
-            if check:
-                diags.extend(check_plan(plan))
-    unique = list(dict.fromkeys(diags))  # a shared import's diagnostics once
-    unique.sort(key=Diagnostic.sort_key)
-    files = tuple(loader.sources.texts)
-    return LoadResult(ir.Program(tuple(plans), files), unique, loader.sources)
 
 
 # --------------------------------------------------------------------------
@@ -151,7 +30,7 @@ def _lower_units(loader: _Loader, roots: list[str], check: bool) -> LoadResult:
 TOP_BLOCKS = ("cluster", "model", "plan")
 
 
-def _lower_unit(unit: _Unit, asts: dict[str, ast.File | None]) -> tuple[list[ir.Plan], list[Diagnostic]]:
+def lower_unit(unit: Unit, asts: dict[str, ast.File | None]) -> tuple[list[ir.Plan], list[Diagnostic]]:
     diags: list[Diagnostic] = []
     r = Reader(diags)
     defs: dict[str, dict[str, ast.Block]] = {k: {} for k in TOP_BLOCKS}
@@ -177,7 +56,7 @@ def _lower_unit(unit: _Unit, asts: dict[str, ast.File | None]) -> tuple[list[ir.
                 continue
             defs[item.kind][item.name] = item
 
-    lw = _Lowerer(r, defs)
+    lw = Lowerer(r, defs)
     plans = []
     for block in defs["plan"].values():
         plan = lw.plan(block)
@@ -193,7 +72,7 @@ def _lower_unit(unit: _Unit, asts: dict[str, ast.File | None]) -> tuple[list[ir.
     return plans, diags
 
 
-class _Lowerer:
+class Lowerer:
     def __init__(self, reader: Reader, defs: dict[str, dict[str, ast.Block]]):
         self.r = reader
         self.defs = defs
@@ -201,7 +80,7 @@ class _Lowerer:
         self._cache: dict[tuple[str, int], object] = {}
 
     # -- references ---------------------------------------------------------
-    def _resolve(self, kind: str, fields: Fields, spans: dict[str, Span]):
+    def resolve(self, kind: str, fields: Fields, spans: dict[str, Span]):
         """``model = name`` / ``cluster = name``, or an inline block."""
         ref, blocks = fields.assigns.get(kind), fields.blocks.get(kind, [])
         if ref is not None and blocks:
@@ -237,8 +116,6 @@ class _Lowerer:
 
     # -- cluster ------------------------------------------------------------
     def cluster(self, block: ast.Block) -> ir.Cluster | None:
-        from .catalog import DEVICES, LINKS
-
         r = self.r
         f = r.fields(block, ("nodes", "gpus_per_node", "device", "peak_flops", "device_memory"), blocks=("link",))
         nodes = r.int(f, "nodes", required=True, minimum=1)
@@ -273,10 +150,11 @@ class _Lowerer:
     def model(self, block: ast.Block) -> ir.Model | None:
         r = self.r
         f = r.fields(block, self.MODEL_KEYS + self.EXPERT_KEYS)
-        default_arch = block.name if block.name in ir.ARCHS else None
-        arch = r.choice(f, "arch", ir.ARCHS, default_arch)
+        names = tuple(archs.ARCHS)
+        default_arch = block.name if block.name in names else None
+        arch = r.choice(f, "arch", names, default_arch)
         if arch is None and "arch" not in f.assigns:
-            r.diags.append(error("E012", block.name_span or block.kind_span, f"model '{block.name}' has no architecture", f"add `arch = llama` (one of {', '.join(ir.ARCHS)}), or name the block after its architecture"))
+            r.diags.append(error("E012", block.name_span or block.kind_span, f"model '{block.name}' has no architecture", f"add `arch = llama` (one of {', '.join(names)}), or name the block after its architecture"))
             return None
         layers = r.int(f, "layers", required=True, minimum=1)
         hidden = r.int(f, "hidden", required=True, minimum=1)
@@ -284,16 +162,13 @@ class _Lowerer:
         vocab = r.int(f, "vocab", required=True, minimum=1)
         seq_len = r.int(f, "seq_len", required=True, minimum=1)
         kv_heads = r.int(f, "kv_heads", heads, minimum=1)
-        if arch == "gpt2":
-            ffn_default = 4 * hidden if hidden else None
-        else:  # llama: 2/3 of 4h for SwiGLU, rounded up to a multiple of 256
-            ffn_default = -(-int(8 * hidden / 3) // 256) * 256 if hidden else None
-        ffn = r.int(f, "ffn", ffn_default, minimum=1)
+        spec = archs.ARCHS.get(arch)
+        ffn = r.int(f, "ffn", spec.default_ffn(hidden) if spec and hidden else None, minimum=1)
         norm_eps = r.float(f, "norm_eps", 1e-5, minimum=0, exclusive=True)
         rope_theta = r.float(f, "rope_theta", 10000.0, minimum=0, exclusive=True)
-        tie = r.bool(f, "tie_embeddings", arch == "gpt2")
+        tie = r.bool(f, "tie_embeddings", spec.tie_embeddings if spec else False)
         dropout = r.float(f, "dropout", 0.0, minimum=0, maximum=1)
-        moe = arch == "mixtral"
+        moe = bool(spec and spec.moe)
         for key in self.EXPERT_KEYS:
             if not moe and key in f.assigns:
                 r.diags.append(error("E072", f.assigns[key].span, f"'{key}' is an expert option but {arch} is a dense model", "use arch = mixtral for a mixture of experts"))
@@ -308,9 +183,5 @@ class _Lowerer:
         return ir.Model(block.name or arch, *values, block.span)
 
     # -- plan ---------------------------------------------------------------
-    PLAN_BLOCKS = ("model", "cluster", "mesh", "tensor_parallel", "data_parallel", "pipeline", "context_parallel", "experts", "train")
-
     def plan(self, block: ast.Block) -> ir.Plan | None:
-        from .lower_plan import lower_plan
-
-        return lower_plan(self, block)
+        return lower_plan(self.r, block, self.resolve)

@@ -1,0 +1,42 @@
+"""The architectures dslc knows, one module each, and what follows from them.
+
+Everything that differs between gpt2, llama and mixtral lives in their modules (an
+:class:`~dslc.arch.base.Arch` each); parameter names and shapes, counts and FLOPs are
+computed once, in :mod:`dslc.arch.base`, from that description. The functions here
+take a model and use its architecture.
+"""
+
+from __future__ import annotations
+
+from ..ir import Model
+from . import base, gpt2, llama, mixtral
+from .base import Arch, Params, Weight, sc21_params, widths
+
+ARCHS: dict[str, Arch] = {a.name: a for a in (gpt2.ARCH, llama.ARCH, mixtral.ARCH)}
+
+__all__ = ["ARCHS", "Arch", "Params", "Weight", "layer_flops", "layer_params", "model_flops_per_token",
+           "of", "params", "sc21_params", "weights", "widths"]
+
+
+def of(model: Model) -> Arch:
+    return ARCHS[model.arch]
+
+
+def weights(model: Model, t: int = 1) -> tuple[Weight, ...]:
+    return base.weights(of(model), model, t)
+
+
+def params(model: Model) -> Params:
+    return base.params(of(model), model)
+
+
+def layer_params(model: Model, t: int = 1) -> tuple[int, int, int]:
+    return base.layer_params(of(model), model, t)
+
+
+def layer_flops(model: Model, seq: int, t: int = 1) -> tuple[float, float]:
+    return base.layer_flops(of(model), model, seq, t)
+
+
+def model_flops_per_token(model: Model) -> int:
+    return base.model_flops_per_token(of(model), model)

@@ -1,0 +1,48 @@
+"""FLOPs of one training step and the peak they are measured against (MFU).
+
+Per-layer FLOPs are the architecture's (:func:`dslc.arch.layer_flops`); the model FLOPs
+per token are :func:`dslc.arch.model_flops_per_token`, the same number the generated
+script divides by for its MFU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .. import arch
+from ..ir import Plan
+
+
+def narayanan_flops(B: int, s: int, l: int, h: int, V: int) -> float:
+    """FLOPs per step of GPT with full recompute, Narayanan et al. (SC21):
+    96·B·s·l·h²(1 + s/(6h) + V/(16lh))."""
+    return 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
+
+
+@dataclass(frozen=True)
+class Flops:
+    model: float  # 3 passes (forward + backward): what MFU counts
+    hardware: float  # + recomputation: full re-runs the layers' forward, selective the attention core
+
+
+def batch_tokens(plan: Plan) -> int:
+    """Tokens per step: micro_batch × micro-batches × dp × ep sequences of seq_len."""
+    return plan.train.micro_batch * plan.microbatches * plan.data_parallel_size * plan.model.seq_len
+
+
+def flops(plan: Plan) -> Flops:
+    """Per step, whole cluster: model = 3·tokens·(l·layer + 2·h·V) — for GPT this is
+    72·B·s·l·h²(1 + s/(6h) + V/(12lh)); hardware adds l·layer (full) or l·core (selective),
+    which with full recompute gives the 96·B·s·l·h²(1 + s/(6h) + V/(16lh)) of SC21."""
+    m = plan.model
+    tokens = batch_tokens(plan)
+    mm, core = arch.layer_flops(m, m.seq_len)
+    model = tokens * arch.model_flops_per_token(m)
+    extra = {"none": 0, "selective": core, "full": mm + core}[plan.train.recompute]
+    return Flops(model, model + tokens * m.layers * extra)
+
+
+def peak_flops(plan: Plan) -> float:
+    """FLOP/s per device in the plan's precision: the catalog's dense bf16 peak, half of
+    it for fp32 (TF32 tensor cores)."""
+    return plan.cluster.device.peak_flops * (0.5 if plan.train.precision == "fp32" else 1.0)

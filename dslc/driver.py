@@ -1,0 +1,77 @@
+"""The pipeline, top to bottom: the one place that runs the stages in order.
+
+::
+
+    read (front.load) ─▶ lower (front.lower) ─▶ check ─▶ fit (search: E090 and its hint)
+                                                      └▶ estimate (cost) ─▶ report | codegen
+
+Each stage is a module or package that never calls a later one; this driver hands
+the output of one to the next. ``dslc lint`` stops after :func:`lint`; ``explain`` and
+``compile`` take the plans it returns when there are no errors.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import check, ir, search
+from .diagnostics import Diagnostic
+from .front.load import Loader
+from .front.lower import lower_unit
+from .source import Sources
+
+
+@dataclass
+class LoadResult:
+    program: ir.Program
+    diagnostics: list[Diagnostic]
+    sources: Sources
+
+    @property
+    def plans(self) -> tuple[ir.Plan, ...]:
+        return self.program.plans
+
+
+def load_paths(paths: list[Path | str], check: bool = True) -> LoadResult:
+    """Read, lower and (with ``check``) lint files, each with its imports. ``OSError``
+    from a root path propagates: the CLI turns it into a one-line I/O error."""
+    loader = Loader(Sources(), [])
+    roots = []
+    for p in paths:
+        path = os.path.normpath(str(p))
+        loader.read(path)
+        roots.append(path)
+    return _lower(loader, roots, check)
+
+
+def load_text(text: str | bytes, filename: str = "<stdin>", check: bool = True) -> LoadResult:
+    """:func:`load_paths` of one file's text (standard input, tests)."""
+    loader = Loader(Sources(), [])
+    loader.read(filename, text.encode("utf-8") if isinstance(text, str) else text)
+    return _lower(loader, [filename], check)
+
+
+def lint(plan: ir.Plan) -> list[Diagnostic]:
+    """Every diagnostic of a lowered plan: the rules of :mod:`dslc.check`, then, for a
+    plan whose shapes are sound, whether it fits in memory (E090, :mod:`dslc.search`)."""
+    diags = check.check_plan(plan)
+    if not any(d.is_error for d in diags):
+        diags += search.fit_diagnostics(plan)
+    return diags
+
+
+def _lower(loader: Loader, roots: list[str], run_checks: bool) -> LoadResult:
+    plans: list[ir.Plan] = []
+    diags = loader.diags
+    for root in roots:
+        lowered, d = lower_unit(loader.unit(root), loader.asts)
+        diags.extend(d)
+        for plan in lowered:
+            plans.append(plan)
+            if run_checks:
+                diags.extend(lint(plan))
+    unique = list(dict.fromkeys(diags))  # a shared import's diagnostics once
+    unique.sort(key=Diagnostic.sort_key)
+    return LoadResult(ir.Program(tuple(plans), tuple(loader.sources.texts)), unique, loader.sources)

@@ -1,0 +1,174 @@
+"""Diagnostics rendered for a person (text with the source line and a caret) or a tool
+(json, GitHub workflow commands, SARIF 2.1.0)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..diagnostics import Diagnostic, Severity
+from ..source import Sources
+
+_COLOURS = {"error": "\033[1;31m", "warning": "\033[1;33m", "note": "\033[1;36m"}
+_BOLD, _BLUE, _RESET = "\033[1m", "\033[1;34m", "\033[0m"
+
+
+def render_text(diags: Sequence[Diagnostic], sources: Sources, colour: bool = False) -> str:
+    """Render like a modern compiler: location, severity[code], message, the
+    source line with a caret under the span, and ``help:``."""
+
+    def c(code: str, s: str) -> str:
+        return f"{code}{s}{_RESET}" if colour else s
+
+    out: list[str] = []
+    for d in diags:
+        sev = d.severity.value
+        head = f"{c(_COLOURS[sev], f'{sev}[{d.code}]')}: {c(_BOLD, d.message)}"
+        if d.span is None:
+            out.append(head)
+        else:
+            out.append(f"{c(_BOLD, str(d.span))}: {head}")
+            src = sources.line(d.span.file, d.span.line)
+            if src is not None:
+                src = src.replace("\t", " ")
+                if len(src) > 200:
+                    src = src[:200] + " …"
+                gutter = f"{d.span.line:>4} | "
+                width = (
+                    d.span.end_col - d.span.col
+                    if d.span.end_line == d.span.line and d.span.end_col > d.span.col
+                    else 1
+                )
+                width = max(1, min(width, max(1, len(src) - d.span.col + 1)))
+                out.append(c(_BLUE, gutter) + src)
+                out.append(
+                    c(_BLUE, " " * (len(gutter) - 2) + "| ")
+                    + " " * (d.span.col - 1)
+                    + c(_COLOURS[sev], "^" * width)
+                )
+        if d.hint:
+            out.append(f"  {c(_BOLD, 'help')}: {d.hint}")
+    n_err = sum(d.is_error for d in diags)
+    n_warn = sum(d.severity is Severity.WARNING for d in diags)
+    if diags:
+        out.append(f"{n_err} error{'s' * (n_err != 1)}, {n_warn} warning{'s' * (n_warn != 1)}")
+    return "\n".join(out) + ("\n" if out else "")
+
+
+def to_dict(d: Diagnostic) -> dict:
+    out: dict = {"code": d.code, "severity": d.severity.value, "message": d.message}
+    if d.span:
+        out |= {
+            "file": d.span.file,
+            "line": d.span.line,
+            "col": d.span.col,
+            "end_line": d.span.end_line,
+            "end_col": d.span.end_col,
+        }
+    if d.hint:
+        out["hint"] = d.hint
+    return out
+
+
+def render_json(diags: Sequence[Diagnostic], sources: Sources | None = None) -> str:
+    return json.dumps([to_dict(d) for d in diags], indent=2) + "\n"
+
+
+def _gh_escape(s: str, prop: bool = False) -> str:
+    s = s.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    if prop:
+        s = s.replace(":", "%3A").replace(",", "%2C")
+    return s
+
+
+def render_github(diags: Sequence[Diagnostic], sources: Sources | None = None) -> str:
+    """GitHub Actions workflow commands: ``::error file=…,line=…::message``."""
+    lines = []
+    for d in diags:
+        kind = {"error": "error", "warning": "warning", "note": "notice"}[d.severity.value]
+        props = [f"title={_gh_escape(d.code, True)}"]
+        if d.span:
+            props = [
+                f"file={_gh_escape(d.span.file, True)}",
+                f"line={d.span.line}",
+                f"col={d.span.col}",
+                f"endLine={d.span.end_line}",
+                f"endColumn={d.span.end_col}",
+            ] + props
+        msg = d.message + (f" (help: {d.hint})" if d.hint else "")
+        lines.append(f"::{kind} {','.join(props)}::{_gh_escape(msg)}")
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
+
+
+def render_sarif(diags: Sequence[Diagnostic], sources: Sources | None = None) -> str:
+    """SARIF 2.1.0 with one rule per diagnostic code, as GitHub code scanning
+    expects (tool.driver.rules, ruleId, level, physicalLocation.region)."""
+    from .. import __version__
+    from ..codes import CODES
+
+    used = sorted({d.code for d in diags})
+    rules = [
+        {
+            "id": code,
+            "name": CODES.get(code, code).replace(" ", "-"),
+            "shortDescription": {"text": CODES.get(code, code)},
+        }
+        for code in used
+    ]
+    results = []
+    for d in diags:
+        r: dict = {
+            "ruleId": d.code,
+            "ruleIndex": used.index(d.code),
+            "level": d.severity.value,
+            "message": {"text": d.message + (f"\nhelp: {d.hint}" if d.hint else "")},
+        }
+        if d.span:
+            uri = Path(d.span.file).as_posix()
+            if os.path.isabs(uri):
+                try:
+                    uri = Path(uri).relative_to(Path.cwd()).as_posix()
+                except ValueError:
+                    uri = Path(uri).as_uri()
+            r["locations"] = [
+                {
+                    "physicalLocation": {
+                        "artifactLocation": {"uri": uri},
+                        "region": {
+                            "startLine": d.span.line,
+                            "startColumn": d.span.col,
+                            "endLine": d.span.end_line,
+                            "endColumn": max(d.span.end_col, d.span.col + 1)
+                            if d.span.end_line == d.span.line
+                            else d.span.end_col,
+                        },
+                    }
+                }
+            ]
+        results.append(r)
+    doc = {
+        "$schema": SARIF_SCHEMA,
+        "version": "2.1.0",
+        "runs": [
+            {
+                "tool": {
+                    "driver": {
+                        "name": "dslc",
+                        "version": __version__,
+                        "informationUri": "https://github.com/dslc/dslc",
+                        "rules": rules,
+                    }
+                },
+                "results": results,
+            }
+        ],
+    }
+    return json.dumps(doc, indent=2) + "\n"
+
+
+RENDERERS = {"json": render_json, "github": render_github, "sarif": render_sarif}

@@ -1,0 +1,169 @@
+"""``dslc explain``: the estimates of a plan (:mod:`dslc.cost.estimate`) with its fit
+diagnostic (E090, :mod:`dslc.search`), for a person (:func:`render_text`) or a tool
+(:func:`to_json`: the same numbers as a JSON-safe dict, no NaN or Infinity).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+from .. import search
+from ..cost import memory as mem
+from ..cost.collectives import OVERLAPS, Comm
+from ..cost.estimate import Estimate, estimate, route_link
+from ..diagnostics import Diagnostic
+from ..ir import Plan
+from ..units import count, seconds, si, size
+
+HIDDEN = tuple(o for o in OVERLAPS if o != "exposed")  # overlapped with compute
+
+
+@dataclass(frozen=True)
+class Explanation(Estimate):
+    diagnostics: tuple[Diagnostic, ...] = ()
+
+
+def explain(plan: Plan, settings: mem.Settings = mem.DEFAULT, topo=None) -> Explanation:
+    """:func:`dslc.cost.estimate.estimate` of a checked plan, and E090 if it does not fit."""
+    est = estimate(plan, settings, topo)
+    diags = tuple(search.fit_diagnostics(plan, settings, est.memory))
+    return Explanation(**{f.name: getattr(est, f.name) for f in fields(Estimate)}, diagnostics=diags)
+
+
+# ---------------------------------------------------------------------------- text
+
+
+
+
+
+
+def _table(head: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
+    widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
+
+    def fmt(r: list[str]) -> str:
+        cells = (c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
+        return ("  " + "  ".join(cells)).rstrip()
+
+    return [fmt(head)] + [fmt(r) for r in rows]
+
+
+
+
+
+
+def render_text(ex: Explanation) -> str:
+    """The report: what the plan is, memory per stage, traffic, busiest links, time."""
+    p, m, c, t = ex.plan, ex.plan.model, ex.plan.cluster, ex.timing
+    dev = c.device
+    mesh = " × ".join(f"{a.name}={a.size} on {a.link}" for a in p.mesh.axes) or "one rank"
+    pipe = p.pipeline
+    out = [
+        f"plan {p.name} ({p.file})",
+        f"  model    {m.arch} {m.name}: {m.layers} layers, hidden {m.hidden}, {m.heads} heads ({m.kv_heads} kv), ffn {m.ffn}"
+        + (f", {m.experts} experts top-{m.top_k}" if m.is_moe else "") + f", vocab {m.vocab}, seq {m.seq_len}: {count(ex.params.total)} params",
+        f"  cluster  {c.name}: {_n(c.nodes, 'node')} × {c.gpus_per_node} {dev.name} ({si(dev.peak_flops, 'FLOP/s')}, {size(dev.memory)}); "
+        + ", ".join(f"{lk.name} {lk.bandwidth / 1e9:g} GB/s ({lk.scope})" for lk in c.links),
+        f"  mesh     {mesh} = {p.world_size} ranks",
+        f"  train    {p.train.precision}, zero {p.data_parallel.zero}, recompute {p.train.recompute}"
+        + (", sequence parallel" if p.tensor_parallel.sequence_parallel and p.tp > 1 else "")
+        + (f", cp {p.context_parallel.method}" if p.cp > 1 else "")
+        + f"; {pipe.schedule} (v={pipe.virtual_stages}), {_n(p.microbatches, 'micro-batch')} of {p.train.micro_batch} × {m.seq_len} tokens",
+        "",
+        f"Memory per GPU, worst rank of each pipeline stage (device: {size(dev.memory)})",
+    ]
+    rows = [[str(s.stage), str(s.layers), size(s.params), size(s.grads), size(s.optimizer), size(s.activations), f"{s.inflight}",
+             size(s.total), "yes" if s.total <= dev.memory else "NO"] for s in ex.memory]
+    out += _table(["stage", "layers", "params", "grads", "optimizer", "activations", "in flight", "total", "fits"], rows, {1, 2, 3, 4, 5, 6, 7})
+    w, g, k = mem.state_bytes_per_param(p)
+    out.append(f"  bytes per parameter {w}+{g}+{k} (weights+grads+optimizer) before ZeRO; activations with "
+               + ("the paper's stored attention scores" if ex.settings.attention == "paper" else "fused attention (no s² scores)"))
+    for d in ex.diagnostics:
+        out += [f"  error[{d.code}]: {d.message}", f"  help: {d.hint}"]
+    out += ["", "Traffic per GPU per step (the busiest stage's ranks; payload = tensor bytes, wire = NCCL ring bytes)"]
+    trows = [[r.comm.axis, r.comm.kind, r.comm.what, str(r.stage) if p.pp > 1 else "-", f"{r.comm.calls}", size(r.comm.payload), size(r.comm.wire),
+              r.link, seconds(r.seconds), "overlapped" if r.comm.overlap in HIDDEN else "exposed"]
+             for r in sorted(ex.rows, key=lambda r: -r.seconds)]
+    out += _table(["axis", "collective", "what", "stage", "calls", "payload", "wire", "link", "time", ""], trows, {4, 5, 6, 8}) if trows else ["  (none: a single rank)"]
+    if ex.busiest:
+        out += ["", "Busiest link of each type"]
+        out += _table(["link", "edge", "per step", "busy"], [[b.link, f"{_vertex(b.edge[0])} ↔ {_vertex(b.edge[1])}", size(b.bytes), seconds(b.seconds)] for b in ex.busiest], {2, 3})
+    out += [
+        "",
+        "Time per step",
+        f"  compute at {t.efficiency:.0%} of {si(t.peak, 'FLOP/s')}: forward {seconds(t.t_f)}, backward {seconds(t.t_b)}"
+        + (f", weight-grad {seconds(t.t_w)}" if t.t_w else "") + " per chunk per micro-batch (with exposed tp/cp/ep collectives)"
+        + (f"; pp send {seconds(t.t_comm)}" if p.pp > 1 else ""),
+        (f"  pipeline {seconds(t.pipeline)} ({pipe.schedule}, bubble {t.bubble_fraction:.3f} of compute), "
+        f"exposed step communication {seconds(t.exposed)}, overlapped {seconds(t.overlapped)}"),
+        (f"  step {seconds(t.step)} · {count(t.tokens_per_s)} tokens/s · MFU {t.mfu:.1%} (HFU {t.hfu:.1%}) · "
+        f"{si(ex.flops.model, 'FLOP')} model, {si(ex.flops.hardware, 'FLOP')} with recompute per step"),
+        "  assumed exposed: tp, Ulysses and ep collectives, pp sends, ZeRO param all-gathers after the step; overlapped:",
+        "  dp grad reduction with the last backward, ZeRO-3 gathers by prefetch, ring-attention K/V passes with attention;",
+        "  the optimizer step is not timed",
+    ]
+    return "\n".join(out) + "\n"
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("es" if noun.endswith("h") else "s") * (count != 1)
+
+
+def _vertex(v: tuple) -> str:
+    return {"gpu": lambda: f"gpu {v[1]}", "hub": lambda: f"{v[1]} node {v[2]}", "nic": lambda: f"{v[1]} NIC node {v[2]}",
+            "switch": lambda: f"{v[1]} switch"}[v[0]]()
+
+
+# ---------------------------------------------------------------------------- json
+
+
+def _safe(x):
+    """JSON-safe copy: non-finite floats become None (``json.dumps(allow_nan=False)`` passes)."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_safe(v) for v in x]
+    return x
+
+
+def _row(c: Comm, stage: int, link: str, secs: float) -> dict:
+    return {"axis": c.axis, "collective": c.kind, "calls_per_step": c.calls, "payload_bytes_per_step": c.payload,
+            "wire_bytes_per_rank_per_step": c.wire, "link": link, "seconds_per_step": secs, "what": c.what, "stage": stage,
+            "group_size": c.group, "bytes_per_call": c.bytes_per_call, "overlap": c.overlap}
+
+
+def to_json(ex: Explanation) -> dict:
+    """The report for tools. Bytes are integers, per GPU and per step unless named otherwise."""
+    p, t, pr = ex.plan, ex.timing, ex.params
+    topo = ex.topo
+    by_stage = [[_row(c, s, route_link(topo, c), c.seconds(topo))
+                 for c in rows] for s, rows in enumerate(ex.traffic)]
+    doc = {
+        "plan": p.name,
+        "file": p.file,
+        "world_size": p.world_size,
+        "params": {"total": pr.total, "embedding": pr.embedding, "positions": pr.positions, "per_layer": pr.layer,
+                   "experts_per_layer": pr.experts, "final_norm": pr.final_norm, "head": pr.head},
+        "device_memory": p.cluster.device.memory,
+        "memory": [{"stage": s.stage, "params": s.params, "grads": s.grads, "optimizer": s.optimizer, "activations": s.activations,
+                    "total": s.total, "layers": s.layers, "inflight": s.inflight, "fits": s.total <= p.cluster.device.memory} for s in ex.memory],
+        "flops_per_step": ex.flops.model,
+        "hardware_flops_per_step": ex.flops.hardware,
+        "traffic": [_row(r.comm, r.stage, r.link, r.seconds) for r in ex.rows],
+        "traffic_by_stage": by_stage,
+        "busiest_links": [{"link": b.link, "edge": [list(b.edge[0]), list(b.edge[1])], "bytes_per_step": b.bytes,
+                           "bandwidth": b.bandwidth, "seconds_per_step": b.seconds} for b in ex.busiest],
+        "pipeline": {"schedule": p.pipeline.schedule, "stages": p.pp, "virtual_stages": p.pipeline.virtual_stages,
+                     "microbatches": p.microbatches, "bubble_fraction": t.bubble_fraction, "makespan_s": t.pipeline,
+                     "peak_inflight": list(ex.peak_inflight)},
+        "time": {"peak_flops": t.peak, "efficiency": t.efficiency, "t_forward_s": t.t_f, "t_backward_s": t.t_b, "t_weight_grad_s": t.t_w,
+                 "t_p2p_s": t.t_comm, "exposed_comm_s": t.exposed, "overlapped_comm_s": t.overlapped},
+        "step_time_s": t.step,
+        "tokens_per_s": t.tokens_per_s,
+        "mfu": t.mfu,
+        "hfu": t.hfu,
+        "diagnostics": [{"code": d.code, "message": d.message, "hint": d.hint} for d in ex.diagnostics],
+    }
+    return _safe(doc)

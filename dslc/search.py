@@ -1,0 +1,105 @@
+"""What-if search over plans: does a plan fit in device memory, and if not, which single
+change would make it fit (E090 and its hint).
+
+Every candidate is a plan like a user's: it is proposed only if it passes the same
+checks (:func:`dslc.check.check_plan`) — a hint never suggests a plan that lint would
+reject, such as a tp that does not divide kv_heads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+from .check import check_plan
+from .cost import memory as mem
+from .cost.schedule import ScheduleError
+from .diagnostics import Diagnostic, error
+from .ir import Plan
+from .units import gib
+
+KNOBS = ("zero", "recompute", "micro_batch", "tp", "pp")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    knob: str  # one of KNOBS
+    label: str  # the change, as a plan would write it: "tp = 8 with dp = 1"
+    plan: Plan
+
+
+def variants(plan: Plan) -> Iterator[Candidate]:
+    """Single changes that lower memory, smallest change first, before any check: a higher
+    zero stage, more recompute, a smaller micro-batch, or a larger tp or pp taken from dp.
+    The global batch is kept (fewer samples per micro-batch or fewer dp ranks → more
+    micro-batches)."""
+    tr, mesh, pipe = plan.train, plan.mesh, plan.pipeline
+    if mem.group_size(plan, mem.grad_group(plan, False)) > 1:
+        for z in range(plan.data_parallel.zero + 1, 4):
+            yield Candidate("zero", f"zero = {z}", replace(plan, data_parallel=replace(plan.data_parallel, zero=z)))
+    order = ("none", "selective", "full")
+    for rc in order[order.index(tr.recompute) + 1 :]:
+        yield Candidate("recompute", f"recompute = {rc}", replace(plan, train=replace(tr, recompute=rc)))
+    k = 2
+    while tr.micro_batch // k >= 1:
+        mb = replace(pipe, microbatches=pipe.microbatches * k)
+        yield Candidate("micro_batch", f"micro_batch = {tr.micro_batch // k}",
+                        replace(plan, train=replace(tr, micro_batch=tr.micro_batch // k), pipeline=mb))
+        k *= 2
+    dp = mesh.axis("dp")
+    for name in ("tp", "pp"):
+        k = 2
+        while dp is not None and dp.size % k == 0:
+            size = mesh.size(name) * k
+            axes = [replace(a, size=a.size // k if a.name == "dp" else size if a.name == name else a.size) for a in mesh.axes]
+            axes += [] if mesh.axis(name) else [replace(dp, name=name, size=size)]
+            new = replace(pipe, layers_per_stage=None, microbatches=pipe.microbatches * k)
+            yield Candidate(name, f"{name} = {size} with dp = {dp.size // k}",
+                            replace(plan, mesh=replace(mesh, axes=tuple(axes)), pipeline=new))
+            k *= 2
+
+
+def candidates(plan: Plan) -> Iterator[Candidate]:
+    """:func:`variants` that pass every check a user's plan must pass."""
+    for c in variants(plan):
+        if not any(d.is_error for d in check_plan(c.plan)):
+            yield c
+
+
+def peak(plan: Plan, settings: mem.Settings = mem.DEFAULT) -> int:
+    """Bytes of the worst rank of ``plan`` (a plan that passed the checks)."""
+    return max(s.total for s in mem.memory(plan, settings))
+
+
+def fit_diagnostics(plan: Plan, settings: mem.Settings = mem.DEFAULT,
+                    stages: tuple[mem.StageMemory, ...] | None = None) -> list[Diagnostic]:
+    """E090 at the plan when its worst rank needs more than the device memory, with the
+    breakdown and, for each of zero, recompute, micro_batch, tp and pp, the smallest change
+    that passes the checks and fits, with the memory it would reach."""
+    cap, dev = plan.cluster.device.memory, plan.cluster.device.name
+    try:
+        stages = stages if stages is not None else mem.memory(plan, settings)
+    except ScheduleError:  # no schedule for these numbers: the pipeline checks report why
+        return []
+    worst = max(stages, key=lambda s: s.total)
+    if worst.total <= cap:
+        return []
+    msg = (f"pipeline stage {worst.stage} needs {gib(worst.total)} per GPU but {dev} has {gib(cap)}: params "
+           f"{gib(worst.params)}, grads {gib(worst.grads)}, optimizer {gib(worst.optimizer)}, activations "
+           f"{gib(worst.activations)} ({worst.inflight} micro-batch chunks in flight × {worst.layers} layers)")
+    fits: dict[str, str] = {}
+    closest: tuple[float, str] | None = None
+    for c in candidates(plan):
+        if c.knob in fits:
+            continue
+        need = peak(c.plan, settings)
+        if need <= cap:
+            fits[c.knob] = f"{c.label} ({gib(need)})"
+        elif closest is None or need < closest[0]:
+            closest = (need, f"{c.label} ({gib(need)})")
+    if fits:
+        hint = "it fits with any one of: " + ", ".join(fits.values())
+    else:
+        hint = ("no single change of zero, recompute, micro_batch, tp or pp fits"
+                + (f"; closest: {closest[1]}" if closest else "") + "; combine them or add GPUs")
+    return [error("E090", plan.span, msg, hint)]

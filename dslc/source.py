@@ -1,0 +1,41 @@
+"""Where things come from in a plan's text: spans and the source files read.
+
+Every stage keeps spans so a diagnostic found late (in the checks, the search) still
+points at a line of the user's file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, order=True)
+class Span:
+    """A region of a source file: 1-based line and column, end exclusive."""
+
+    file: str
+    line: int
+    col: int
+    end_line: int
+    end_col: int
+
+    @classmethod
+    def point(cls, file: str, line: int = 1, col: int = 1) -> Span:
+        return cls(file, line, col, line, col + 1)
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.col}"
+
+
+@dataclass
+class Sources:
+    """The text of every file read, so renderers can quote source lines."""
+
+    texts: dict[str, str] = field(default_factory=dict)
+
+    def line(self, file: str, line: int) -> str | None:
+        text = self.texts.get(file)
+        if text is None:
+            return None
+        lines = text.splitlines()
+        return lines[line - 1] if 0 < line <= len(lines) else ""
