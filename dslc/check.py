@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 
+from .arch import vocab_per_rank
 from .cost.schedule import shape_problems
 from .cost.topology import axis_crossing
 from .diagnostics import Diagnostic, error, warning
@@ -103,7 +104,7 @@ def model_shapes(plan: Plan):
         if m.ffn % tp:
             yield error("E043", plan.where("model.ffn", "mesh.tp"), f"ffn={m.ffn} is not divisible by tp={tp}", f"use an ffn that is a multiple of {tp}")
         if m.vocab % tp:
-            padded = -(-m.vocab // tp) * tp
+            padded = vocab_per_rank(m, tp) * tp
             yield warning("W044", plan.where("model.vocab"), f"vocab={m.vocab} is not divisible by tp={tp}; it is padded to {padded}", f"set vocab = {padded} to make the padding explicit")
 
 

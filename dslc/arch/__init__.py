@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from ..ir import Model
 from . import base, gpt2, llama, mixtral
-from .base import Arch, Params, Weight, sc21_params, widths
+from .base import Arch, Params, Weight, sc21_params, vocab_per_rank, widths
 
 ARCHS: dict[str, Arch] = {a.name: a for a in (gpt2.ARCH, llama.ARCH, mixtral.ARCH)}
 
 __all__ = ["ARCHS", "Arch", "Params", "Weight", "layer_flops", "layer_params", "model_flops_per_token",
-           "of", "params", "sc21_params", "weights", "widths"]
+           "of", "params", "sc21_params", "vocab_per_rank", "weights", "widths"]
 
 
 def of(model: Model) -> Arch:

@@ -62,6 +62,12 @@ def widths(model: Model, t: int = 1) -> tuple[int, int, int]:
     return q // t, (kv // t if model.kv_heads % t == 0 else kv), model.ffn // t
 
 
+def vocab_per_rank(model: Model, t: int = 1) -> int:
+    """Rows of the vocab-parallel embedding and head on one of t tp ranks: the vocabulary
+    padded up to a multiple of t (Megatron pads the same way)."""
+    return ceil(model.vocab / t)
+
+
 def weights(arch: Arch, model: Model, t: int = 1) -> tuple[Weight, ...]:
     """Every parameter of ``model`` on one of ``t`` tp ranks (Megatron's layout: q, k, v,
     the MLP's first matrices and their biases split by rows, the output projections by
@@ -69,7 +75,7 @@ def weights(arch: Arch, model: Model, t: int = 1) -> tuple[Weight, ...]:
     multiple of t)."""
     h, (q, kv, f) = model.hidden, widths(model, t)
     kv_dim = 0 if model.kv_heads % t == 0 else None
-    out = [Weight("wte.weight", (ceil(model.vocab / t), h), 0, "embedding")]
+    out = [Weight("wte.weight", (vocab_per_rank(model, t), h), 0, "embedding")]
     if arch.positions == "learned":
         out.append(Weight("wpe.weight", (model.seq_len, h), None, "positions"))
 
@@ -99,7 +105,7 @@ def weights(arch: Arch, model: Model, t: int = 1) -> tuple[Weight, ...]:
     out += linear(mlp + "down_proj", h, f, 1, part)
     out += norm("norm", "final_norm")
     if not model.tie_embeddings:
-        out.append(Weight("lm_head", (ceil(model.vocab / t), h), 0, "head"))
+        out.append(Weight("lm_head", (vocab_per_rank(model, t), h), 0, "head"))
     return tuple(out)
 
 

@@ -89,7 +89,7 @@ def stage_params(plan: Plan) -> tuple[StageParams, ...]:
     """Vocab-parallel embedding (+ gpt2 positions) on the first stage; final norm and head on
     the last (with tied embeddings and p > 1 the last stage holds a copy, as Megatron)."""
     m, t, p, a = plan.model, plan.tp, plan.pp, arch.of(plan.model)
-    h, emb = m.hidden, ceil(m.vocab / t) * m.hidden
+    h, emb = m.hidden, arch.vocab_per_rank(m, t) * m.hidden
     sharded, rep, experts = arch.layer_params(m, t)
     tied = emb if m.tie_embeddings and p > 1 else 0
     out = []
@@ -173,7 +173,7 @@ def edge_activation_bytes(plan: Plan, settings: Settings = DEFAULT) -> tuple[int
     r = plan.tp if plan.tensor_parallel.sequence_parallel else 1
     mask = settings.dropout if settings.dropout is not None else m.dropout > 0
     r_in = r if settings.sp_inputs == "shard" else 1
-    head = T * m.hidden * e // r + T * m.hidden * e // r_in + 4 * T * ceil(m.vocab / plan.tp)
+    head = T * m.hidden * e // r + T * m.hidden * e // r_in + 4 * T * arch.vocab_per_rank(m, plan.tp)
     return (T * m.hidden // r if mask else 0), head
 
 

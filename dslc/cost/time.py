@@ -7,7 +7,6 @@ backward or forward does not hide.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import ceil
 
 from .. import arch
 from ..ir import Plan
@@ -64,7 +63,7 @@ def timing(plan: Plan, topo: Topology, settings: mem.Settings = mem.DEFAULT, sta
     t_f = t_b = t_w = 0.0
     for g, n in enumerate(plan.stage_layers()):
         last = g == p * v - 1
-        head = 2 * T * m.hidden * ceil(m.vocab / plan.tp) if last else 0
+        head = 2 * T * m.hidden * arch.vocab_per_rank(m, plan.tp) if last else 0
         fwd = n * T * (mm + core) + head
         edge = traffic.edge_specs(plan, g == 0, last)
         t_f = max(t_f, fwd / rate + n * lay_f + secs(edge, "fwd", "exposed"))

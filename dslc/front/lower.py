@@ -16,6 +16,7 @@ from ..catalog import DEVICES, LINKS
 from ..diagnostics import Diagnostic, error, warning
 from ..source import Span
 from . import ast
+from .defaults import DEFAULTS as D
 from .load import Unit
 from .plan import lower_plan
 from .schema import Fields, Reader
@@ -136,7 +137,7 @@ class Lowerer:
             lf = r.fields(lb, ("scope", "bandwidth", "latency"))
             scope = r.choice(lf, "scope", ir.LINK_SCOPES, cat[0] if cat else None, required=cat is None)
             bw = r.quantity(lf, "bandwidth", "rate", cat[1] if cat else None, required=cat is None, minimum=0, exclusive=True, catalog=lb.name)
-            lat = r.quantity(lf, "latency", "time", cat[2] if cat else 0.0, minimum=0, catalog=lb.name if cat else None)
+            lat = r.quantity(lf, "latency", "time", cat[2] if cat else D["link.latency"], minimum=0, catalog=lb.name if cat else None)
             if scope and bw is not None and lat is not None:
                 links.append(ir.Link(lb.name, scope, float(bw), float(lat), lb.span))
         if None in (nodes, gpn, dev, peak, mem):
@@ -164,19 +165,19 @@ class Lowerer:
         kv_heads = r.int(f, "kv_heads", heads, minimum=1)
         spec = archs.ARCHS.get(arch)
         ffn = r.int(f, "ffn", spec.default_ffn(hidden) if spec and hidden else None, minimum=1)
-        norm_eps = r.float(f, "norm_eps", 1e-5, minimum=0, exclusive=True)
-        rope_theta = r.float(f, "rope_theta", 10000.0, minimum=0, exclusive=True)
+        norm_eps = r.float(f, "norm_eps", D["model.norm_eps"], minimum=0, exclusive=True)
+        rope_theta = r.float(f, "rope_theta", D["model.rope_theta"], minimum=0, exclusive=True)
         tie = r.bool(f, "tie_embeddings", spec.tie_embeddings if spec else False)
-        dropout = r.float(f, "dropout", 0.0, minimum=0, maximum=1)
+        dropout = r.float(f, "dropout", D["model.dropout"], minimum=0, maximum=1)
         moe = bool(spec and spec.moe)
         for key in self.EXPERT_KEYS:
             if not moe and key in f.assigns:
                 r.diags.append(error("E072", f.assigns[key].span, f"'{key}' is an expert option but {arch} is a dense model", "use arch = mixtral for a mixture of experts"))
         # may also come from the plan's experts block; lower_plan checks it is set
         experts = r.int(f, "experts", 0, minimum=1) if moe else 0
-        top_k = r.int(f, "top_k", 2, minimum=1) if moe else 0
-        cap = r.float(f, "capacity_factor", 0.0, minimum=0) if moe else 0.0
-        aux = r.float(f, "aux_loss_weight", 0.01, minimum=0) if moe else 0.0
+        top_k = r.int(f, "top_k", D["model.top_k"], minimum=1) if moe else 0
+        cap = r.float(f, "capacity_factor", D["model.capacity_factor"], minimum=0) if moe else 0.0
+        aux = r.float(f, "aux_loss_weight", D["model.aux_loss_weight"], minimum=0) if moe else 0.0
         values = (arch, layers, hidden, heads, kv_heads, ffn, vocab, seq_len, norm_eps, rope_theta, tie, dropout, experts, top_k, cap, aux)
         if any(v is None for v in values):
             return None

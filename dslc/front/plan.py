@@ -12,6 +12,7 @@ from .. import ir
 from ..diagnostics import error
 from ..source import Span
 from . import ast
+from .defaults import DEFAULTS as D
 from .schema import Fields, Reader
 
 PLAN_BLOCKS = ("model", "cluster", "mesh", "tensor_parallel", "data_parallel", "pipeline", "context_parallel", "experts", "train")
@@ -43,13 +44,13 @@ def lower_plan(r: Reader, block: ast.Block, resolve: Resolve) -> ir.Plan | None:
     mesh = _mesh(r, sub("mesh", ir.AXES, axes=True), cluster, spans)
 
     tpf = sub("tensor_parallel", ("sequence_parallel",))
-    tp = ir.TensorParallel(r.bool(tpf, "sequence_parallel", False), spans.get("tensor_parallel"))
+    tp = ir.TensorParallel(r.bool(tpf, "sequence_parallel", D["tensor_parallel.sequence_parallel"]), spans.get("tensor_parallel"))
 
     dpf = sub("data_parallel", ("zero",))
-    dp = ir.DataParallel(r.int(dpf, "zero", 0), spans.get("data_parallel"))
+    dp = ir.DataParallel(r.int(dpf, "zero", D["data_parallel.zero"]), spans.get("data_parallel"))
 
     cpf = sub("context_parallel", ("method", "load_balance"))
-    cp = ir.ContextParallel(r.choice(cpf, "method", ir.CP_METHODS, "ring") or "ring", r.bool(cpf, "load_balance", True), spans.get("context_parallel"))
+    cp = ir.ContextParallel(r.choice(cpf, "method", ir.CP_METHODS, D["context_parallel.method"]) or D["context_parallel.method"], r.bool(cpf, "load_balance", D["context_parallel.load_balance"]), spans.get("context_parallel"))
 
     # experts { } sets a mixtral model's expert options for this plan
     ef = sub("experts", ("count", "top_k", "capacity_factor", "aux_loss_weight"))
@@ -77,7 +78,7 @@ def lower_plan(r: Reader, block: ast.Block, resolve: Resolve) -> ir.Plan | None:
 
     tf = sub("train", ("steps", "micro_batch", "global_batch", "precision", "recompute", "grad_clip", "seed", "loss_scale", "data"), blocks=("optimizer", "lr_schedule", "checkpoint"))
     ppf = sub("pipeline", ("schedule", "virtual_stages", "microbatches", "layers_per_stage"))
-    micro_batch = r.int(tf, "micro_batch", 1, minimum=1)
+    micro_batch = r.int(tf, "micro_batch", D["train.micro_batch"], minimum=1)
     global_batch = r.int(tf, "global_batch", None, minimum=1)
     data_ranks = mesh.size("dp") * mesh.size("ep") if mesh else 1
     microbatches = r.int(ppf, "microbatches", None, minimum=1)
@@ -88,8 +89,8 @@ def lower_plan(r: Reader, block: ast.Block, resolve: Resolve) -> ir.Plan | None:
         global_batch = micro_batch * microbatches * data_ranks
     layers_per_stage = _int_list(r, ppf, "layers_per_stage")
     pipeline = ir.Pipeline(
-        r.choice(ppf, "schedule", ir.SCHEDULES, "1f1b") or "1f1b",
-        r.int(ppf, "virtual_stages", 1, minimum=1),
+        r.choice(ppf, "schedule", ir.SCHEDULES, D["pipeline.schedule"]) or D["pipeline.schedule"],
+        r.int(ppf, "virtual_stages", D["pipeline.virtual_stages"], minimum=1),
         microbatches,
         layers_per_stage,
         spans.get("pipeline"),
@@ -149,40 +150,40 @@ def _mesh(r: Reader, f: Fields, cluster: ir.Cluster | None, spans: dict[str, Spa
 
 
 def _train(r: Reader, f: Fields, plan_block, cluster, micro_batch, global_batch, spans) -> ir.Train | None:
-    steps = r.int(f, "steps", 100, minimum=1)
+    steps = r.int(f, "steps", D["train.steps"], minimum=1)
     default_precision = "fp32" if cluster is not None and cluster.device.name == "cpu" else "bf16"
     precision = r.choice(f, "precision", ir.PRECISIONS, default_precision) or default_precision
-    recompute = r.choice(f, "recompute", ir.RECOMPUTE, "none") or "none"
-    grad_clip = r.float(f, "grad_clip", 1.0, minimum=0)
-    seed = r.int(f, "seed", 1234, minimum=0)
-    loss_scale = r.choice(f, "loss_scale", ("dynamic", "none"), "dynamic") or "dynamic"
+    recompute = r.choice(f, "recompute", ir.RECOMPUTE, D["train.recompute"]) or D["train.recompute"]
+    grad_clip = r.float(f, "grad_clip", D["train.grad_clip"], minimum=0)
+    seed = r.int(f, "seed", D["train.seed"], minimum=0)
+    loss_scale = r.choice(f, "loss_scale", ("dynamic", "none"), D["train.loss_scale"]) or D["train.loss_scale"]
 
     opt_block = r.single(f, "optimizer")
     if opt_block is not None:
         spans["train.optimizer"] = opt_block.kind_span
         of = r.fields(opt_block, ("lr", "betas", "eps", "weight_decay", "momentum"))
-        name = opt_block.name or "adamw"
+        name = opt_block.name or D["train.optimizer"]
         if name not in ir.OPTIMIZERS:
             r.diags.append(r.unknown("E019", f"unknown optimizer '{name}'", name, ir.OPTIMIZERS, opt_block.name_span))
-            name = "adamw"
+            name = D["train.optimizer"]
     else:
-        of, name = None, "adamw"
+        of, name = None, D["train.optimizer"]
     get = (lambda fn, key, default, **kw: fn(of, key, default, **kw)) if of else (lambda fn, key, default, **kw: default)
-    lr = get(r.float, "lr", 3e-4, minimum=0, exclusive=True)
-    betas = _betas(r, of) if of else (0.9, 0.95)
-    optimizer = ir.Optimizer(name, lr, betas, get(r.float, "eps", 1e-8, minimum=0, exclusive=True), get(r.float, "weight_decay", 0.1, minimum=0), get(r.float, "momentum", 0.9, minimum=0, maximum=1), spans.get("train.optimizer"))
+    lr = get(r.float, "lr", D["optimizer.lr"], minimum=0, exclusive=True)
+    betas = _betas(r, of) if of else D["optimizer.betas"]
+    optimizer = ir.Optimizer(name, lr, betas, get(r.float, "eps", D["optimizer.eps"], minimum=0, exclusive=True), get(r.float, "weight_decay", D["optimizer.weight_decay"], minimum=0), get(r.float, "momentum", D["optimizer.momentum"], minimum=0, maximum=1), spans.get("train.optimizer"))
 
     sched_block = r.single(f, "lr_schedule")
-    sname, sf = "cosine", None
+    sname, sf = D["train.lr_schedule"], None
     if sched_block is not None:
         spans["train.lr_schedule"] = sched_block.kind_span
         sf = r.fields(sched_block, ("warmup", "min_lr", "decay_steps"))
-        sname = sched_block.name or "cosine"
+        sname = sched_block.name or D["train.lr_schedule"]
         if sname not in ir.LR_SCHEDULES:
             r.diags.append(r.unknown("E019", f"unknown lr schedule '{sname}'", sname, ir.LR_SCHEDULES, sched_block.name_span))
-            sname = "cosine"
+            sname = D["train.lr_schedule"]
     sget = (lambda fn, key, default, **kw: fn(sf, key, default, **kw)) if sf else (lambda fn, key, default, **kw: default)
-    lr_schedule = ir.LRSchedule(sname, sget(r.int, "warmup", 0, minimum=0), sget(r.float, "min_lr", (lr or 3e-4) * 0.1, minimum=0), sget(r.int, "decay_steps", steps or 100, minimum=1), spans.get("train.lr_schedule"))
+    lr_schedule = ir.LRSchedule(sname, sget(r.int, "warmup", D["lr_schedule.warmup"], minimum=0), sget(r.float, "min_lr", _tenth(lr or D["optimizer.lr"]), minimum=0), sget(r.int, "decay_steps", steps or D["train.steps"], minimum=1), spans.get("train.lr_schedule"))
 
     data = _data(r, f, plan_block)
 
@@ -202,11 +203,11 @@ def _train(r: Reader, f: Fields, plan_block, cluster, micro_batch, global_batch,
 def _betas(r, of: Fields) -> tuple[float, float]:
     a = of.assigns.get("betas")
     if a is None:
-        return (0.9, 0.95)
+        return D["optimizer.betas"]
     items = a.value.items if isinstance(a.value, ast.Tuple) else ()
     if len(items) != 2 or not all(isinstance(i, ast.Number) for i in items):
         r.wrong(a, "a pair of numbers such as (0.9, 0.95)")
-        return (0.9, 0.95)
+        return D["optimizer.betas"]
     b1, b2 = (float(i.value) for i in items)
     if not (0 <= b1 < 1 and 0 <= b2 < 1):
         r.diags.append(error("E015", a.value.span, f"betas must each be in [0, 1), got ({b1:g}, {b2:g})"))
@@ -216,7 +217,7 @@ def _betas(r, of: Fields) -> tuple[float, float]:
 def _data(r, f: Fields, plan_block) -> ir.Data | None:
     a = f.assigns.get("data")
     if a is None:
-        return ir.Data("synthetic", None, None, None)
+        return ir.Data(D["train.data"], None, None, None)
     v = a.value
     if isinstance(v, ast.Ident) and v.name == "synthetic":
         return ir.Data("synthetic", None, None, a.span)
@@ -229,8 +230,13 @@ def _data(r, f: Fields, plan_block) -> ir.Data | None:
         return ir.Data(v.name, path, os.path.normpath(os.path.join(base, path)), a.span)
     word = v.name if isinstance(v, (ast.Ident, ast.Call)) else None
     if word:
-        r.diags.append(r.unknown("E019", f"unknown data source '{word}'", word, ("synthetic", "text", "tokens"), v.span))
+        r.diags.append(r.unknown("E019", f"unknown data source '{word}'", word, ir.DATA_KINDS, v.span))
     else:
         r.wrong(a, 'synthetic, text("file.txt") or tokens("file.bin")')
     return None
 
+
+def _tenth(lr: float) -> float:
+    """The default min_lr, lr / 10, as a person would write it (3e-4 for lr = 3e-3, not
+    the 3.0000000000000003e-4 that binary floating point gives): 15 significant digits."""
+    return float(f"{lr / 10:.15g}")
