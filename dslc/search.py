@@ -13,7 +13,6 @@ from dataclasses import dataclass, replace
 
 from .check import check_plan
 from .cost import memory as mem
-from .cost.schedule import ScheduleError
 from .diagnostics import Diagnostic, error
 from .ir import Plan
 from .units import gib
@@ -71,15 +70,39 @@ def peak(plan: Plan, settings: mem.Settings = mem.DEFAULT) -> int:
     return max(s.total for s in mem.memory(plan, settings))
 
 
+@dataclass(frozen=True)
+class Fixes:
+    """For a plan that does not fit: per knob, the smallest change that passes the checks
+    and fits (with its peak bytes), and, when none fits, the closest candidate."""
+
+    fits: tuple[tuple[Candidate, int], ...]
+    closest: tuple[Candidate, int] | None
+
+
+def fixes(plan: Plan, settings: mem.Settings = mem.DEFAULT) -> Fixes:
+    cap = plan.cluster.device.memory
+    fits: dict[str, tuple[Candidate, int]] = {}
+    closest: tuple[Candidate, int] | None = None
+    for c in candidates(plan):
+        if c.knob in fits:
+            continue
+        need = peak(c.plan, settings)
+        if need <= cap:
+            fits[c.knob] = (c, need)
+        elif closest is None or need < closest[1]:
+            closest = (c, need)
+    return Fixes(tuple(fits.values()), closest)
+
+
 def fit_diagnostics(plan: Plan, settings: mem.Settings = mem.DEFAULT,
                     stages: tuple[mem.StageMemory, ...] | None = None) -> list[Diagnostic]:
     """E090 at the plan when its worst rank needs more than the device memory, with the
     breakdown and, for each of zero, recompute, micro_batch, tp and pp, the smallest change
-    that passes the checks and fits, with the memory it would reach."""
+    that passes the checks and fits, with the memory it would reach (:func:`fixes`)."""
     cap, dev = plan.cluster.device.memory, plan.cluster.device.name
     try:
         stages = stages if stages is not None else mem.memory(plan, settings)
-    except ScheduleError:  # no schedule for these numbers: the pipeline checks report why
+    except ValueError:  # no schedule for these numbers: the pipeline checks report why
         return []
     worst = max(stages, key=lambda s: s.total)
     if worst.total <= cap:
@@ -87,19 +110,11 @@ def fit_diagnostics(plan: Plan, settings: mem.Settings = mem.DEFAULT,
     msg = (f"pipeline stage {worst.stage} needs {gib(worst.total)} per GPU but {dev} has {gib(cap)}: params "
            f"{gib(worst.params)}, grads {gib(worst.grads)}, optimizer {gib(worst.optimizer)}, activations "
            f"{gib(worst.activations)} ({worst.inflight} micro-batch chunks in flight × {worst.layers} layers)")
-    fits: dict[str, str] = {}
-    closest: tuple[float, str] | None = None
-    for c in candidates(plan):
-        if c.knob in fits:
-            continue
-        need = peak(c.plan, settings)
-        if need <= cap:
-            fits[c.knob] = f"{c.label} ({gib(need)})"
-        elif closest is None or need < closest[0]:
-            closest = (need, f"{c.label} ({gib(need)})")
-    if fits:
-        hint = "it fits with any one of: " + ", ".join(fits.values())
+    found = fixes(plan, settings)
+    if found.fits:
+        hint = "it fits with any one of: " + ", ".join(f"{c.label} ({gib(need)})" for c, need in found.fits)
     else:
+        close = found.closest
         hint = ("no single change of zero, recompute, micro_batch, tp or pp fits"
-                + (f"; closest: {closest[1]}" if closest else "") + "; combine them or add GPUs")
+                + (f"; closest: {close[0].label} ({gib(close[1])})" if close else "") + "; combine them or add GPUs")
     return [error("E090", plan.span, msg, hint)]
