@@ -2,7 +2,7 @@
 
 Targets: 16,384 GPUs in under 2 s, 131,072 in under 10 s, growing no faster than linearly.
 The peer, timed in the same run, is building the networkx cluster graph once (one vertex
-and a few edges per GPU, :func:`dslc.topology.build_graph`): the least any per-rank
+and a few edges per GPU, :func:`dslc.cost.topology.build_graph`): the least any per-rank
 method must do. explain does not build it (groups are handled per class, links charged
 with numpy) and should stay well under it. Run: ``python benchmarks/explain_scale.py``.
 """

@@ -1,10 +1,15 @@
-"""Golden execution tests: every parallel plan computes what the serial plan computes.
+"""The golden harness: every parallel plan computes what its serial plan computes.
 
-Each plan of tests/golden/*.plan is compiled and trained for 5 steps under
-torchrun (CPU, gloo, fp32), once per module; every step's global loss must equal
-the serial plan's within 1e-5 relative, and the final full weights (the tp shards
-gathered by --dump-weights) within 1e-5. All tests here share one xdist group so
-the multi-process runs never overlap each other on a small machine."""
+One table for every axis: each plan of tests/golden/*.plan named ``<family>_<layout>`` is
+compiled and trained for 5 steps under torchrun (CPU, gloo, fp32) and compared with the
+plan ``<family>_serial`` of the same file: every step's global loss within 1e-5 relative,
+the final full weights (tp shards and pipeline stages gathered by --dump-weights) within
+1e-5. A new axis adds plans to those files and the layouts it must cover to ``REQUIRED``
+below — not a new harness. The families: gpt2 and llama (dp, tp, sp, ZeRO-1, recompute),
+gpt2pp and llamapp (4-layer models: gpt2 with tied embeddings, llama untied) for the
+pipeline schedules alone and with dp and tp. One serial run per family is shared; all
+tests here share one xdist group so multi-process runs never overlap on a small machine.
+"""
 
 from __future__ import annotations
 
@@ -23,17 +28,53 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("golden")]
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 ROOT = GOLDEN.parents[1]
-PLANS = [
-    m
-    for f in ("gpt2.plan", "llama.plan")
-    for m in re.findall(r"^plan (\w+)", (GOLDEN / f).read_text(), re.MULTILINE)
-]
+PLANS = [m for f in sorted(GOLDEN.glob("*.plan")) for m in re.findall(r"^plan (\w+)", f.read_text(), re.MULTILINE)]
 PARALLEL = [name for name in PLANS if not name.endswith("_serial")]
 RTOL = 1e-5
 
 
 def serial_of(name: str) -> str:
     return name.split("_")[0] + "_serial"
+
+
+def layout(p) -> tuple:
+    """(schedule, dp, pp, tp, sequence parallel) of a plan: what REQUIRED lists."""
+    return (p.pipeline.schedule, p.dp, p.pp, p.tp, p.tensor_parallel.sequence_parallel)
+
+
+# family -> layouts its golden plans must include
+REQUIRED = {
+    "gpt2": {("1f1b", 2, 1, 1, False), ("1f1b", 1, 1, 2, False), ("1f1b", 2, 1, 2, False), ("1f1b", 2, 1, 2, True)},
+    "llama": {("1f1b", 2, 1, 1, False), ("1f1b", 1, 1, 2, True), ("1f1b", 2, 1, 2, True)},
+    "gpt2pp": {("gpipe", 1, 2, 1, False), ("1f1b", 1, 2, 1, False), ("1f1b", 1, 4, 1, False),
+               ("interleaved_1f1b", 1, 2, 1, False), ("1f1b", 2, 2, 1, False), ("1f1b", 1, 2, 2, True)},
+    "llamapp": {("gpipe", 1, 2, 1, False), ("1f1b", 1, 2, 1, False), ("1f1b", 1, 4, 1, False),
+                ("interleaved_1f1b", 1, 2, 1, False), ("1f1b", 2, 2, 1, False), ("1f1b", 1, 2, 2, True)},
+}
+
+
+def test_matrix_is_complete(golden_plans):
+    """Every layout each family must cover is in the table, and every plan in the table
+    has its serial reference with the same model and global batch."""
+    for family, layouts in REQUIRED.items():
+        plans = [golden_plans[n] for n in PARALLEL if n.startswith(family + "_")]
+        assert layouts <= {layout(p) for p in plans}, (family, layouts - {layout(p) for p in plans})
+    for name in PARALLEL:
+        plan, ref = golden_plans[name], golden_plans[serial_of(name)]
+        assert plan.model == dataclasses.replace(ref.model, span=plan.model.span)
+        assert plan.train.global_batch == ref.train.global_batch and plan.world_size > 1
+    for family in ("gpt2pp", "llamapp"):  # every pipeline plan, and an 8-process 3D one
+        plans = [golden_plans[n] for n in PARALLEL if n.startswith(family + "_")]
+        assert any(p.world_size == 8 and p.dp == p.pp == p.tp == 2 for p in plans)
+        assert all(p.pp > 1 for p in plans)
+    # zb_h1's split backward with tp (the tied head's gradient deferred too) and with dp
+    # (ZeRO-1 buckets filled by W, blocks recomputed in B)
+    zb = {(n, golden_plans[n].dp, golden_plans[n].tp) for n in PARALLEL if "zb_h1" in n}
+    assert zb == {("gpt2pp_pp2_tp2_zb_h1", 1, 2), ("llamapp_dp2_pp2_zb_h1", 2, 1)}
+    zb_dp = golden_plans["llamapp_dp2_pp2_zb_h1"]
+    assert zb_dp.train.recompute == "full" and zb_dp.data_parallel.zero == 1
+    assert golden_plans["gpt2pp_serial"].model.tie_embeddings
+    assert not golden_plans["llamapp_serial"].model.tie_embeddings
 
 
 @pytest.mark.parametrize("name", PARALLEL)
@@ -48,7 +89,7 @@ def test_parallel_plan_matches_serial(name, golden_plans, trained):
     assert len(losses) == len(ref_losses) == plan.train.steps
     for step, (got, want) in enumerate(zip(losses, ref_losses), 1):
         assert abs(got - want) <= RTOL * abs(want), f"step {step}: {got} != {want} (serial)"
-    assert sorted(weights) == sorted(ref_weights)
+    assert sorted(weights) == sorted(ref_weights)  # every stage's layers came back
     for key, want in ref_weights.items():
         torch.testing.assert_close(weights[key], want, rtol=RTOL, atol=RTOL, msg=f"{name}: {key}")
 
@@ -136,3 +177,45 @@ def test_tokens_file_sgd_dropout_fp16_smoke(golden_plans, trained, tmp_path):
     )
     losses = trained(plan, "--steps", "3")[0]
     assert len(losses) == 3 and all(math.isfinite(x) for x in losses)
+
+
+def test_the_comparison_is_meaningful(golden_plans, trained):
+    """The serial reference trains: the loss changes from step to step and the run is
+    deterministic, so a pipeline that skipped a micro-batch, a stage's update or the
+    tied gradient's reduction would not match it."""
+    for name in ("gpt2pp_serial", "llamapp_serial"):
+        losses, weights = trained(golden_plans[name])
+        assert len(set(losses)) == len(losses)
+        assert "blocks.3.mlp.down_proj.weight" in weights
+    assert "lm_head" not in trained(golden_plans["gpt2pp_serial"])[1]  # tied: the head is wte
+    assert "lm_head" in trained(golden_plans["llamapp_serial"])[1]
+
+
+def test_trace_shows_each_rank_running_its_action_list(golden_plans, run_script, tmp_path):
+    """--trace FILE: the last step's timeline, all ranks in one Chrome trace. Each rank's
+    computes are its action list's, in order, one after another; between them, one
+    wait per batch of messages."""
+    from dslc.cost import schedule
+
+    plan = golden_plans["gpt2pp_pp2_interleaved"]
+    script = codegen.write(plan, tmp_path) / "train.py"
+    trace = tmp_path / "trace.json"
+    out = run_script(script, plan.world_size, "--steps", "2", "--trace", trace)
+    assert out.returncode == 0, out.stderr[-3000:]
+    events = json.loads(trace.read_text())["traceEvents"]
+    pl = plan.pipeline
+    actions = schedule.build(pl.schedule, plan.pp, pl.microbatches, pl.virtual_stages)
+    assert {e["pid"] for e in events} == set(range(plan.world_size))
+    for rank in range(plan.world_size):
+        stage = actions[plan.mesh.coords(rank)["pp"]]
+        names = [e["args"]["name"] for e in events if e["pid"] == rank and e["ph"] == "M"]
+        assert names == [f"rank {rank}: pp stage {plan.mesh.coords(rank)['pp']}"]
+        spans = sorted((e for e in events if e["pid"] == rank and e["ph"] == "X"), key=lambda e: e["ts"])
+        computes = [e["args"] for e in spans if e["name"] != "send/recv"]
+        want = [(a.kind, a.microbatch, a.chunk) for a in stage if not a.is_comm]
+        assert [(c["kind"], c["microbatch"], c["chunk"]) for c in computes] == want
+        batches = sum(a.is_comm and (i == 0 or not stage[i - 1].is_comm) for i, a in enumerate(stage))
+        assert len(spans) - len(computes) == batches
+        assert spans[0]["ts"] >= 0  # after the barrier that starts the step
+        for a, b in zip(spans, spans[1:]):
+            assert a["ts"] + a["dur"] <= b["ts"] + 0.2, (a, b)  # one at a time (0.1 us rounding)

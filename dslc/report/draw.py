@@ -1,7 +1,7 @@
 """Pictures of a pipeline schedule: a timeline image (matplotlib) and a terminal grid.
 
-Both read the action lists of :func:`dslc.schedule.build` and the timeline of
-:func:`dslc.schedule.simulate`: one row per pipeline rank, time across. matplotlib is imported
+Both read the action lists of :func:`dslc.cost.schedule.build` and the timeline of
+:func:`dslc.cost.schedule.simulate`: one row per pipeline rank, time across. matplotlib is imported
 inside :func:`draw` only, so importing this module (and ``dslc lint``) stays fast.
 """
 
