@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from .arch import vocab_per_rank
-from .cost.schedule import shape_problems
-from .cost.topology import axis_crossing
 from .diagnostics import Diagnostic, error, warning
-from .ir import Plan
+from .groups import axis_crossing
+from .ir import SCHEDULES, Plan
 
 Check = Callable[[Plan], Iterator[Diagnostic]]
 CHECKS: list[Check] = []
@@ -111,13 +111,48 @@ def model_shapes(plan: Plan):
 # -- pipeline ---------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Problem:
+    """Why action lists of a shape cannot be built: a diagnostic code, the plan keys it is
+    about (most specific first), the message naming the numbers, and a hint."""
+
+    code: str
+    keys: tuple[str, ...]
+    message: str
+    hint: str | None = None
+
+
+def shape_problems(schedule: str, pp: int, microbatches: int, virtual_stages: int = 1) -> list[Problem]:
+    """The one statement of which (schedule, pp, microbatches, virtual_stages) can be built:
+    :func:`dslc.cost.schedule.build` refuses these, and :func:`pipeline` reports them at the
+    plan's keys.
+    1f1b, zb_h1 and interleaved_1f1b need microbatches ≥ pp, interleaved_1f1b also
+    microbatches % pp == 0; only interleaved_1f1b takes v > 1."""
+    p, m, v = pp, microbatches, virtual_stages
+    if schedule not in SCHEDULES:
+        return [Problem("E019", ("pipeline.schedule",), f"unknown schedule {schedule!r}; expected one of {', '.join(SCHEDULES)}")]
+    if p < 1 or m < 1 or v < 1:
+        return [Problem("E015", ("pipeline",), f"pp, microbatches and virtual_stages must be ≥ 1 (got {p}, {m}, {v})")]
+    out = []
+    if v > 1 and schedule != "interleaved_1f1b":
+        out.append(Problem("E056", ("pipeline.virtual_stages",), f"virtual_stages={v} needs schedule = interleaved_1f1b, not {schedule}"))
+    if schedule in ("1f1b", "zb_h1", "interleaved_1f1b") and m < p:
+        out.append(Problem("E053", ("pipeline.microbatches", "train.global_batch"), f"{schedule} needs microbatches ≥ pp, got microbatches={m} < pp={p}",
+                           f"raise microbatches to at least {p} (global_batch = micro_batch × microbatches × dp)"))
+    elif schedule == "interleaved_1f1b" and m % p:
+        out.append(Problem("E054", ("pipeline.microbatches",), f"interleaved_1f1b needs microbatches divisible by pp, got microbatches={m}, pp={p} (remainder {m % p})",
+                           f"use {m - m % p or p} or {m + p - m % p}"))
+    return out
+
+
+
 @rule
 def pipeline(plan: Plan):
     p, pl, layers = plan.pp, plan.pipeline, plan.model.layers
     v, m = pl.virtual_stages, pl.microbatches
     if pl.schedule == "interleaved_1f1b" and p > 1 and v < 2:
         yield error("E056", plan.where("pipeline.virtual_stages", "pipeline.schedule"), f"interleaved_1f1b needs virtual_stages ≥ 2, got {v}", "set virtual_stages = 2 or use schedule = 1f1b")
-    for pr in shape_problems(pl.schedule, p, m, v):  # shared with dslc.cost.schedule.build
+    for pr in shape_problems(pl.schedule, p, m, v):  # build() refuses the same
         yield error(pr.code, plan.where(*pr.keys), pr.message, pr.hint)
     if p == 1:
         if any(k in plan.spans for k in ("pipeline.schedule", "pipeline.virtual_stages", "pipeline.layers_per_stage")):

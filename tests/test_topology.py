@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from dslc.cost.collectives import Comm
 from dslc.cost.links import Flow, charge, charge_comms
-from dslc.cost.topology import Topology, axis_crossing, build_graph, group_classes, hop_path
+from dslc.cost.topology import Topology, build_graph, hop_path
+from dslc.groups import axis_crossing, group_classes
 from dslc.ir import Cluster, Device, Link, Mesh, MeshAxis
 from dslc.source import Span
 

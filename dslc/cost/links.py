@@ -14,8 +14,9 @@ from dataclasses import dataclass
 import networkx as nx
 import numpy as np
 
+from ..groups import axes_of, offsets
 from ..ir import Link
-from .topology import Topology, axes_of, offsets
+from .topology import Topology
 
 
 @dataclass(frozen=True)

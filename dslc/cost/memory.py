@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from math import ceil, prod
 
 from .. import arch
+from ..groups import axes_of
 from ..ir import Plan
 from ..units import DTYPE_BYTES
 from . import schedule as sched
-from .topology import axes_of
 
 
 @dataclass(frozen=True)

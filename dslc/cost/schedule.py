@@ -1,6 +1,6 @@
 """Pipeline schedules as data: build each rank's action list and simulate it.
 
-The proof that the lists cannot deadlock is :mod:`dslc.deadlock`.
+The proof that the lists cannot deadlock is :mod:`dslc.cost.deadlock`.
 
 The model is cut into ``pp·v`` chunks in layer order (v = virtual stages per rank). Global chunk
 ``g`` lives on pipeline rank ``g % pp`` as its local chunk ``g // pp`` (the interleaved placement
@@ -40,10 +40,10 @@ Ordering contract: the generated runtime executes the lists literally.
 5. Between two ranks, messages match in posting order (NCCL, and gloo with one tag, do not
    match by micro-batch): the k-th send from r to q is the k-th receive on q from r. Activations
    and gradients have the same shape (micro_batch, seq, hidden), so a mix-up would not fail
-   loudly; :func:`dslc.deadlock.verify` checks that both sides list the same messages in the
+   loudly; :func:`dslc.cost.deadlock.verify` checks that both sides list the same messages in the
    same order.
 
-:func:`dslc.deadlock.verify` proves deadlock-freedom under the strictest p2p semantics
+:func:`dslc.cost.deadlock.verify` proves deadlock-freedom under the strictest p2p semantics
 (rendezvous: a send completes only once its receive is posted; a batch completes when all its
 operations have). :func:`simulate` times the lists with eager sends: a send occupies its rank
 for ``t_comm``, a receive blocks until the matching send has completed.
@@ -54,6 +54,7 @@ from __future__ import annotations
 from collections import defaultdict, deque
 from dataclasses import dataclass
 
+from ..check import shape_problems
 from ..ir import SCHEDULES
 
 COMPUTE = ("F", "B", "W")
@@ -61,8 +62,8 @@ COMM = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
 KINDS = COMPUTE + COMM
 
 __all__ = [
-    "SCHEDULES", "Action", "Problem", "ScheduleError", "Simulation", "build", "expected_peer",
-    "locate", "message", "shape_problems", "simulate",
+    "SCHEDULES", "Action", "ScheduleError", "Simulation", "build", "expected_peer", "locate",
+    "message", "simulate",
 ]
 
 
@@ -110,43 +111,10 @@ class ScheduleError(Exception):
 # ---------------------------------------------------------------------------- build
 
 
-@dataclass(frozen=True)
-class Problem:
-    """Why action lists of a shape cannot be built: a diagnostic code, the plan keys it is
-    about (most specific first), the message naming the numbers, and a hint."""
-
-    code: str
-    keys: tuple[str, ...]
-    message: str
-    hint: str | None = None
-
-
-def shape_problems(schedule: str, pp: int, microbatches: int, virtual_stages: int = 1) -> list[Problem]:
-    """The one statement of which (schedule, pp, microbatches, virtual_stages) can be built:
-    :func:`build` refuses these, and :mod:`dslc.check` reports them at the plan's keys.
-    1f1b, zb_h1 and interleaved_1f1b need microbatches ≥ pp, interleaved_1f1b also
-    microbatches % pp == 0; only interleaved_1f1b takes v > 1."""
-    p, m, v = pp, microbatches, virtual_stages
-    if schedule not in SCHEDULES:
-        return [Problem("E019", ("pipeline.schedule",), f"unknown schedule {schedule!r}; expected one of {', '.join(SCHEDULES)}")]
-    if p < 1 or m < 1 or v < 1:
-        return [Problem("E015", ("pipeline",), f"pp, microbatches and virtual_stages must be ≥ 1 (got {p}, {m}, {v})")]
-    out = []
-    if v > 1 and schedule != "interleaved_1f1b":
-        out.append(Problem("E056", ("pipeline.virtual_stages",), f"virtual_stages={v} needs schedule = interleaved_1f1b, not {schedule}"))
-    if schedule in ("1f1b", "zb_h1", "interleaved_1f1b") and m < p:
-        out.append(Problem("E053", ("pipeline.microbatches", "train.global_batch"), f"{schedule} needs microbatches ≥ pp, got microbatches={m} < pp={p}",
-                           f"raise microbatches to at least {p} (global_batch = micro_batch × microbatches × dp)"))
-    elif schedule == "interleaved_1f1b" and m % p:
-        out.append(Problem("E054", ("pipeline.microbatches",), f"interleaved_1f1b needs microbatches divisible by pp, got microbatches={m}, pp={p} (remainder {m % p})",
-                           f"use {m - m % p or p} or {m + p - m % p}"))
-    return out
-
-
 def build(schedule: str, pp: int, microbatches: int, virtual_stages: int = 1) -> Actions:
     """One ordered action list per pipeline rank (index = pp rank).
 
-    Raises ValueError with the message of the first of :func:`shape_problems`."""
+    Raises ValueError with the message of the first of :func:`dslc.check.shape_problems`."""
     if problems := shape_problems(schedule, pp, microbatches, virtual_stages):
         raise ValueError(problems[0].message)
     p, m, v = pp, microbatches, virtual_stages

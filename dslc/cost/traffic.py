@@ -1,7 +1,7 @@
 """What one training step sends: every collective and p2p call of a rank, per pipeline stage.
 
-(Links and call times are :mod:`dslc.topology`'s; parameters, memory and FLOPs are
-:mod:`dslc.estimate`'s.)
+(Links and call times are :mod:`dslc.cost.topology`'s; parameters and memory
+:mod:`dslc.cost.memory`'s.)
 
 Notation: b micro_batch, s seq_len, T = b·s/cp tokens per rank per micro-batch, h hidden,
 t tp, p pp, v virtual stages, m micro-batches, e bytes of the plan's dtype (fp32 4,
@@ -48,6 +48,7 @@ from dataclasses import dataclass, replace
 from math import ceil
 
 from ..arch import widths
+from ..groups import axes_of
 from ..ir import Plan
 from .collectives import Comm
 from .memory import (
@@ -59,7 +60,6 @@ from .memory import (
     local_tokens,
     stage_params,
 )
-from .topology import axes_of
 
 
 @dataclass(frozen=True)
