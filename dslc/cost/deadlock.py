@@ -1,12 +1,12 @@
-"""Deadlock-freedom proof of the pipeline action lists of :func:`dslc.schedule.build`.
+"""Deadlock-freedom proof of the pipeline action lists of :func:`dslc.cost.schedule.build`.
 
-The lists follow the ordering contract of :mod:`dslc.schedule`. :func:`verify` proves they
+The lists follow the ordering contract of :mod:`dslc.cost.schedule`. :func:`verify` proves they
 cannot deadlock under the strictest p2p semantics (rendezvous: a send completes only once its
 receive is posted; a batch completes when all its operations have) by building a networkx
 "must finish before" graph and checking that it is acyclic; it also checks that every rank
 computes each micro-batch and chunk once, that sends and receives pair up one-to-one, and that
 two ranks list their messages to each other in the same order (p2p matches in posting order).
-:func:`check` raises :class:`~dslc.schedule.ScheduleError` with every problem found.
+:func:`check` raises :class:`~dslc.cost.schedule.ScheduleError` with every problem found.
 """
 
 from __future__ import annotations
