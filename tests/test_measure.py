@@ -154,13 +154,6 @@ def measured(plans, run_script, tmp_path_factory):
     return measure
 
 
-def _needs_codegen(plan):
-    try:
-        codegen.render(plan)
-    except codegen.Unsupported as e:
-        pytest.skip(f"the code generator cannot compile {plan.name} yet: {e}")
-
-
 def _comm(record, table="comm"):
     """{(axis, kind): bytes} of the measured step."""
     assert set(record[table]) <= {"0"}, f"calls outside the step: {record[table]}"
@@ -175,10 +168,8 @@ ALL = [*PLANS, "pp2_1f1b", "pp2_tp2_zb_h1", "dp2_pp2_tp2"]
 
 
 @pytest.fixture(params=ALL)
-def case(request, plans, measured):
-    plan = plans[request.param]
-    _needs_codegen(plan)
-    return measured(request.param)
+def case(request, measured):
+    return measured(request.param)  # every plan here compiles: a refusal fails the test
 
 
 def test_payload_per_axis_and_kind_equals_the_prediction(case):
@@ -256,7 +247,6 @@ def test_measuring_costs_nothing_without_the_flag(golden_plans, pipeline_plans):
         golden_plans["llama_dp2_tp2_sp_zero1"],
         pipeline_plans["dp2_pp2_tp2"],
     ):
-        _needs_codegen(plan)
         tree = ast.parse(codegen.render(plan)["train.py"])
         parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
         uses = [

@@ -2,9 +2,13 @@
 
 :func:`render` (plan → ``{relative path: text}``), :func:`write` and :func:`stale` (for
 ``dslc compile --check``); :class:`Unsupported` for a valid plan the generator cannot
-compile yet, :class:`CodegenError` for output that cannot be written.
+compile yet, :class:`CodegenError` for output that cannot be written. The view model
+is :mod:`.view`, the pipeline's part and schedule.json :mod:`.pipeline`, number and
+name literals :mod:`.literals`.
 """
 
-from .render import DEFAULT_ROOT, CodegenError, Unsupported, render, stale, view_model, write
+from .errors import CodegenError, Unsupported
+from .render import render, stale, write
+from .view import DEFAULT_ROOT, view_model
 
 __all__ = ["DEFAULT_ROOT", "CodegenError", "Unsupported", "render", "stale", "view_model", "write"]

@@ -1,93 +1,78 @@
-"""The pipeline-parallel part of the code generator's view model.
+"""The pipeline-parallel part of the view model, and the schedule.json sidecar.
 
-Everything the pipeline runtime (``templates/parallel/pp.jinja``) needs is decided
-here: which layers each pipeline rank's model chunks hold (``Plan.stage_layers``,
-chunk g on pp rank g % pp as local chunk g // pp), the action lists of
-:func:`dslc.schedule.build` written out as a Python literal the script executes
-literally, the global ranks of the first and last stage of each pipeline (for
-the tied embedding's gradient), and the shape of the messages.
+Everything the pipeline runtime (``templates/parallel/pp.jinja``) needs is decided here:
+which layers each pipeline rank's model chunks hold (``Plan.stage_layers``, chunk g on
+pp rank g % pp as local chunk g // pp), the global ranks of the first and last stage of
+each pipeline (for the tied embedding's gradient), and the action lists of
+:func:`dslc.cost.schedule.build`, written to ``schedule.json`` beside the script, which
+executes them literally and refuses a file whose SHA-256 is not the one it was
+generated with.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from itertools import accumulate
 
 from ..cost import schedule
 from ..ir import Plan
 
-__all__ = ["pipeline_view", "schedule_literal"]
+__all__ = ["pipeline_view", "schedule_json"]
 
 
-def pipeline_view(plan: Plan, unsupported: type[Exception]) -> dict:
-    """The view-model keys of the pipeline; pp = 1 gives the keys with inert values."""
+def pipeline_view(plan: Plan) -> dict:
+    """The view-model keys of the pipeline (``schedule_json`` is the sidecar's text, not
+    for the templates); pp = 1 gives the keys with inert values."""
     pp, pl = plan.pp, plan.pipeline
+    split = pl.schedule == "zb_h1"
     if pp == 1:
-        return {
-            "pp": 1,
-            "pipeline_parallel": False,
-            "pp_schedule": "none",
-            "split_backward": False,
-            "linear": "F.linear",
-            "tied_pp": False,
-        }
-    v, m = pl.virtual_stages, pl.microbatches
-    layers = plan.stage_layers()
-    if len(layers) != pp * v or sum(layers) != plan.model.layers or min(layers) < 1:
-        raise unsupported(
-            f"pipeline stages {list(layers)} do not split {plan.model.layers} layers "
-            f"into pp={pp} x virtual_stages={v} non-empty chunks"
-        )
-    try:
-        actions = schedule.build(pl.schedule, pp, m, v)
-    except ValueError as e:
-        raise unsupported(str(e)) from None
-    bounds = [0, *accumulate(layers)]
+        return {"pipeline_parallel": False, "split_backward": False, "linear": "F.linear",
+                "tied_pp": False, "schedule_json": None}
+    text = schedule_json(plan)
+    v = pl.virtual_stages
+    bounds = [0, *accumulate(plan.stage_layers())]
     # [pp rank][local chunk] = (first layer, end layer) of global chunk c * pp + rank
     chunk_layers = tuple(
         tuple((bounds[c * pp + r], bounds[c * pp + r + 1]) for c in range(v)) for r in range(pp)
     )
     tied = bool(plan.model.tie_embeddings)
-    groups = plan.mesh.groups("pp")
     return {
-        "pp": pp,
         "pipeline_parallel": True,
+        "pp": pp,
         "pp_schedule": pl.schedule,
         "virtual_stages": v,
-        "split_backward": pl.schedule == "zb_h1",
+        "split_backward": split,
         # zb_h1: every linear layer defers its weight gradient to W (parallel/zb.jinja)
-        "linear": "linear" if pl.schedule == "zb_h1" else "F.linear",
+        "linear": "linear" if split else "F.linear",
         "pp_stride": plan.mesh.stride("pp"),
         "chunk_layers": repr(chunk_layers),
-        "stage_layers": repr(tuple(layers)),
-        "schedule_literal": schedule_literal(actions),
+        "schedule_json": text,
+        "schedule_sha256": hashlib.sha256(text.encode()).hexdigest(),
         "tied_pp": tied,
-        "embedding_groups": repr(tuple((g[0], g[-1]) for g in groups)) if tied else "()",
+        "embedding_groups": repr(tuple((g[0], g[-1]) for g in plan.mesh.groups("pp"))),
     }
 
 
-def schedule_literal(actions: schedule.Actions) -> str:
-    """``SCHEDULE = (...)``: one tuple of actions per pp rank, one line per compute
-    (the sends and receives posted before it, then the compute itself), so that a line
-    reads as "batch, then compute". The caller wraps it in ``# fmt: off``: black would
-    put every action on a line of its own."""
-
-    def text(a: schedule.Action) -> str:
-        fields = [f'"{a.kind}"', str(a.microbatch), str(a.chunk)]
-        if a.peer is not None:
-            fields.append(str(a.peer))
-        return "(" + ", ".join(fields) + ")"
-
-    lines = ["SCHEDULE = ("]
-    for rank, acts in enumerate(actions):
-        lines.append(f"    (  # pp rank {rank}")
-        current: list[str] = []
+def schedule_json(plan: Plan) -> str:
+    """``schedule.json``: every pp rank's action list, ``[kind, micro-batch, local chunk]``
+    plus the peer pp rank for sends and receives, one line per compute with the sends
+    and receives posted before it (so that a line reads "batch, then compute")."""
+    pl = plan.pipeline
+    actions = schedule.build(pl.schedule, plan.pp, pl.microbatches, pl.virtual_stages)
+    ranks = []
+    for acts in actions:
+        lines, current = [], []
         for a in acts:
-            current.append(text(a))
+            current.append(json.dumps([a.kind, a.microbatch, a.chunk, *(() if a.peer is None else (a.peer,))]))
             if not a.is_comm:
-                lines.append("        " + ", ".join(current) + ",")
+                lines.append(", ".join(current))
                 current = []
         if current:
-            lines.append("        " + ", ".join(current) + ",")
-        lines.append("    ),")
-    lines.append(")")
-    return "\n".join(lines)
+            lines.append(", ".join(current))
+        ranks.append("    [\n      " + ",\n      ".join(lines) + "\n    ]")
+    header = {"plan": plan.name, "schedule": pl.schedule, "pp": plan.pp,
+              "virtual_stages": pl.virtual_stages, "microbatches": pl.microbatches,
+              "action": ["kind", "micro-batch", "local chunk", "peer pp rank (sends, receives)"]}
+    head = "".join(f"  {json.dumps(k)}: {json.dumps(v)},\n" for k, v in header.items())
+    return "{\n" + head + '  "actions": [\n' + ",\n".join(ranks) + "\n  ]\n}\n"

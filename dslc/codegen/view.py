@@ -1,0 +1,232 @@
+"""The view model: every value the templates need, decided here.
+
+The templates under ``templates/`` receive a flat dict of validated identifiers,
+numbers, booleans and Python literals, and only loop and branch (after
+openapi-python-client and torchgen). Nothing from a plan reaches the output as code:
+names are checked against a strict identifier pattern, strings (paths) are emitted
+through ``repr`` as literals, and text that lands in comments is escaped so it cannot
+end the comment.
+
+A plan that :func:`dslc.check.check_plan` rejects is refused with its first error's
+message; the refusals stated here are the generator's own (what it cannot emit yet).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+
+from .. import arch
+from ..check import check_plan
+from ..cost.flops import peak_flops
+from ..cost.memory import grad_group
+from ..ir import Plan
+from .errors import Unsupported
+from .literals import comment_safe, identifier, number
+from .pipeline import pipeline_view
+
+DEFAULT_ROOT = Path("generated")
+SUPPORTED_AXES = ("dp", "tp", "pp")
+BUCKET_BYTES = "25 * 2**20"  # DDP's default bucket size
+_DTYPES = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}
+_NOT_YET = {
+    "cp": "context parallel (cp) is not supported by the code generator yet",
+    "ep": "expert parallel (ep) is not supported by the code generator yet",
+}
+
+
+def view_model(plan: Plan, root: Path = DEFAULT_ROOT) -> dict:
+    """Every value the templates need; raises Unsupported for plans it cannot compile."""
+    name = identifier(plan.name, "plan name")
+    _refuse_missing_features(plan)
+    errors = [d for d in check_plan(plan) if d.is_error]
+    if errors:
+        raise Unsupported(errors[0].message)
+    return {
+        "plan_name": name,
+        **_stamp(plan, Path(root)),
+        **_parallel(plan),
+        **pipeline_view(plan),
+        **_model(plan),
+        **_training(plan),
+        **_data(plan, Path(root) / name),
+    }
+
+
+def _refuse_missing_features(plan: Plan) -> None:
+    """What a valid plan may ask for that the generator cannot emit yet."""
+    for a in plan.mesh.axes:
+        if a.name not in SUPPORTED_AXES and a.size > 1:
+            raise Unsupported(_NOT_YET.get(a.name, f"mesh axis {a.name!r} is unknown"))
+    m = plan.model
+    if m.arch not in arch.ARCHS or arch.of(m).moe:
+        raise Unsupported(
+            f"model architecture {m.arch!r} is not supported by the code generator yet"
+            " (gpt2, llama)"
+        )
+    zero = plan.data_parallel.zero
+    if zero > 1:
+        raise Unsupported(
+            f"ZeRO stage {zero} is not supported by the code generator yet (stages 0 and 1 are)"
+        )
+    if m.dropout > 0 and plan.tp > 1:
+        raise Unsupported(
+            f"dropout = {m.dropout} with tp = {plan.tp} is not supported "
+            "(tp ranks would need a shared dropout RNG); set dropout = 0"
+        )
+
+
+def _stamp(plan: Plan, root: Path) -> dict:
+    """Where the output came from, relative to the project (the output root's parent)."""
+    base = Path(os.path.abspath(root)).parent
+    plan_file = os.path.relpath(os.path.abspath(plan.file), base)
+    command = f"dslc compile {shlex.quote(plan_file)}"
+    if root.name != DEFAULT_ROOT.name:
+        command += f" -o {shlex.quote(root.name)}"
+    return {
+        "plan_file": comment_safe(plan_file),
+        "regenerate": comment_safe(command),
+        "regenerate_literal": repr(comment_safe(command)),
+    }
+
+
+def _parallel(plan: Plan) -> dict:
+    axes = [(a.name, a.size) for a in plan.mesh.axes]
+    parallel = [a for a, s in axes if s > 1]
+    world, dp, tp = plan.world_size, plan.dp, plan.tp
+    grad_axes = grad_group(plan, expert=False)  # () without data parallelism
+    zero_stage = plan.data_parallel.zero
+    shard_optimizer = zero_stage >= 1 and bool(grad_axes)
+    sp = bool(plan.tensor_parallel.sequence_parallel) and tp > 1
+    # one process group over each parallel axis, and one over the gradients' axes
+    group_axes = [(a,) for a in parallel]
+    if grad_axes and grad_axes not in group_axes:
+        group_axes.append(grad_axes)
+    layout = " x ".join(f"{a}{s}" for a, s in axes if s > 1) or "serial, one process"
+    layout += " with sequence parallel" * sp + f", ZeRO-{zero_stage}" * shard_optimizer
+    gpn = plan.cluster.gpus_per_node
+    if world > gpn and world % gpn:
+        raise Unsupported(
+            f"{world} ranks do not fill whole nodes of {gpn} GPUs (cluster {plan.cluster.name})"
+        )
+    nnodes = max(1, world // gpn)
+    return {
+        "mesh": repr(tuple(axes)),
+        "group_axes": repr(tuple(group_axes)),
+        "parallel_axes": parallel,
+        "world_size": world,
+        "distributed": world > 1,
+        "dp": dp,
+        "tp": tp,
+        "data_parallel": bool(grad_axes),
+        "grad_group": "+".join(grad_axes),
+        "tensor_parallel": tp > 1,
+        "sequence_parallel": sp,
+        "layout": layout,
+        "nnodes": nnodes,
+        "nproc_per_node": world // nnodes,
+        "zero_stage": zero_stage,
+        "shard_optimizer": shard_optimizer,
+        "uses_all_gather": tp > 1 or shard_optimizer,
+        "uses_reduce_scatter": sp or shard_optimizer,
+        "column_linear": "ColumnParallelLinear" if tp > 1 else "Linear",
+        "row_linear": "RowParallelLinear" if tp > 1 else "Linear",
+        "bucket_bytes": BUCKET_BYTES,
+    }
+
+
+def _model(plan: Plan) -> dict:
+    m, tp, a = plan.model, plan.tp, arch.of(plan.model)
+    rope = a.positions == "rope"
+    if rope and m.head_dim % 2:
+        raise Unsupported(f"RoPE needs an even head dim, got {m.head_dim}")
+    per_rank = arch.vocab_per_rank(m, tp)
+    if (tp - 1) * per_rank >= m.vocab:
+        raise Unsupported(f"vocab = {m.vocab} is too small to split over tp = {tp}")
+    return {
+        "model_title": a.title,
+        "summary": (
+            f"{m.arch}, {m.layers} layers, hidden {m.hidden}, {m.heads} heads"
+            + (f" ({m.kv_heads} kv heads)" if m.kv_heads != m.heads else "")
+            + f", vocab {m.vocab}, sequence {m.seq_len}"
+        ),
+        "n_layer": m.layers,
+        "n_embd": m.hidden,
+        "n_head": m.heads,
+        "n_kv_head": m.kv_heads,
+        "head_dim": m.head_dim,
+        "gqa": m.kv_heads != m.heads,
+        "ffn": m.ffn,
+        "vocab": m.vocab,
+        "vocab_per_rank": per_rank,
+        "vocab_padding": per_rank * tp != m.vocab,
+        "seq_len": m.seq_len,
+        "norm_eps": number(m.norm_eps, "norm_eps"),
+        "rope": rope,
+        "rope_theta": number(m.rope_theta, "rope_theta"),
+        "rms_norm": a.norm == "RMSNorm",
+        "norm": a.norm,
+        "swiglu": a.mlp == "swiglu",
+        "tie_embeddings": bool(m.tie_embeddings),
+        "bias": a.bias,
+        "dropout": number(m.dropout, "dropout"),
+        "use_dropout": m.dropout > 0,
+        "model_flops_per_token": f"{arch.model_flops_per_token(m):_}",
+        "peak_flops": number(peak_flops(plan), "device peak FLOP/s"),
+        "device_name": comment_safe(plan.cluster.device.name),
+    }
+
+
+def _training(plan: Plan) -> dict:
+    t, o, s = plan.train, plan.train.optimizer, plan.train.lr_schedule
+    if not 0 <= t.seed < 2**63:
+        raise Unsupported(f"seed = {t.seed} is outside 0 .. 2**63 - 1")
+    ck = t.checkpoint
+    decays = s.name != "constant"
+    warmup = f" with {s.warmup} warmup step{'s' * (s.warmup > 1)}" if s.warmup else ""
+    return {
+        "steps": t.steps,
+        "micro_batch": t.micro_batch,
+        "micro_steps": plan.microbatches,
+        "global_batch": t.global_batch,
+        "precision": t.precision,
+        "mixed": t.precision in _DTYPES,
+        "param_dtype": _DTYPES.get(t.precision, "torch.float32"),
+        "loss_scaling": t.precision == "fp16" and t.loss_scale == "dynamic",
+        "recompute": t.recompute,
+        "seed": t.seed,
+        "grad_clip": number(t.grad_clip, "grad_clip"),
+        "clip": t.grad_clip > 0,
+        "optimizer": o.name,
+        "optimizer_title": f"{o.name}, {s.name} learning rate{warmup}",
+        "lr": number(o.lr, "lr"),
+        "betas": "(" + ", ".join(number(float(b), "betas") for b in o.betas) + ")",
+        "eps": number(o.eps, "eps"),
+        "momentum": number(o.momentum, "momentum"),
+        "weight_decay": number(o.weight_decay, "weight_decay"),
+        "lr_schedule": s.name,
+        "warmup": s.warmup,
+        "decays": decays,
+        "min_lr": number(s.min_lr, "min_lr"),
+        "decay_steps": s.decay_steps,
+        "checkpoint": ck is not None,
+        "checkpoint_every": ck.every if ck else 0,
+        "checkpoint_dir": repr(ck.dir) if ck else "None",
+    }
+
+
+def _data(plan: Plan, out_dir: Path) -> dict:
+    d, m = plan.train.data, plan.model
+    if d.kind == "synthetic":
+        return {"data_kind": "synthetic", "data_file": False, "data_relative": False}
+    if d.kind == "text" and m.vocab < 256:
+        raise Unsupported(f"text data is byte-level (ids 0..255) but vocab = {m.vocab} < 256")
+    if d.kind == "tokens" and m.vocab > 65536:
+        raise Unsupported(f"tokens files hold uint16 ids but vocab = {m.vocab}")
+    if os.path.isabs(d.path):
+        path, relative = d.path, False
+    else:  # relative to the generated script, so the output moves with the repository
+        resolved = os.path.abspath(d.resolved_path or d.path)
+        path, relative = os.path.relpath(resolved, os.path.abspath(out_dir)), True
+    return {"data_kind": d.kind, "data_file": True, "data_path": repr(path), "data_relative": relative}
