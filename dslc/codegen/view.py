@@ -43,7 +43,7 @@ def view_model(plan: Plan, root: Path = DEFAULT_ROOT) -> dict:
     errors = [d for d in check_plan(plan) if d.is_error]
     if errors:
         raise Unsupported(errors[0].message)
-    return {
+    view = {
         "plan_name": name,
         **_stamp(plan, Path(root)),
         **_parallel(plan),
@@ -52,6 +52,9 @@ def view_model(plan: Plan, root: Path = DEFAULT_ROOT) -> dict:
         **_training(plan),
         **_data(plan, Path(root) / name),
     }
+    # schedule.json and a relative data path are found next to the script
+    view["needs_script_dir"] = view["pipeline_parallel"] or view["data_relative"]
+    return view
 
 
 def _refuse_missing_features(plan: Plan) -> None:
@@ -164,6 +167,8 @@ def _model(plan: Plan) -> dict:
         "seq_len": m.seq_len,
         "norm_eps": number(m.norm_eps, "norm_eps"),
         "rope": rope,
+        # the token embedding without tp, learned positions: an Embedding module
+        "plain_embedding": tp == 1 or not rope,
         "rope_theta": number(m.rope_theta, "rope_theta"),
         "rms_norm": a.norm == "RMSNorm",
         "norm": a.norm,

@@ -135,9 +135,8 @@ def generator(*key):
 
 
 def build_process_groups():
-    """This rank's group over each set of GROUP_AXES (keyed "tp", "dp+pp"...), and its
-    coordinates: rank = sum(coordinate * stride) over MESH. new_group() is collective:
-    every rank makes every group, in the same order."""
+    """This rank's group over each set of GROUP_AXES (keyed "tp", "dp+pp"...) and its
+    coordinates. new_group() is collective: every rank makes every group, in order."""
     sizes = [n for _, n in MESH]
     stride = {a: math.prod(sizes[i + 1 :]) for i, (a, _) in enumerate(MESH)}
     coords = {a: RANK // stride[a] % n for a, n in MESH}
@@ -540,8 +539,7 @@ def get_batch(step):
 
 
 def train_step(step):
-    """Forward and backward over the micro-batches, reduce, clip and update; returns
-    (global mean loss, lr, gradient norm)."""
+    """Forward, backward, reduce, clip, update: (global mean loss, lr, gradient norm)."""
     x, y = get_batch(step)
     loss = torch.zeros((), device=device)
     for i in range(MICRO_STEPS):
