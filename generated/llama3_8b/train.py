@@ -326,7 +326,7 @@ def reduce_sequence_parallel_grads(grads):
 # Chunk g of the layers runs on pp rank g % PP as its local chunk g // PP. run_schedule
 # executes this rank's list of SCHEDULE: F and B (forward and backward) of one
 # micro-batch and chunk, each after the sends and receives before it, posted as one
-# batch.
+# batch; messages pair up between two ranks in posting order.
 CHUNK_LAYERS = (
     ((0, 8), (16, 24)),
     ((8, 16), (24, 32)),
