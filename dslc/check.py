@@ -145,7 +145,6 @@ def shape_problems(schedule: str, pp: int, microbatches: int, virtual_stages: in
     return out
 
 
-
 @rule
 def pipeline(plan: Plan):
     p, pl, layers = plan.pp, plan.pipeline, plan.model.layers

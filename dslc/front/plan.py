@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import replace
 
+from .. import arch as archs
 from .. import ir
 from ..diagnostics import error
 from ..source import Span
@@ -55,11 +57,9 @@ def lower_plan(r: Reader, block: ast.Block, resolve: Resolve) -> ir.Plan | None:
     # experts { } sets a mixtral model's expert options for this plan
     ef = sub("experts", ("count", "top_k", "capacity_factor", "aux_loss_weight"))
     if ef.assigns and model is not None:
-        if model.arch != "mixtral":
+        if not archs.of(model).moe:
             r.diags.append(error("E072", spans["experts"], f"an experts block needs a mixture-of-experts model, but {model.arch} is dense", "use arch = mixtral"))
         else:
-            from dataclasses import replace
-
             for key in ("count", "top_k", "capacity_factor", "aux_loss_weight"):
                 if key in ef.assigns and f"model.{'experts' if key == 'count' else key}" in spans:
                     r.diags.append(error("E011", ef.assigns[key].key_span, f"'{key}' is set both in the model and in the experts block"))
@@ -72,7 +72,7 @@ def lower_plan(r: Reader, block: ast.Block, resolve: Resolve) -> ir.Plan | None:
             )
             spans.update({"model.experts": spans.get("experts.count", spans["experts"]), "model.top_k": spans.get("experts.top_k", spans["experts"])})
 
-    if model is not None and model.arch == "mixtral" and model.experts == 0:
+    if model is not None and archs.of(model).moe and model.experts == 0:
         r.diags.append(error("E012", spans.get("model", block.span), "a mixtral model needs its number of experts", "set `experts = 8` in the model, or `experts { count = 8 }` in the plan"))
         model = None
 
