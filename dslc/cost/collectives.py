@@ -58,9 +58,14 @@ class Comm:
     def wire(self) -> float:
         return self.calls * FACTOR[self.kind](self.group) * self.bytes_per_call
 
+    def route(self, topo: Topology):
+        """The route its groups take (a chain of sends routes like a ring); None for a
+        group of one rank."""
+        return topo.route(self.axes, "pairwise" if self.pattern == "pairwise" else "ring", self.members)
+
     def call_seconds(self, topo: Topology) -> float:
         """latency × ring steps + wire bytes / bandwidth of the slowest link crossed."""
-        route = topo.route(self.axes, "pairwise" if self.kind == "all_to_all" else "ring", self.members)
+        route = self.route(topo)
         if route is None:
             return 0.0
         n, wire = self.group, FACTOR[self.kind](self.group) * self.bytes_per_call

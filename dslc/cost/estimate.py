@@ -44,7 +44,7 @@ class Estimate:
 
 def route_link(topo: Topology, c: Comm) -> str:
     """The link that sets the speed of ``c``'s groups, "-" for a group of one."""
-    route = topo.route(c.axes, c.pattern if c.pattern == "pairwise" else "ring", c.members)
+    route = c.route(topo)
     return route.link if route else "-"
 
 
