@@ -123,7 +123,7 @@ def cmd_compile(args) -> int:
             if args.check:
                 stale += codegen.stale(plan, root)
             else:
-                out = codegen.write(plan, root)
+                out = codegen.write(plan, root, result.program.files)
                 print(f"wrote {out}/", file=sys.stderr)
         except codegen.Unsupported as e:
             if args.check:

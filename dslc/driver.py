@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import check, ir, search
-from .diagnostics import Diagnostic
+from .diagnostics import Diagnostic, error
 from .front.load import Loader
 from .front.lower import lower_unit
 from .source import Sources
@@ -72,6 +72,20 @@ def _lower(loader: Loader, roots: list[str], run_checks: bool) -> LoadResult:
             plans.append(plan)
             if run_checks:
                 diags.extend(lint(plan))
+    diags.extend(_names_across_files(plans))
     unique = list(dict.fromkeys(diags))  # a shared import's diagnostics once
     unique.sort(key=Diagnostic.sort_key)
     return LoadResult(ir.Program(tuple(plans), tuple(loader.sources.texts)), unique, loader.sources)
+
+
+def _names_across_files(plans: list[ir.Plan]) -> list[Diagnostic]:
+    """E017 for a plan name defined in two files given together: both would compile to
+    ``generated/<name>/``, each overwriting the other. (Within one file and its imports
+    the lowering reports it; a shared import's plan is the same definition, not two.)"""
+    first: dict[str, ir.Plan] = {}
+    out = []
+    for plan in plans:
+        seen = first.setdefault(plan.name, plan)
+        if seen.span != plan.span:
+            out.append(error("E017", plan.span, f"plan '{plan.name}' is also defined in {seen.file}", f"first defined at {seen.span}; both would compile to the folder {plan.name}/: rename one"))
+    return out

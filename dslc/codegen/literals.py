@@ -52,5 +52,6 @@ def float_literal(x: float) -> str:
 
 
 def comment_safe(text: str) -> str:
-    """Text for a comment: printable as is, else escaped by repr (no line breaks survive)."""
-    return text if text.isprintable() else repr(text)
+    """Text for a comment: printable ASCII as is, else escaped by ``ascii`` (a quoted
+    literal), so no line break, control character or non-ASCII letter survives."""
+    return text if text.isascii() and text.isprintable() else ascii(text)

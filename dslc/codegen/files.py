@@ -1,0 +1,113 @@
+"""Writing a plan's output folder, ``root/<plan>/``: only the files dslc owns.
+
+The folder is the user's too: checkpoints, loss dumps and notes kept there survive a
+recompile. :func:`write` replaces ``train.py``, ``launch.sh`` and ``schedule.json`` each
+by a rename (every new file is written first, so a failure leaves the previous output as
+it was), removes nothing it did not write, and refuses a folder that holds plan sources
+or is a link to somewhere else. :func:`stale` is ``dslc compile --check``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+from ..ir import Plan
+from .errors import CodegenError
+from .render import SCHEDULE_FILE, render
+from .view import DEFAULT_ROOT
+
+NAME_MAX = 255  # bytes in one folder name, on the file systems dslc writes to
+MAX_OUTPUT = 16 * 1024 * 1024  # bytes: far above any file dslc writes
+
+
+def write(plan: Plan, root: Path = DEFAULT_ROOT, sources: Iterable[str] = ()) -> Path:
+    """Render ``plan`` and write its files into ``root/<plan>/``; ``sources`` are the
+    plan files read (the output folder may hold none of them)."""
+    files = render(plan, root)  # a plan that cannot be rendered touches nothing
+    root = Path(root)
+    target = root / plan.name
+    _refuse(target, root, sources)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CodegenError(f"cannot write to {root}: {e.strerror or e}") from None
+    temps: dict[str, Path] = {}
+    try:
+        for name, text in files.items():
+            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=target)
+            os.close(fd)
+            temps[name] = Path(tmp)
+            temps[name].write_text(text, encoding="utf-8")
+            temps[name].chmod(0o755 if name.endswith(".sh") else 0o644)
+        for name, tmp in temps.items():
+            os.replace(tmp, target / name)  # replaces a link itself, never its target
+    except OSError as e:
+        raise CodegenError(f"cannot write {target}: {e.strerror or e}") from None
+    finally:
+        for tmp in temps.values():
+            tmp.unlink(missing_ok=True)
+    if SCHEDULE_FILE not in files and _wrote_schedule(target / SCHEDULE_FILE, plan.name):
+        (target / SCHEDULE_FILE).unlink()  # the plan no longer pipelines
+    return target
+
+
+def stale(plan: Plan, root: Path = DEFAULT_ROOT) -> list[str]:
+    """Paths under ``root/<plan>/`` that are missing or differ from a fresh render."""
+    target = Path(root) / plan.name
+    out = []
+    for name, text in render(plan, root).items():
+        if _read(target / name) != text:
+            out.append(str(target / name))
+    return out
+
+
+def _refuse(target: Path, root: Path, sources: Iterable[str]) -> None:
+    """A one-line :class:`CodegenError` for an output folder dslc must not write into."""
+    if len(os.fsencode(target.name)) > NAME_MAX:
+        raise CodegenError(
+            f"plan name {target.name[:20]}… is {len(target.name)} characters: the output folder's "
+            f"name can have at most {NAME_MAX}; rename the plan"
+        )
+    if target.is_symlink() or (target.exists() and not target.is_dir()):
+        what = "a link" if target.is_symlink() else "not a folder"
+        raise CodegenError(f"cannot write {target}: it is {what}; remove it or choose another -o")
+    folders = [os.path.realpath(root), os.path.realpath(target)]
+    inside = [
+        s for s in sources
+        if os.path.isfile(s) and any(os.path.realpath(s).startswith(os.path.join(f, "")) for f in folders)
+    ]
+    inside += [str(p) for p in (root.glob("*.plan") if root.is_dir() else ())]
+    inside += [  # links are not followed: a folder of checkpoints is walked once
+        os.path.join(d, f) for d, _, names in os.walk(target) for f in names if f.endswith(".plan")
+    ]
+    if inside:
+        raise CodegenError(
+            f"output folder {root} holds plan sources ({inside[0]}); "
+            "choose a folder of its own, e.g. -o generated"
+        )
+
+
+def _wrote_schedule(path: Path, plan_name: str) -> bool:
+    """Whether ``path`` is a schedule.json that dslc wrote for this plan."""
+    try:
+        doc = json.loads(_read(path) or "")
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and doc.get("plan") == plan_name and {"schedule", "actions"} <= doc.keys()
+
+
+def _read(path: Path) -> str | None:
+    """The text of a regular file dslc may have written, or None: a link, a FIFO or a
+    file larger than any output is never read (the folder may come from a pull request)."""
+    try:
+        st = path.lstat()
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_OUTPUT:
+            return None
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
