@@ -238,4 +238,11 @@ def _data(plan: Plan, out_dir: Path) -> dict:
     else:  # relative to the generated script, so the output moves with the repository
         resolved = os.path.abspath(d.resolved_path or d.path)
         path, relative = os.path.relpath(resolved, os.path.abspath(out_dir)), True
-    return {"data_kind": d.kind, "data_file": True, "data_path": repr(path), "data_relative": relative}
+    return {
+        "data_kind": d.kind,
+        "data_file": True,
+        "data_path": repr(path),
+        "data_relative": relative,
+        # bytes are below 256 <= vocab; uint16 ids need checking below a smaller vocab
+        "check_token_ids": d.kind == "tokens" and m.vocab < 2**16,
+    }

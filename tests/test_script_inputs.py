@@ -1,0 +1,209 @@
+"""Issue 10: the generated script meets hostile or wrong inputs with one line on stderr.
+
+Each test compiles a tiny plan into tmp_path and runs the real script (python, or
+torchrun on CPU with gloo): bad token ids, a loss that stops being finite, torchrun's
+environment, output paths, --device cuda without CUDA, and launch.sh under a caller's
+shell that sets CDPATH or exports a function named cd."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dslc import codegen
+from dslc.driver import load_paths, load_text
+
+torch = pytest.importorskip("torch")
+ROOT = Path(__file__).resolve().parents[1]
+
+PLAN = """
+cluster c {{
+    nodes = 1; gpus_per_node = {world}; device = cpu
+    link shm {{ scope = node; bandwidth = 10 GB/s; latency = 10 us }}
+}}
+plan p {{
+    model gpt2 {{ layers = 1; hidden = 32; heads = 2; vocab = 256; seq_len = 16 }}
+    cluster = c
+    {mesh}
+    train {{
+        steps = 2; micro_batch = 1; global_batch = {batch}; precision = {precision}
+        optimizer adamw {{ lr = {lr} }}; lr_schedule constant {{ warmup = 0 }}
+        grad_clip = 0.0
+        data = {data}
+    }}
+}}
+"""
+
+
+def compile_plan(
+    tmp_path: Path, world=1, mesh="", lr="1e-3", data="synthetic", batch=1, precision="fp32"
+) -> Path:
+    """The plan's train.py, written under tmp_path/out/p/."""
+    text = PLAN.format(world=world, mesh=mesh, lr=lr, data=data, batch=batch, precision=precision)
+    res = load_text(text, str(tmp_path / "p.plan"))
+    errors = [d.message for d in res.diagnostics if d.is_error]
+    assert not errors, errors
+    return codegen.write(res.program.plans[0], tmp_path / "out") / "train.py"
+
+
+def run(script: Path, *args, env=None, nproc=0, cwd=None, timeout=120):
+    """python train.py (nproc 0: with no torchrun variables), or torchrun."""
+    base = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    base.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", **(env or {}))
+    cmd = [sys.executable, str(script)]
+    if nproc:
+        cmd[1:1] = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    return subprocess.run(
+        cmd + [str(a) for a in args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=base,
+        cwd=cwd,
+    )
+
+
+def error_line(out) -> str:
+    """The script's one error line (the same from every rank that printed it; torchrun
+    adds its own report, and a traceback of its own, after it)."""
+    assert 'train.py", line' not in out.stderr, out.stderr  # no traceback of the script
+    lines = {ln for ln in out.stderr.splitlines() if ln.startswith("train.py: error: ")}
+    assert len(lines) == 1, out.stderr
+    return lines.pop().removeprefix("train.py: error: ")
+
+
+# ---------------------------------------------------------------------------------
+# finding 1: garbage tokens, non-finite losses
+
+
+def test_token_ids_beyond_the_vocab_are_refused_at_start(tmp_path):
+    ids = torch.arange(64, dtype=torch.int32) % 256
+    ids[::4] = 300  # vocab = 256: every sequence drawn holds one
+    (tmp_path / "t.bin").write_bytes(ids.to(torch.int16).numpy().tobytes())
+    script = compile_plan(tmp_path, data='tokens("t.bin")')
+    out = run(script, "--dump-losses", tmp_path / "l.json")
+    assert out.returncode == 1 and "step" not in out.stdout
+    path = os.path.normpath(tmp_path / "t.bin")
+    assert error_line(out) == (
+        f"data file {path}: the largest token id is 300, not below vocab = 256"
+    )
+    # under tp, where an id past the vocab made the loss Infinity instead of an error
+    script = compile_plan(tmp_path, world=2, mesh="mesh { tp = 2 on shm }", data='tokens("t.bin")')
+    out = run(script, nproc=2)
+    assert out.returncode != 0 and "step" not in out.stdout
+    assert "the largest token id is 300" in error_line(out)
+    assert not (tmp_path / "l.json").exists()
+
+
+def test_a_loss_that_is_not_finite_stops_every_rank(tmp_path):
+    # a step of lr 100 makes weights of 100, whose products overflow fp16 in the next step
+    script = compile_plan(
+        tmp_path, world=2, mesh="mesh { dp = 2 on shm }", lr="100", batch=2, precision="fp16"
+    )
+    losses = tmp_path / "losses.json"
+    out = run(script, "--steps", 4, "--dump-losses", losses, nproc=2, timeout=180)
+    assert out.returncode != 0, out.stdout
+    assert re.fullmatch(r"step \d: the loss is (nan|inf|-inf); stopping", error_line(out))
+    assert not losses.exists()  # never a file with NaN or Infinity in it
+
+
+def test_every_json_the_scripts_write_is_strict():
+    """json.dump(..., allow_nan=False) everywhere: no NaN or Infinity, which is not JSON
+    (a serial script, and one with every output: --measure per rank, --trace)."""
+    plans = load_paths([ROOT / "tests" / "golden" / "gpt2_pp.plan"]).program.plans
+    plans = [p for p in plans if p.name in ("gpt2pp_serial", "gpt2pp_dp2_pp2_tp2")]
+    assert len(plans) == 2
+    for plan in plans:
+        tree = ast.parse(codegen.render(plan)["train.py"])
+        calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+        dumps = [c for c in calls if ast.unparse(c.func) in ("json.dump", "json.dumps")]
+        assert dumps, plan.name
+        for call in dumps:
+            strict = [k for k in call.keywords if k.arg == "allow_nan"]
+            assert strict and ast.literal_eval(strict[0].value) is False, ast.unparse(call)
+
+
+# ---------------------------------------------------------------------------------
+# finding 2: the environment, output paths, the device, launch.sh
+
+
+def test_a_serial_plan_refuses_two_processes(tmp_path):
+    script = compile_plan(tmp_path)
+    losses = tmp_path / "losses.json"
+    out = run(script, "--dump-losses", losses, nproc=2)
+    assert out.returncode != 0 and "step" not in out.stdout
+    assert error_line(out).startswith("this plan runs on 1 process, not 2: start it with")
+    assert not losses.exists()
+
+
+@pytest.mark.parametrize(
+    "env, want",
+    [
+        ({"WORLD_SIZE": "abc"}, "this plan runs on 1 process, not abc: "),
+        ({"RANK": "0", "LOCAL_RANK": "0"}, "this plan runs on 1 process, not unset: "),
+        ({"WORLD_SIZE": "1", "LOCAL_RANK": "0"}, "RANK=unset, LOCAL_RANK=0: "),
+        ({"WORLD_SIZE": "1", "RANK": "1", "LOCAL_RANK": "0"}, "RANK=1, LOCAL_RANK=0: "),
+        ({"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "-1"}, "RANK=0, LOCAL_RANK=-1: "),
+    ],
+)
+def test_torchrun_variables_are_checked(tmp_path, env, want):
+    """All three or none (python train.py), whole numbers, the ranks below the world."""
+    out = run(compile_plan(tmp_path), env=env)
+    assert out.returncode == 1 and out.stdout == ""
+    assert error_line(out).startswith(want)
+    assert "each must be 0 to 0" in error_line(out) or "start it with python" in error_line(out)
+
+
+def test_a_rank_beyond_the_world_is_refused(tmp_path):
+    """Not left to hang in the rendezvous (or, serial, to run without logging as rank 1)."""
+    script = compile_plan(tmp_path, world=2, mesh="mesh { tp = 2 on shm }")
+    out = run(script, env={"WORLD_SIZE": "2", "RANK": "2", "LOCAL_RANK": "0"})
+    assert out.returncode == 1 and out.stdout == ""
+    assert error_line(out) == "RANK=2, LOCAL_RANK=0: each must be 0 to 1"
+
+
+def test_outputs_are_checked_before_training(tmp_path):
+    script = compile_plan(tmp_path)
+    folder = tmp_path / "a folder"
+    folder.mkdir()
+    for flag in ("--dump-losses", "--dump-weights", "--measure"):
+        out = run(script, flag, folder)
+        assert out.returncode == 1 and out.stdout == ""  # no step ran
+        assert error_line(out) == f"{flag} {folder}: is a directory, not a file"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_device_cuda_without_cuda_is_one_line(tmp_path):
+    out = run(compile_plan(tmp_path), "--device", "cuda")
+    assert out.returncode == 1 and out.stdout == ""
+    assert error_line(out).startswith("--device cuda: ")
+
+
+def test_launch_sh_ignores_the_callers_shell(tmp_path):
+    compile_plan(tmp_path)
+    decoy = tmp_path / "decoy"
+    (decoy / "out" / "p").mkdir(parents=True)  # where `cd out/p` goes with this CDPATH
+    env = {
+        "CDPATH": f"{decoy}:.",
+        "BASH_FUNC_cd%%": "() {  echo hijacked; builtin cd /; }",
+        "BASH_FUNC_dirname%%": "() {  echo /; }",
+        "PYTHON": sys.executable,
+    }
+    out = subprocess.run(
+        ["bash", "out/p/launch.sh", "--steps", "1"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **env},
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "step 1/1" in out.stdout and "hijacked" not in out.stdout
