@@ -2,8 +2,9 @@
 
 Each test compiles a tiny plan into tmp_path and runs the real script (python, or
 torchrun on CPU with gloo): bad token ids, a loss that stops being finite, torchrun's
-environment, output paths, --device cuda without CUDA, and launch.sh under a caller's
-shell that sets CDPATH or exports a function named cd."""
+environment, output paths and the checkpoint folder, --device cuda without CUDA, and
+launch.sh under a caller's shell that sets CDPATH or exports a function named cd.
+Start-up errors exit with 1, as the script's others do (test_codegen.py)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ plan p {{
     }}
 }}
 """
+SERIAL = "this plan runs on 1 process, not {}: start it with python train.py"
 
 
 def compile_plan(
@@ -139,26 +141,31 @@ def test_a_serial_plan_refuses_two_processes(tmp_path):
     losses = tmp_path / "losses.json"
     out = run(script, "--dump-losses", losses, nproc=2)
     assert out.returncode != 0 and "step" not in out.stdout
-    assert error_line(out).startswith("this plan runs on 1 process, not 2: start it with")
+    assert error_line(out) == SERIAL.format(2)
     assert not losses.exists()
 
 
 @pytest.mark.parametrize(
     "env, want",
     [
-        ({"WORLD_SIZE": "abc"}, "this plan runs on 1 process, not abc: "),
-        ({"RANK": "0", "LOCAL_RANK": "0"}, "this plan runs on 1 process, not unset: "),
-        ({"WORLD_SIZE": "1", "LOCAL_RANK": "0"}, "RANK=unset, LOCAL_RANK=0: "),
-        ({"WORLD_SIZE": "1", "RANK": "1", "LOCAL_RANK": "0"}, "RANK=1, LOCAL_RANK=0: "),
-        ({"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "-1"}, "RANK=0, LOCAL_RANK=-1: "),
+        ({"WORLD_SIZE": "abc"}, SERIAL.format("abc")),
+        ({"RANK": "0", "LOCAL_RANK": "0"}, SERIAL.format("unset")),
+        ({"WORLD_SIZE": "1", "LOCAL_RANK": "0"}, "RANK=unset, LOCAL_RANK=0: each must be 0 to 0"),
+        (
+            {"WORLD_SIZE": "1", "RANK": "1", "LOCAL_RANK": "0"},
+            "RANK=1, LOCAL_RANK=0: each must be 0 to 0",
+        ),
+        (
+            {"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "-1"},
+            "RANK=0, LOCAL_RANK=-1: each must be 0 to 0",
+        ),
     ],
 )
 def test_torchrun_variables_are_checked(tmp_path, env, want):
     """All three or none (python train.py), whole numbers, the ranks below the world."""
     out = run(compile_plan(tmp_path), env=env)
     assert out.returncode == 1 and out.stdout == ""
-    assert error_line(out).startswith(want)
-    assert "each must be 0 to 0" in error_line(out) or "start it with python" in error_line(out)
+    assert error_line(out) == want
 
 
 def test_a_rank_beyond_the_world_is_refused(tmp_path):
@@ -184,6 +191,10 @@ def test_device_cuda_without_cuda_is_one_line(tmp_path):
     out = run(compile_plan(tmp_path), "--device", "cuda")
     assert out.returncode == 1 and out.stdout == ""
     assert error_line(out).startswith("--device cuda: ")
+    script = compile_plan(tmp_path, world=2, mesh="mesh { tp = 2 on shm }")
+    out = run(script, "--device", "cuda", env={"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"})
+    assert out.returncode == 1 and out.stdout == ""
+    assert error_line(out) == "local rank 0 sees 0 GPUs: NCCL needs one per rank"
 
 
 def test_launch_sh_ignores_the_callers_shell(tmp_path):
@@ -207,3 +218,11 @@ def test_launch_sh_ignores_the_callers_shell(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert "step 1/1" in out.stdout and "hijacked" not in out.stdout
+
+
+def test_a_checkpoint_folder_that_is_a_file_is_refused_at_start(tmp_path):
+    script = compile_plan(tmp_path, data='synthetic; checkpoint { every = 1; dir = "ck" }')
+    (tmp_path / "ck").write_text("")  # CHECKPOINT_DIR is relative to the working directory
+    out = run(script, cwd=tmp_path)
+    assert out.returncode == 1 and out.stdout == ""
+    assert error_line(out) == "checkpoints go into ck, which is a file, not a directory"
