@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from .arch import vocab_per_rank
 from .diagnostics import Diagnostic, error, warning
+from .front.defaults import MAX_SCHEDULE
 from .groups import axis_crossing
 from .ir import SCHEDULES, Plan
 
@@ -127,12 +128,17 @@ def shape_problems(schedule: str, pp: int, microbatches: int, virtual_stages: in
     :func:`dslc.cost.schedule.build` refuses these, and :func:`pipeline` reports them at the
     plan's keys.
     1f1b, zb_h1 and interleaved_1f1b need microbatches ≥ pp, interleaved_1f1b also
-    microbatches % pp == 0; only interleaved_1f1b takes v > 1."""
+    microbatches % pp == 0; only interleaved_1f1b takes v > 1; pp × v × microbatches is at
+    most MAX_SCHEDULE (E058)."""
     p, m, v = pp, microbatches, virtual_stages
     if schedule not in SCHEDULES:
         return [Problem("E019", ("pipeline.schedule",), f"unknown schedule {schedule!r}; expected one of {', '.join(SCHEDULES)}")]
     if p < 1 or m < 1 or v < 1:
         return [Problem("E015", ("pipeline",), f"pp, microbatches and virtual_stages must be ≥ 1 (got {p}, {m}, {v})")]
+    if p * v * m > MAX_SCHEDULE:  # what explain, schedule and compile handle in seconds
+        return [Problem("E058", ("pipeline.microbatches", "train.global_batch", "pipeline.virtual_stages", "mesh.pp"),
+                        f"the schedule has pp={p} × virtual_stages={v} × microbatches={m} = {p * v * m} chunk forwards per step, more than the {MAX_SCHEDULE} dslc plans for",
+                        "use fewer, larger micro-batches")]
     out = []
     if v > 1 and schedule != "interleaved_1f1b":
         out.append(Problem("E056", ("pipeline.virtual_stages",), f"virtual_stages={v} needs schedule = interleaved_1f1b, not {schedule}"))
@@ -168,8 +174,8 @@ def pipeline(plan: Plan):
             yield error("E052", where, f"stage {[n < 1 for n in pl.layers_per_stage].index(True)} has no layers", "every stage needs at least one layer")
     elif chunks > layers:
         yield error("E050", plan.where("mesh.pp", "pipeline.virtual_stages"), f"pp={p} × virtual_stages={v} = {chunks} stages but the model has only {layers} layers", f"use at most {layers} stages in all")
-    if pl.schedule == "gpipe" and (p - 1) / m > 0.25:
-        yield warning("W055", plan.where("pipeline.schedule"), f"gpipe with pp={p} and microbatches={m} idles {(p - 1) / m:.0%} of the time in the pipeline bubble ((p−1)/m)", f"use ≥ {4 * (p - 1)} micro-batches, or schedule = 1f1b")
+    if pl.schedule == "gpipe" and (p - 1) / m > 0.25:  # the bubble over the compute, (p−1)/m
+        yield warning("W055", plan.where("pipeline.schedule"), f"gpipe with pp={p} and microbatches={m}: the pipeline bubble is {(p - 1) / m:.3g}× the compute ((p−1)/m), so each rank idles {(p - 1) / (m + p - 1):.0%} of the step", f"use ≥ {4 * (p - 1)} micro-batches, or schedule = 1f1b")
 
 
 # -- sequence and context parallel ------------------------------------------

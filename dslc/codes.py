@@ -33,6 +33,7 @@ CODES: dict[str, str] = {
     "E034": "axis groups cross nodes on a node-scope link",
     "W035": "tensor parallel over a cluster-scope link",
     "E036": "mesh axis without a link",
+    "E037": "more ranks than dslc plans for",
     # -- model shapes -------------------------------------------------------
     "E040": "hidden not divisible by heads",
     "E041": "heads not divisible by tp",
@@ -49,6 +50,7 @@ CODES: dict[str, str] = {
     "W055": "large pipeline bubble",
     "E056": "virtual stages need the interleaved schedule",
     "W057": "pipeline options without a pp axis",
+    "E058": "pipeline schedule longer than dslc plans for",
     # -- sequence / context parallel -----------------------------------------
     "E060": "sequence parallel without tensor parallel",
     "E061": "seq_len not divisible by tp under sequence parallel",

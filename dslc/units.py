@@ -16,6 +16,15 @@ UNITS: dict[str, dict[str, float]] = {
     "flops": {"FLOP/s": 1.0, "GFLOP/s": 1e9, "TFLOP/s": 1e12, "PFLOP/s": 1e15},
 }
 
+
+
+def resolve(text: str) -> float:
+    """A quantity as a plan writes it, in SI: ``resolve("1 MiB") == 2**20``."""
+    number, unit = text.split()
+    scale = next(table[unit] for table in UNITS.values() if unit in table)
+    return float(number) * scale
+
+
 # bytes per element of each training precision
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 

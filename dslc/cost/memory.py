@@ -206,7 +206,7 @@ def memory(plan: Plan, settings: Settings = DEFAULT, peaks: tuple[int, ...] | No
     w, g, k = state_bytes_per_param(plan)
     zero, v = plan.data_parallel.zero, plan.pipeline.virtual_stages
     if peaks is None:
-        peaks = sched.simulate(actions(plan), 1.0, 2.0).peak_inflight
+        peaks = sched.peak_inflight(actions(plan))  # the order alone sets it: no simulation
     per_layer = layer_activation_bytes(plan, settings)
     emb, head = edge_activation_bytes(plan, settings)
     out = []

@@ -63,7 +63,7 @@ KINDS = COMPUTE + COMM
 
 __all__ = [
     "SCHEDULES", "Action", "ScheduleError", "Simulation", "build", "expected_peer", "locate",
-    "message", "simulate",
+    "message", "peak_inflight", "simulate",
 ]
 
 
@@ -271,10 +271,11 @@ def simulate(actions: Actions, t_f: float, t_b: float, t_w: float = 0.0,
     makespan = max((end for *_, end in timeline), default=0.0)
     busy = sum(end - start for _, a, start, end in timeline if a.kind in COMPUTE)
     bubble = (p * makespan - busy) / busy if busy > 0 else 0.0
-    return Simulation(bubble, makespan, _peak_inflight(actions), timeline)
+    return Simulation(bubble, makespan, peak_inflight(actions), timeline)
 
 
-def _peak_inflight(actions: Actions) -> tuple[int, ...]:
+def peak_inflight(actions: Actions) -> tuple[int, ...]:
+    """Per rank, the most chunk activations held at once (see :func:`simulate`); no timing needed."""
     release = "W" if any(a.kind == "W" for acts in actions for a in acts) else "B"
     peaks = []
     for acts in actions:

@@ -4,7 +4,9 @@ not written. docs/language.md lists each of them (tests/test_docs.py keeps it ho
 Defaults that depend on other values (``model.ffn``, ``model.tie_embeddings`` from the
 architecture, ``train.precision`` from the device, batch sizes from each other, and
 ``lr_schedule.min_lr`` = lr / 10) are computed where they are lowered and described in
-the docs; they are not in this table.
+the docs; they are not in this table. Below the defaults, :data:`BOUNDS`: the range every
+number of a plan may take, so that every value lint accepts is one the cost model, the
+schedule and the generated script can compute with.
 """
 
 from __future__ import annotations
@@ -38,4 +40,59 @@ DEFAULTS: dict[str, object] = {
     "optimizer.weight_decay": 0.1,
     "optimizer.momentum": 0.9,
     "lr_schedule.warmup": 0,
+}
+
+# -- bounds ---------------------------------------------------------------------------------
+# The most a plan may ask of dslc: explain, schedule and compile stay within a few seconds
+# at these sizes (tests/test_bounds.py times them), far above any real training run.
+MAX_RANKS = 2**18  # GPUs in a cluster and ranks in a mesh (the largest runs use ~10⁵)
+MAX_SCHEDULE = 2**13  # chunk forwards per step: pp × virtual_stages × microbatches
+
+STEPS = 10**9  # 30 years at one step a second; any integer type holds it
+
+# The range (inclusive) of every number a plan may write, by block and key: integers that
+# fit in int64, floats that are finite, and quantities (written as a plan writes them) whose
+# SI value is finite and far from zero where the cost model divides by it. The Reader
+# checks each value against its row (E015); docs/language.md states every row.
+BOUNDS: dict[str, tuple[object, object]] = {
+    "cluster.nodes": (1, MAX_RANKS),
+    "cluster.gpus_per_node": (1, MAX_RANKS),
+    "cluster.peak_flops": ("1 GFLOP/s", "1000000 PFLOP/s"),
+    "cluster.device_memory": ("1 MiB", "1024 TiB"),
+    "link.bandwidth": ("1 MB/s", "1000 TB/s"),
+    "link.latency": ("0 s", "10 s"),
+    "mesh.size": (1, MAX_RANKS),  # of each axis
+    "model.layers": (1, 2**16),
+    "model.hidden": (1, 2**20),
+    "model.heads": (1, 2**20),
+    "model.kv_heads": (1, 2**20),
+    "model.ffn": (1, 2**22),
+    "model.vocab": (1, 2**24),
+    "model.seq_len": (1, 2**24),
+    "model.norm_eps": (1e-30, 1.0),
+    "model.rope_theta": (1.0, 1e12),
+    "model.dropout": (0.0, 1.0),
+    "model.experts": (1, 2**20),
+    "model.top_k": (1, 2**20),
+    "model.capacity_factor": (0.0, 1000.0),
+    "model.aux_loss_weight": (0.0, 1000.0),
+    "experts.count": (1, 2**20),
+    "experts.top_k": (1, 2**20),
+    "experts.capacity_factor": (0.0, 1000.0),
+    "experts.aux_loss_weight": (0.0, 1000.0),
+    "pipeline.virtual_stages": (1, MAX_SCHEDULE),
+    "pipeline.microbatches": (1, MAX_SCHEDULE),
+    "train.steps": (1, STEPS),
+    "train.micro_batch": (1, 2**16),
+    "train.global_batch": (1, 2**40),
+    "train.grad_clip": (0.0, 1e30),
+    "train.seed": (0, 2**63 - 1),
+    "optimizer.lr": (1e-30, 1e30),  # a huge lr is a way to make a run diverge on purpose
+    "optimizer.eps": (1e-30, 1.0),
+    "optimizer.weight_decay": (0.0, 1e30),
+    "optimizer.momentum": (0.0, 1.0),
+    "lr_schedule.warmup": (0, STEPS),
+    "lr_schedule.min_lr": (0.0, 1e30),
+    "lr_schedule.decay_steps": (1, STEPS),
+    "checkpoint.every": (1, STEPS),
 }

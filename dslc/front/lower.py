@@ -17,6 +17,7 @@ from ..diagnostics import Diagnostic, error, warning
 from ..source import Span
 from . import ast
 from .defaults import DEFAULTS as D
+from .defaults import MAX_RANKS
 from .load import Unit
 from .plan import lower_plan
 from .schema import Fields, Reader
@@ -119,12 +120,12 @@ class Lowerer:
     def cluster(self, block: ast.Block) -> ir.Cluster | None:
         r = self.r
         f = r.fields(block, ("nodes", "gpus_per_node", "device", "peak_flops", "device_memory"), blocks=("link",))
-        nodes = r.int(f, "nodes", required=True, minimum=1)
-        gpn = r.int(f, "gpus_per_node", required=True, minimum=1)
+        nodes = r.int(f, "nodes", required=True)
+        gpn = r.int(f, "gpus_per_node", required=True)
         dev_name = r.choice(f, "device", tuple(DEVICES), required=True)
         dev = DEVICES.get(dev_name) if dev_name else None
-        peak = r.quantity(f, "peak_flops", "flops", dev.peak_flops if dev else None, minimum=0, exclusive=True)
-        mem = r.quantity(f, "device_memory", "size", dev.memory if dev else None, minimum=0, exclusive=True)
+        peak = r.quantity(f, "peak_flops", "flops", dev.peak_flops if dev else None)
+        mem = r.quantity(f, "device_memory", "size", dev.memory if dev else None)
         links: list[ir.Link] = []
         for lb in f.blocks.get("link", []):
             if lb.name is None:
@@ -136,10 +137,13 @@ class Lowerer:
             cat = LINKS.get(lb.name)
             lf = r.fields(lb, ("scope", "bandwidth", "latency"))
             scope = r.choice(lf, "scope", ir.LINK_SCOPES, cat[0] if cat else None, required=cat is None)
-            bw = r.quantity(lf, "bandwidth", "rate", cat[1] if cat else None, required=cat is None, minimum=0, exclusive=True, catalog=lb.name)
-            lat = r.quantity(lf, "latency", "time", cat[2] if cat else D["link.latency"], minimum=0, catalog=lb.name if cat else None)
+            bw = r.quantity(lf, "bandwidth", "rate", cat[1] if cat else None, required=cat is None, catalog=lb.name)
+            lat = r.quantity(lf, "latency", "time", cat[2] if cat else D["link.latency"], catalog=lb.name if cat else None)
             if scope and bw is not None and lat is not None:
                 links.append(ir.Link(lb.name, scope, float(bw), float(lat), lb.span))
+        if nodes is not None and gpn is not None and nodes * gpn > MAX_RANKS:
+            r.diags.append(error("E037", block.name_span or block.kind_span, f"cluster '{block.name}' has {nodes * gpn} GPUs ({nodes} nodes × {gpn}), more than the {MAX_RANKS} dslc plans for", "see the limits in docs/language.md"))
+            return None
         if None in (nodes, gpn, dev, peak, mem):
             return None
         return ir.Cluster(block.name or "cluster", nodes, gpn, ir.Device(dev.name, float(peak), int(mem)), tuple(links), block.span)
@@ -157,27 +161,27 @@ class Lowerer:
         if arch is None and "arch" not in f.assigns:
             r.diags.append(error("E012", block.name_span or block.kind_span, f"model '{block.name}' has no architecture", f"add `arch = llama` (one of {', '.join(names)}), or name the block after its architecture"))
             return None
-        layers = r.int(f, "layers", required=True, minimum=1)
-        hidden = r.int(f, "hidden", required=True, minimum=1)
-        heads = r.int(f, "heads", required=True, minimum=1)
-        vocab = r.int(f, "vocab", required=True, minimum=1)
-        seq_len = r.int(f, "seq_len", required=True, minimum=1)
-        kv_heads = r.int(f, "kv_heads", heads, minimum=1)
+        layers = r.int(f, "layers", required=True)
+        hidden = r.int(f, "hidden", required=True)
+        heads = r.int(f, "heads", required=True)
+        vocab = r.int(f, "vocab", required=True)
+        seq_len = r.int(f, "seq_len", required=True)
+        kv_heads = r.int(f, "kv_heads", heads)
         spec = archs.ARCHS.get(arch)
-        ffn = r.int(f, "ffn", spec.default_ffn(hidden) if spec and hidden else None, minimum=1)
-        norm_eps = r.float(f, "norm_eps", D["model.norm_eps"], minimum=0, exclusive=True)
-        rope_theta = r.float(f, "rope_theta", D["model.rope_theta"], minimum=0, exclusive=True)
+        ffn = r.int(f, "ffn", spec.default_ffn(hidden) if spec and hidden else None)
+        norm_eps = r.float(f, "norm_eps", D["model.norm_eps"])
+        rope_theta = r.float(f, "rope_theta", D["model.rope_theta"])
         tie = r.bool(f, "tie_embeddings", spec.tie_embeddings if spec else False)
-        dropout = r.float(f, "dropout", D["model.dropout"], minimum=0, maximum=1)
+        dropout = r.float(f, "dropout", D["model.dropout"])
         moe = bool(spec and spec.moe)
         for key in self.EXPERT_KEYS:
             if not moe and key in f.assigns:
                 r.diags.append(error("E072", f.assigns[key].span, f"'{key}' is an expert option but {arch} is a dense model", "use arch = mixtral for a mixture of experts"))
         # may also come from the plan's experts block; lower_plan checks it is set
-        experts = r.int(f, "experts", 0, minimum=1) if moe else 0
-        top_k = r.int(f, "top_k", D["model.top_k"], minimum=1) if moe else 0
-        cap = r.float(f, "capacity_factor", D["model.capacity_factor"], minimum=0) if moe else 0.0
-        aux = r.float(f, "aux_loss_weight", D["model.aux_loss_weight"], minimum=0) if moe else 0.0
+        experts = r.int(f, "experts", 0) if moe else 0
+        top_k = r.int(f, "top_k", D["model.top_k"]) if moe else 0
+        cap = r.float(f, "capacity_factor", D["model.capacity_factor"]) if moe else 0.0
+        aux = r.float(f, "aux_loss_weight", D["model.aux_loss_weight"]) if moe else 0.0
         values = (arch, layers, hidden, heads, kv_heads, ffn, vocab, seq_len, norm_eps, rope_theta, tie, dropout, experts, top_k, cap, aux)
         if any(v is None for v in values):
             return None

@@ -14,8 +14,9 @@ from .. import ir
 from ..diagnostics import error
 from ..source import Span
 from . import ast
+from .defaults import BOUNDS, MAX_RANKS
 from .defaults import DEFAULTS as D
-from .schema import Fields, Reader
+from .schema import Fields, Reader, as_float, shown
 
 PLAN_BLOCKS = ("model", "cluster", "mesh", "tensor_parallel", "data_parallel", "pipeline", "context_parallel", "experts", "train")
 
@@ -65,10 +66,10 @@ def lower_plan(r: Reader, block: ast.Block, resolve: Resolve) -> ir.Plan | None:
                     r.diags.append(error("E011", ef.assigns[key].key_span, f"'{key}' is set both in the model and in the experts block"))
             model = replace(
                 model,
-                experts=r.int(ef, "count", model.experts, minimum=1),
-                top_k=r.int(ef, "top_k", model.top_k, minimum=1),
-                capacity_factor=r.float(ef, "capacity_factor", model.capacity_factor, minimum=0),
-                aux_loss_weight=r.float(ef, "aux_loss_weight", model.aux_loss_weight, minimum=0),
+                experts=r.int(ef, "count", model.experts),
+                top_k=r.int(ef, "top_k", model.top_k),
+                capacity_factor=r.float(ef, "capacity_factor", model.capacity_factor),
+                aux_loss_weight=r.float(ef, "aux_loss_weight", model.aux_loss_weight),
             )
             spans.update({"model.experts": spans.get("experts.count", spans["experts"]), "model.top_k": spans.get("experts.top_k", spans["experts"])})
 
@@ -78,10 +79,10 @@ def lower_plan(r: Reader, block: ast.Block, resolve: Resolve) -> ir.Plan | None:
 
     tf = sub("train", ("steps", "micro_batch", "global_batch", "precision", "recompute", "grad_clip", "seed", "loss_scale", "data"), blocks=("optimizer", "lr_schedule", "checkpoint"))
     ppf = sub("pipeline", ("schedule", "virtual_stages", "microbatches", "layers_per_stage"))
-    micro_batch = r.int(tf, "micro_batch", D["train.micro_batch"], minimum=1)
-    global_batch = r.int(tf, "global_batch", None, minimum=1)
+    micro_batch = r.int(tf, "micro_batch", D["train.micro_batch"])
+    global_batch = r.int(tf, "global_batch", None)
     data_ranks = mesh.size("dp") * mesh.size("ep") if mesh else 1
-    microbatches = r.int(ppf, "microbatches", None, minimum=1)
+    microbatches = r.int(ppf, "microbatches", None)
     if microbatches is None:  # derived from the global batch when it divides
         per_step = micro_batch * data_ranks
         microbatches = max(1, global_batch // per_step) if global_batch else 1
@@ -90,7 +91,7 @@ def lower_plan(r: Reader, block: ast.Block, resolve: Resolve) -> ir.Plan | None:
     layers_per_stage = _int_list(r, ppf, "layers_per_stage")
     pipeline = ir.Pipeline(
         r.choice(ppf, "schedule", ir.SCHEDULES, D["pipeline.schedule"]) or D["pipeline.schedule"],
-        r.int(ppf, "virtual_stages", D["pipeline.virtual_stages"], minimum=1),
+        r.int(ppf, "virtual_stages", D["pipeline.virtual_stages"]),
         microbatches,
         layers_per_stage,
         spans.get("pipeline"),
@@ -136,8 +137,9 @@ def _mesh(r: Reader, f: Fields, cluster: ir.Cluster | None, spans: dict[str, Spa
             r.diags.append(error("E013", ax.size.span, f"the size of axis '{ax.name}' must be a whole number"))
             ok = False
             continue
-        if size < 1:
-            r.diags.append(error("E015", ax.size.span, f"the size of axis '{ax.name}' must be positive, got {size}"))
+        if not 1 <= size <= BOUNDS["mesh.size"][1]:
+            want = "positive" if size < 1 else f"at most {BOUNDS['mesh.size'][1]}"
+            r.diags.append(error("E015", ax.size.span, f"the size of axis '{ax.name}' must be {want}, got {shown(size)}"))
             ok = False
             continue
         if cluster is not None and cluster.link(ax.link) is None:
@@ -146,16 +148,21 @@ def _mesh(r: Reader, f: Fields, cluster: ir.Cluster | None, spans: dict[str, Spa
             r.diags.append(d)  # the mesh is still sound: later checks run
         spans[f"mesh.{ax.name}"] = ax.span
         axes.append(ir.MeshAxis(ax.name, size, ax.link, ax.span))
-    return ir.Mesh(tuple(axes), spans.get("mesh", f.block.span)) if ok else None
+    mesh = ir.Mesh(tuple(axes), spans.get("mesh", f.block.span)) if ok else None
+    if mesh is not None and mesh.world_size > MAX_RANKS:
+        desc = " × ".join(f"{a.name}={a.size}" for a in axes)
+        r.diags.append(error("E037", mesh.span, f"mesh has {mesh.world_size} ranks ({desc}), more than the {MAX_RANKS} dslc plans for", "see the limits in docs/language.md"))
+        return None
+    return mesh
 
 
 def _train(r: Reader, f: Fields, plan_block, cluster, micro_batch, global_batch, spans) -> ir.Train | None:
-    steps = r.int(f, "steps", D["train.steps"], minimum=1)
+    steps = r.int(f, "steps", D["train.steps"])
     default_precision = "fp32" if cluster is not None and cluster.device.name == "cpu" else "bf16"
     precision = r.choice(f, "precision", ir.PRECISIONS, default_precision) or default_precision
     recompute = r.choice(f, "recompute", ir.RECOMPUTE, D["train.recompute"]) or D["train.recompute"]
-    grad_clip = r.float(f, "grad_clip", D["train.grad_clip"], minimum=0)
-    seed = r.int(f, "seed", D["train.seed"], minimum=0)
+    grad_clip = r.float(f, "grad_clip", D["train.grad_clip"])
+    seed = r.int(f, "seed", D["train.seed"])
     loss_scale = r.choice(f, "loss_scale", ("dynamic", "none"), D["train.loss_scale"]) or D["train.loss_scale"]
 
     opt_block = r.single(f, "optimizer")
@@ -169,9 +176,9 @@ def _train(r: Reader, f: Fields, plan_block, cluster, micro_batch, global_batch,
     else:
         of, name = None, D["train.optimizer"]
     get = (lambda fn, key, default, **kw: fn(of, key, default, **kw)) if of else (lambda fn, key, default, **kw: default)
-    lr = get(r.float, "lr", D["optimizer.lr"], minimum=0, exclusive=True)
+    lr = get(r.float, "lr", D["optimizer.lr"])
     betas = _betas(r, of) if of else D["optimizer.betas"]
-    optimizer = ir.Optimizer(name, lr, betas, get(r.float, "eps", D["optimizer.eps"], minimum=0, exclusive=True), get(r.float, "weight_decay", D["optimizer.weight_decay"], minimum=0), get(r.float, "momentum", D["optimizer.momentum"], minimum=0, maximum=1), spans.get("train.optimizer"))
+    optimizer = ir.Optimizer(name, lr, betas, get(r.float, "eps", D["optimizer.eps"]), get(r.float, "weight_decay", D["optimizer.weight_decay"]), get(r.float, "momentum", D["optimizer.momentum"]), spans.get("train.optimizer"))
 
     sched_block = r.single(f, "lr_schedule")
     sname, sf = D["train.lr_schedule"], None
@@ -183,7 +190,7 @@ def _train(r: Reader, f: Fields, plan_block, cluster, micro_batch, global_batch,
             r.diags.append(r.unknown("E019", f"unknown lr schedule '{sname}'", sname, ir.LR_SCHEDULES, sched_block.name_span))
             sname = D["train.lr_schedule"]
     sget = (lambda fn, key, default, **kw: fn(sf, key, default, **kw)) if sf else (lambda fn, key, default, **kw: default)
-    lr_schedule = ir.LRSchedule(sname, sget(r.int, "warmup", D["lr_schedule.warmup"], minimum=0), sget(r.float, "min_lr", _tenth(lr or D["optimizer.lr"]), minimum=0), sget(r.int, "decay_steps", steps or D["train.steps"], minimum=1), spans.get("train.lr_schedule"))
+    lr_schedule = ir.LRSchedule(sname, sget(r.int, "warmup", D["lr_schedule.warmup"]), sget(r.float, "min_lr", _tenth(lr or D["optimizer.lr"])), sget(r.int, "decay_steps", steps or D["train.steps"]), spans.get("train.lr_schedule"))
 
     data = _data(r, f, plan_block)
 
@@ -192,7 +199,7 @@ def _train(r: Reader, f: Fields, plan_block, cluster, micro_batch, global_batch,
     if ck_block is not None:
         spans["train.checkpoint"] = ck_block.kind_span
         cf = r.fields(ck_block, ("every", "dir"))
-        every, cdir = r.int(cf, "every", required=True, minimum=1), r.string(cf, "dir", required=True)
+        every, cdir = r.int(cf, "every", required=True), r.string(cf, "dir", required=True)
         if every is not None and cdir is not None:
             checkpoint = ir.Checkpoint(every, cdir, ck_block.span)
     if None in (steps, grad_clip, seed, lr, data, micro_batch):
@@ -208,7 +215,7 @@ def _betas(r, of: Fields) -> tuple[float, float]:
     if len(items) != 2 or not all(isinstance(i, ast.Number) for i in items):
         r.wrong(a, "a pair of numbers such as (0.9, 0.95)")
         return D["optimizer.betas"]
-    b1, b2 = (float(i.value) for i in items)
+    b1, b2 = (as_float(i.value) for i in items)
     if not (0 <= b1 < 1 and 0 <= b2 < 1):
         r.diags.append(error("E015", a.value.span, f"betas must each be in [0, 1), got ({b1:g}, {b2:g})"))
     return (b1, b2)

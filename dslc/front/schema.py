@@ -7,13 +7,15 @@ for a required key) instead of raising, so one run reports every mistake.
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ..diagnostics import Diagnostic, error, note
 from ..source import Span
-from ..units import UNITS, quantity
+from ..units import UNITS, quantity, resolve
 from . import ast
+from .defaults import BOUNDS
 
 _DIM_WORDS = {"size": "a size", "rate": "a bandwidth", "time": "a time", "flops": "a compute rate"}
 _EXAMPLE = {"size": "80 GiB", "rate": "450 GB/s", "time": "2 us", "flops": "989 TFLOP/s"}
@@ -33,9 +35,9 @@ def suggest(word: str, options: Iterable[str]) -> str | None:
 def describe(v: ast.Value) -> str:
     match v:
         case ast.Number():
-            return f"the number {v.text}"
+            return f"the number {shown(v.value)}"
         case ast.Quantity():
-            return f"the quantity {v.value:g} {v.unit}"
+            return f"the quantity {shown(v.value)} {v.unit}"
         case ast.String():
             return "a string"
         case ast.Bool():
@@ -47,6 +49,28 @@ def describe(v: ast.Value) -> str:
         case ast.Tuple() | ast.List():
             return "a list"
     return "a value"  # pragma: no cover
+
+
+def as_float(x: int | float) -> float:
+    """``float(x)``, with ±inf for an integer too large for a float (no OverflowError)."""
+    try:
+        return float(x)
+    except OverflowError:
+        return math.inf if x > 0 else -math.inf
+
+
+def shown(x: int | float) -> str:
+    """A number for a message: ``1e-320``, ``inf``, ``128``, ``1.00e400`` (a long integer)."""
+    if isinstance(x, float):
+        return f"{x:g}"
+    digits = str(abs(x))
+    text = digits if len(digits) <= 20 else f"{digits[0]}.{digits[1:3]}e{len(digits) - 1}"
+    return "-" * (x < 0) + text
+
+
+def written(bound: int | float | str) -> str:
+    """A bound of :data:`BOUNDS` as docs/language.md writes it: 262144, 1e-30, 1e12, 1 MiB."""
+    return f"{bound:g}".replace("e+", "e") if isinstance(bound, float) else str(bound)
 
 
 @dataclass
@@ -114,21 +138,19 @@ class Reader:
     def wrong(self, a: ast.Assign, want: str, hint: str | None = None) -> None:
         self.diags.append(error("E013", a.value.span, f"'{a.key}' must be {want}, not {describe(a.value)}", hint))
 
-    def _range(self, a: ast.Assign, v, minimum, maximum, exclusive: bool) -> bool:
-        low_bad = minimum is not None and (v <= minimum if exclusive else v < minimum)
-        high_bad = maximum is not None and v > maximum
-        if low_bad or high_bad:
-            if exclusive and minimum == 0 and maximum is None:
-                want = "positive"
-            elif maximum is None:
-                want = f"at least {minimum:g}" if not exclusive else f"greater than {minimum:g}"
-            elif minimum is None:
-                want = f"at most {maximum:g}"
-            else:
-                want = f"between {minimum:g} and {maximum:g}"
-            self.diags.append(error("E015", a.value.span, f"'{a.key}' must be {want}, got {v:g}"))
-            return False
-        return True
+    def _in_bounds(self, f: Fields, a: ast.Assign, v: int | float, shown: str, name: str | None = None) -> bool:
+        """Whether ``v`` (SI for a quantity) lies in the row of :data:`BOUNDS` for the key;
+        E015 at the value, naming the range as a plan writes it, when it does not."""
+        row = BOUNDS.get(name or f"{f.block.kind}.{a.key}")
+        if row is None:
+            return True
+        lo, hi = (resolve(b) if isinstance(b, str) else b for b in row)
+        if lo <= v <= hi:  # exact for ints of any size; inf and subnormals fall outside
+            return True
+        want = "positive" if lo == 1 and v < 1 and isinstance(v, int) else f"between {written(row[0])} and {written(row[1])}"
+        hint = "beyond ±1.8e308 a number is not finite" if isinstance(v, float) and not math.isfinite(v) else None
+        self.diags.append(error("E015", a.value.span, f"'{a.key}' must be {want}, got {shown}", hint))
+        return False
 
     def _get(self, f: Fields, key: str, required: bool):
         a = f.assigns.get(key)
@@ -136,34 +158,32 @@ class Reader:
             self._missing(f, key)
         return a
 
-    def int(self, f: Fields, key: str, default=None, required=False, minimum=None, maximum=None):
+    def int(self, f: Fields, key: str, default=None, required=False):
         a = self._get(f, key, required)
         if a is None:
             return default
         v = a.value
         if not isinstance(v, ast.Number) or not isinstance(v.value, int):
             hint = None
-            if isinstance(v, ast.Number) and float(v.value).is_integer():
+            if isinstance(v, ast.Number) and math.isfinite(v.value) and float(v.value).is_integer():
                 hint = f"write {int(v.value)}"
             self.wrong(a, "a whole number", hint)
             return None if required else default
-        if minimum is not None and minimum >= 1 and v.value < 1:
-            self.diags.append(error("E015", v.span, f"'{key}' must be positive, got {v.value}"))
-            return None if required else default
-        if not self._range(a, v.value, minimum, maximum, False):
+        if not self._in_bounds(f, a, v.value, shown(v.value)):
             return None if required else default
         return v.value
 
-    def float(self, f: Fields, key: str, default=None, required=False, minimum=None, maximum=None, exclusive=False):
+    def float(self, f: Fields, key: str, default=None, required=False):
         a = self._get(f, key, required)
         if a is None:
             return default
         if not isinstance(a.value, ast.Number):
             self.wrong(a, "a number")
             return None if required else default
-        if not self._range(a, a.value.value, minimum, maximum, exclusive):
+        value = as_float(a.value.value)
+        if not self._in_bounds(f, a, value, shown(a.value.value)):
             return None if required else default
-        return float(a.value.value)
+        return value
 
     def bool(self, f: Fields, key: str, default=None, required=False):
         a = self._get(f, key, required)
@@ -203,7 +223,7 @@ class Reader:
             return None if required else default
         return word
 
-    def quantity(self, f: Fields, key: str, dim: str, default=None, required=False, minimum=None, exclusive=False, catalog: str | None = None):
+    def quantity(self, f: Fields, key: str, dim: str, default=None, required=False, catalog: str | None = None):
         a = self._get(f, key, required)
         if a is None:
             if catalog is not None and default is not None:
@@ -228,11 +248,11 @@ class Reader:
                 hint = f"did you mean '{guess}'?" if guess else f"e.g. `{key} = {_EXAMPLE[dim]}`"
                 self.diags.append(error("E014", v.span, msg, hint))
                 return None if required else default
-            value = v.value * table[v.unit]
+            value = as_float(v.value) * table[v.unit]
         else:
             self.wrong(a, f"{describe_dim(dim)} such as {_EXAMPLE[dim]}")
             return None if required else default
-        if not self._range(a, value, minimum, None, exclusive):
+        if not self._in_bounds(f, a, value, f"{shown(v.value)} {v.unit}" if isinstance(v, ast.Quantity) else "0"):
             return None if required else default
         return value
 
