@@ -17,7 +17,8 @@ from pathlib import Path
 from . import __version__
 from .diagnostics import Diagnostic, error, has_errors
 from .driver import LoadResult, load_paths, load_text
-from .report.diagnostics import RENDERERS, render_text
+from .front.parse import MAX_BYTES
+from .report.diagnostics import RENDERERS, printable, render_text
 from .source import Sources
 
 
@@ -48,19 +49,22 @@ def expand(paths: Sequence[str]) -> list[str]:
 
 
 def load(paths: Sequence[str]) -> LoadResult:
+    """Read the files with their imports. A root that cannot be read (missing, a
+    directory, a FIFO or device: the loader never opens those) is a one-line error;
+    standard input is read up to one byte past the size limit, never to its end."""
     files = expand(paths)
     try:
         if files == ["-"]:
-            return load_text(sys.stdin.buffer.read(), "<stdin>")
+            return load_text(sys.stdin.buffer.read(MAX_BYTES + 1), "<stdin>")
         if "-" in files:
             raise UsageError("'-' (standard input) cannot be mixed with files")
         return load_paths(files)
     except PermissionError as e:
-        raise UsageError(f"cannot read {e.filename}: permission denied") from None
+        raise UsageError(f"cannot read {printable(str(e.filename))}: permission denied") from None
     except IsADirectoryError as e:
-        raise UsageError(f"{e.filename} is a directory") from None
+        raise UsageError(f"{printable(str(e.filename))} is a directory") from None
     except OSError as e:
-        raise UsageError(f"cannot read {e.filename or ''}: {e.strerror}") from None
+        raise UsageError(f"cannot read {printable(str(e.filename or ''))}: {e.strerror}") from None
 
 
 def emit(diags: list[Diagnostic], sources: Sources, fmt: str = "text", stream=None) -> None:

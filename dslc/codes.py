@@ -9,7 +9,9 @@ CODES: dict[str, str] = {
     "E004": "not a UTF-8 text file",
     "E005": "import not found",
     "E006": "import cycle",
+    "E007": "imported file is not a plan file",
     "E008": "file too large",
+    "E009": "imports nested too deep",
     # -- keys, types, units -------------------------------------------------
     "E010": "unknown key",
     "E011": "duplicate key",

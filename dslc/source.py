@@ -29,13 +29,21 @@ class Span:
 
 @dataclass
 class Sources:
-    """The text of every file read, so renderers can quote source lines."""
+    """The text of every file read, so renderers can quote source lines.
+
+    Only files in ``quoted`` are quoted: the files named on the command line. An
+    imported file may be any file on the machine (plans come from pull requests and
+    are linted in CI), so its text never reaches the log; its diagnostics still name
+    its file, line and column."""
 
     texts: dict[str, str] = field(default_factory=dict)
+    quoted: set[str] = field(default_factory=set)
 
     def line(self, file: str, line: int) -> str | None:
+        """Line ``line`` of ``file`` as the parser counts lines (at '\\n' only, so a
+        stray CR or form feed never shifts the quote), or None when not to quote."""
         text = self.texts.get(file)
-        if text is None:
+        if text is None or file not in self.quoted:
             return None
-        lines = text.splitlines()
-        return lines[line - 1] if 0 < line <= len(lines) else ""
+        lines = text.split("\n")
+        return lines[line - 1].removesuffix("\r") if 0 < line <= len(lines) else ""

@@ -9,6 +9,7 @@ number, '{') rather than Lark's terminal names.
 from __future__ import annotations
 
 import ast as pyast
+import warnings
 from functools import cache
 
 from lark import Lark, Token, v_args
@@ -58,6 +59,20 @@ def _number(text: str) -> int | float:
         return float(clean)
 
 
+def _unquote(tok: Token) -> str:
+    """A string literal's value, with Python's escapes; an escape Python does not know
+    (``"\\x4"``) is kept as written, and never raises inside the transformer (where any
+    exception would be an internal error)."""
+    if "\\" not in tok:
+        return str(tok)[1:-1]
+    try:
+        with warnings.catch_warnings():  # "invalid escape sequence" on stderr
+            warnings.simplefilter("ignore")
+            return pyast.literal_eval(str(tok))
+    except (ValueError, SyntaxError):
+        return str(tok)[1:-1]
+
+
 class _Build(Transformer_NonRecursive):
     """Lark parse-tree callbacks → frozen AST nodes (see ast.py)."""
 
@@ -84,11 +99,7 @@ class _Build(Transformer_NonRecursive):
 
     @v_args(inline=True)
     def string(self, tok: Token):
-        try:
-            value = pyast.literal_eval(str(tok))
-        except (ValueError, SyntaxError):  # an escape Python does not know
-            value = str(tok)[1:-1]
-        return ast.String(value, self.sp(tok))
+        return ast.String(_unquote(tok), self.sp(tok))
 
     @v_args(meta=True)
     def true(self, meta, _):
@@ -141,8 +152,7 @@ class _Build(Transformer_NonRecursive):
     @v_args(meta=True)
     def import_stmt(self, meta, children):
         (tok,) = children
-        path = pyast.literal_eval(str(tok)) if "\\" in tok else str(tok)[1:-1]
-        return ast.Import(path, self.sp(meta))
+        return ast.Import(_unquote(tok), self.sp(meta))
 
 
 @cache
@@ -163,19 +173,26 @@ def parser() -> Lark:
     )
 
 
+def size_text(size: int) -> str:
+    """A file's size for E008: readers read at most ``MAX_BYTES + 1`` bytes, so a size of
+    exactly that is "more than 4 MiB"."""
+    return f"{size / 2**20:.1f} MiB" if size != MAX_BYTES + 1 else f"more than {MAX_BYTES // 2**20} MiB"
+
+
+def too_large(size: int, file: str) -> Diagnostic:
+    return error(
+        "E008",
+        Span.point(file),
+        f"file is {size_text(size)}; a plan file may be at most {MAX_BYTES // 2**20} MiB",
+        "is this really a plan file?",
+    )
+
+
 def decode(data: bytes, file: str) -> tuple[str | None, list[Diagnostic]]:
     """Bytes → text, or a diagnostic for binary, non-UTF-8 or oversized input."""
     here = Span.point(file)
     if len(data) > MAX_BYTES:
-        return None, [
-            error(
-                "E008",
-                here,
-                f"file is {len(data) / 2**20:.1f} MiB; a plan file may be at most "
-                f"{MAX_BYTES // 2**20} MiB",
-                "is this really a plan file?",
-            )
-        ]
+        return None, [too_large(len(data), file)]
     if b"\0" in data:
         return None, [error("E004", here, "file is binary (contains NUL bytes), not a plan")]
     try:
@@ -258,8 +275,9 @@ def _syntax_error(e: UnexpectedInput, text: str, file: str) -> Diagnostic:
     if isinstance(e, UnexpectedEOF) or (
         isinstance(e, UnexpectedToken) and e.token.type == "$END"
     ):
-        lines = text.splitlines() or [""]
-        span = Span(file, len(lines), len(lines[-1]) + 1, len(lines), len(lines[-1]) + 2)
+        lines = text.removesuffix("\n").split("\n")  # lines as Lark counts them: at '\n'
+        last = len(lines[-1].removesuffix("\r"))
+        span = Span(file, len(lines), last + 1, len(lines), last + 2)
         opened = text.count("{") - text.count("}")
         hint = (
             f"{opened} block{'s' * (opened != 1)} still open: add '}}'"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -13,6 +14,22 @@ from ..source import Sources
 
 _COLOURS = {"error": "\033[1;31m", "warning": "\033[1;33m", "note": "\033[1;36m"}
 _BOLD, _BLUE, _RESET = "\033[1m", "\033[1;34m", "\033[0m"
+
+
+def printable(s: str) -> str:
+    """``s`` with every character a terminal or log viewer would act on written as an
+    escape (``\\x1b``, ``\\r``, ``\\u202e``): C0 and C1 controls, bidirectional overrides
+    and other format characters, line separators and lone surrogates. A plan's strings,
+    names and file names reach messages, and a raw ESC or CR there could hide a
+    diagnostic or fake a line of lint output."""
+    return s if s.isprintable() else "".join(map(_escaped, s))
+
+
+def _escaped(c: str) -> str:
+    if c.isprintable() or unicodedata.category(c) == "Zs":  # spaces are harmless
+        return c
+    n = ord(c)
+    return f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}"
 
 
 def render_text(diags: Sequence[Diagnostic], sources: Sources, colour: bool = False) -> str:
@@ -25,31 +42,16 @@ def render_text(diags: Sequence[Diagnostic], sources: Sources, colour: bool = Fa
     out: list[str] = []
     for d in diags:
         sev = d.severity.value
-        head = f"{c(_COLOURS[sev], f'{sev}[{d.code}]')}: {c(_BOLD, d.message)}"
+        head = f"{c(_COLOURS[sev], f'{sev}[{d.code}]')}: {c(_BOLD, printable(d.message))}"
         if d.span is None:
             out.append(head)
         else:
-            out.append(f"{c(_BOLD, str(d.span))}: {head}")
+            out.append(f"{c(_BOLD, printable(str(d.span)))}: {head}")
             src = sources.line(d.span.file, d.span.line)
             if src is not None:
-                src = src.replace("\t", " ")
-                if len(src) > 200:
-                    src = src[:200] + " …"
-                gutter = f"{d.span.line:>4} | "
-                width = (
-                    d.span.end_col - d.span.col
-                    if d.span.end_line == d.span.line and d.span.end_col > d.span.col
-                    else 1
-                )
-                width = max(1, min(width, max(1, len(src) - d.span.col + 1)))
-                out.append(c(_BLUE, gutter) + src)
-                out.append(
-                    c(_BLUE, " " * (len(gutter) - 2) + "| ")
-                    + " " * (d.span.col - 1)
-                    + c(_COLOURS[sev], "^" * width)
-                )
+                out += _quote(src, d, lambda s: c(_BLUE, s), lambda s: c(_COLOURS[sev], s))
         if d.hint:
-            out.append(f"  {c(_BOLD, 'help')}: {d.hint}")
+            out.append(f"  {c(_BOLD, 'help')}: {printable(d.hint)}")
     n_err = sum(d.is_error for d in diags)
     n_warn = sum(d.severity is Severity.WARNING for d in diags)
     if diags:
@@ -57,8 +59,25 @@ def render_text(diags: Sequence[Diagnostic], sources: Sources, colour: bool = Fa
     return "\n".join(out) + ("\n" if out else "")
 
 
+def _quote(src: str, d: Diagnostic, blue, red) -> list[str]:
+    """The source line (escaped, cut at 200 characters) and a caret under the span;
+    the caret counts the escapes, so it stays under the span's characters."""
+    src = src.replace("\t", " ")
+    s = d.span
+    end = s.end_col if s.end_line == s.line and s.end_col > s.col else s.col + 1
+    before, under = printable(src[: s.col - 1]), printable(src[s.col - 1 : end - 1])
+    shown = printable(src)
+    if len(shown) > 200:
+        shown = shown[:200] + " …"
+    gutter = f"{s.line:>4} | "
+    caret = " " * len(before) + red("^" * max(1, len(under)))
+    return [blue(gutter) + shown, blue(" " * (len(gutter) - 2) + "| ") + caret]
+
+
 def to_dict(d: Diagnostic) -> dict:
-    out: dict = {"code": d.code, "severity": d.severity.value, "message": d.message}
+    """A diagnostic for tools. The message and hint are escaped as for a terminal (a
+    tool may print them raw, `jq -r`); the file stays the name a tool can open."""
+    out: dict = {"code": d.code, "severity": d.severity.value, "message": printable(d.message)}
     if d.span:
         out |= {
             "file": d.span.file,
@@ -68,7 +87,7 @@ def to_dict(d: Diagnostic) -> dict:
             "end_col": d.span.end_col,
         }
     if d.hint:
-        out["hint"] = d.hint
+        out["hint"] = printable(d.hint)
     return out
 
 
@@ -84,20 +103,21 @@ def _gh_escape(s: str, prop: bool = False) -> str:
 
 
 def render_github(diags: Sequence[Diagnostic], sources: Sources | None = None) -> str:
-    """GitHub Actions workflow commands: ``::error file=…,line=…::message``."""
+    """GitHub Actions workflow commands: ``::error file=…,line=…::message``; the log
+    shows ANSI escapes, so everything is :func:`printable` before it is escaped."""
     lines = []
     for d in diags:
         kind = {"error": "error", "warning": "warning", "note": "notice"}[d.severity.value]
         props = [f"title={_gh_escape(d.code, True)}"]
         if d.span:
             props = [
-                f"file={_gh_escape(d.span.file, True)}",
+                f"file={_gh_escape(printable(d.span.file), True)}",
                 f"line={d.span.line}",
                 f"col={d.span.col}",
                 f"endLine={d.span.end_line}",
                 f"endColumn={d.span.end_col}",
             ] + props
-        msg = d.message + (f" (help: {d.hint})" if d.hint else "")
+        msg = printable(d.message + (f" (help: {d.hint})" if d.hint else ""))
         lines.append(f"::{kind} {','.join(props)}::{_gh_escape(msg)}")
     return "\n".join(lines) + ("\n" if lines else "")
 
@@ -126,7 +146,7 @@ def render_sarif(diags: Sequence[Diagnostic], sources: Sources | None = None) ->
             "ruleId": d.code,
             "ruleIndex": used.index(d.code),
             "level": d.severity.value,
-            "message": {"text": d.message + (f"\nhelp: {d.hint}" if d.hint else "")},
+            "message": {"text": printable(d.message) + (f"\nhelp: {printable(d.hint)}" if d.hint else "")},
         }
         if d.span:
             uri = Path(d.span.file).as_posix()
