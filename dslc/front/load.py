@@ -231,6 +231,7 @@ class Loader:
         if tree is not None:
             self.diags.extend(diags)
             return _File(path, tree)
+        self.sources.texts.pop(path, None)  # never quoted: keep no copy of it
         d = next(d for d in diags if d.is_error)
         if d.code == "E008":
             return _File(path, None, ("E008", size_text(max(st.st_size, len(data))), None))
