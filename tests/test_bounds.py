@@ -120,6 +120,29 @@ def test_largest_seed_compiles(tmp_path):
     assert str(2**63 - 1) in "".join(files.values())
 
 
+@pytest.mark.parametrize("edge", [0, 1])
+def test_every_float_at_its_edge_explains_and_compiles(tmp_path, edge):
+    """Each float key at the low (then the high) end of its range: finite estimates, finite
+    JSON, a script."""
+    def val(key):
+        return written(BOUNDS[key][edge])
+
+    text = plan_text(
+        m=("model gpt2 {", f"model llama {{ norm_eps = {val('model.norm_eps')}; rope_theta = {val('model.rope_theta')}; dropout = {val('model.dropout')};"),
+        t=("micro_batch = 1", f"micro_batch = 1; grad_clip = {val('train.grad_clip')}; optimizer adamw {{ lr = {val('optimizer.lr')}; "
+                              f"eps = {val('optimizer.eps')}; weight_decay = {val('optimizer.weight_decay')} }}; lr_schedule cosine {{ min_lr = {val('lr_schedule.min_lr')} }}"),
+        c=("device = h100_sxm", f"device = h100_sxm; peak_flops = {val('cluster.peak_flops')}; device_memory = {BOUNDS['cluster.device_memory'][1]}"),
+        b=("bandwidth = 450 GB/s; latency = 2 us", f"bandwidth = {val('link.bandwidth')}; latency = {val('link.latency')}"),
+    )
+    res = load_text(text, str(tmp_path / "t.plan"))
+    assert not [d.message for d in res.diagnostics if d.is_error]
+    plan = res.plans[0]
+    json.dumps(explain.to_json(explain.explain(plan)), allow_nan=False)
+    assert explain.explain(plan).timing.step > 0
+    if plan.model.dropout == 0:  # dropout with tp is the generator's own refusal
+        codegen.render(plan, tmp_path / "gen")
+
+
 def test_too_many_microbatches_is_a_diagnostic(tmp_path, capsys):
     text = plan_text(m=("microbatches = 4", "microbatches = 100000"))
     assert_diagnostic(tmp_path, capsys, text, "E015", "100000")
@@ -255,6 +278,10 @@ KEYS = {  # key → how the value is written into BASE
     "seed": ("steps = 10", "steps = 10; seed = {}"),
     "grad_clip": ("steps = 10", "steps = 10; grad_clip = {}"),
     "steps": ("steps = 10", "steps = {}"),
+    "seq_len": ("seq_len = 64", "seq_len = {}"),
+    "vocab": ("vocab = 256", "vocab = {}"),
+    "micro_batch": ("micro_batch = 1", "micro_batch = {}"),
+    "eps": ("steps = 10", "steps = 10; optimizer adamw {{ eps = {} }}"),
 }
 
 
