@@ -138,18 +138,19 @@ class Reader:
     def wrong(self, a: ast.Assign, want: str, hint: str | None = None) -> None:
         self.diags.append(error("E013", a.value.span, f"'{a.key}' must be {want}, not {describe(a.value)}", hint))
 
-    def _in_bounds(self, f: Fields, a: ast.Assign, v: int | float, shown: str, name: str | None = None) -> bool:
+    def _in_bounds(self, f: Fields, a: ast.Assign, v: int | float, got: str) -> bool:
         """Whether ``v`` (SI for a quantity) lies in the row of :data:`BOUNDS` for the key;
         E015 at the value, naming the range as a plan writes it, when it does not."""
-        row = BOUNDS.get(name or f"{f.block.kind}.{a.key}")
+        row = BOUNDS.get(f"{f.block.kind}.{a.key}")
         if row is None:
             return True
         lo, hi = (resolve(b) if isinstance(b, str) else b for b in row)
         if lo <= v <= hi:  # exact for ints of any size; inf and subnormals fall outside
             return True
         want = "positive" if lo == 1 and v < 1 and isinstance(v, int) else f"between {written(row[0])} and {written(row[1])}"
-        hint = "beyond ±1.8e308 a number is not finite" if isinstance(v, float) and not math.isfinite(v) else None
-        self.diags.append(error("E015", a.value.span, f"'{a.key}' must be {want}, got {shown}", hint))
+        if isinstance(v, float) and not math.isfinite(v):
+            got = "a number too large for a 64-bit float (beyond ±1.8e308)"
+        self.diags.append(error("E015", a.value.span, f"'{a.key}' must be {want}, got {got}"))
         return False
 
     def _get(self, f: Fields, key: str, required: bool):
