@@ -6,11 +6,12 @@ about (``plan.where("model.heads")``). See dslc/codes.py for the catalogue.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from .arch import vocab_per_rank
-from .diagnostics import Diagnostic, error, warning
+from .diagnostics import Diagnostic, error, note, warning
 from .front.defaults import MAX_SCHEDULE
 from .groups import axis_crossing
 from .ir import SCHEDULES, Plan
@@ -235,7 +236,54 @@ def training(plan: Plan):
         yield error("E081", plan.where("data_parallel.zero"), f"zero must be 0, 1, 2 or 3, got {z}", "0 replicates, 1 shards optimizer state, 2 also gradients, 3 also parameters")
     if t.precision == "fp16" and t.loss_scale == "none":
         yield warning("W082", plan.where("train.loss_scale", "train.precision"), "fp16 without loss scaling: small gradients underflow to zero", "use loss_scale = dynamic, or precision = bf16")
-    d = t.data
-    if d.resolved_path and not d.resolved_path.startswith("<") and not os.path.exists(d.resolved_path):
-        yield warning("W083", plan.where("train.data"), f"data file {d.path} not found (looked for {d.resolved_path})", "the training script checks again when it starts")
+
+
+# -- data ----------------------------------------------------------------------
+
+MAX_DATA_SCAN = 4 * 2**30  # bytes of a tokens file lint reads to check its ids
+_ITEMSIZE = {"text": 1, "tokens": 2}  # bytes per token id: bytes, nanoGPT's uint16
+
+
+@rule
+def data_file(plan: Plan):
+    """What the script refuses when it opens its data file, said at lint time: a file
+    that is missing (W083: it may exist where the script runs), not a regular file or of
+    the wrong size (E085), or a tokens file with an id the vocab does not have (E084;
+    the script would index past its embedding)."""
+    d, m, where = plan.train.data, plan.model, plan.where("train.data")
+    if not d.resolved_path or d.resolved_path.startswith("<"):
+        return
+    try:
+        st = os.stat(d.resolved_path)
+    except (OSError, ValueError):
+        yield warning("W083", where, f"data file {d.path} not found (looked for {d.resolved_path})", "the training script checks again when it starts")
+        return
+    size, need = st.st_size, (m.seq_len + 1) * _ITEMSIZE[d.kind]
+    if not stat.S_ISREG(st.st_mode):
+        yield error("E085", where, f"data file {d.path} is not a regular file", "the script memory-maps its data: name a file")
+    elif size < need or size % _ITEMSIZE[d.kind]:
+        yield error("E085", where, f"data file {d.path} has {size} bytes: the script needs a multiple of {_ITEMSIZE[d.kind]}, at least {need} (seq_len + 1 tokens)")
+    elif d.kind == "tokens" and m.vocab < 2**16:
+        if size > MAX_DATA_SCAN:
+            yield note("N086", where, f"token ids of {d.path} not checked: it is larger than {MAX_DATA_SCAN // 2**30} GiB", "the script checks them when it starts")
+        elif (top := _largest_id(d.resolved_path)) is not None and top >= m.vocab:
+            yield error("E084", where, f"data file {d.path} holds token id {top}, not below vocab = {m.vocab}", "the tokens were made with another vocabulary, or the file is not uint16 token ids")
+
+
+def _largest_id(path: str) -> int | None:
+    """The largest uint16 id in the regular file at ``path``, read 64 MiB at a time, or
+    None when it cannot be read (the script reports that when it starts)."""
+    import numpy as np  # only plans with a tokens file pay for the import
+
+    top = 0
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        while chunk := f.read(2**26):
+            top = max(top, int(np.frombuffer(chunk[: len(chunk) // 2 * 2], dtype="<u2").max(initial=0)))
+    return top
 

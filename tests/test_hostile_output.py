@@ -228,3 +228,45 @@ def test_hostile_names_compile_to_scripts_that_only_start(
 
 def _escape(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"', '\\"')
+
+
+# -- data files at lint time (finding 5) -------------------------------------------------
+
+
+def _lint(plan: Path, capsys) -> tuple[int, str]:
+    code = main(["lint", str(plan)])
+    return code, capsys.readouterr().out
+
+
+def test_lint_refuses_token_ids_past_the_vocab(tmp_path, capsys):
+    """On ba52072 lint passed this plan and the serial script failed with an IndexError."""
+    import numpy as np
+
+    ids = np.arange(64, dtype="<u2")
+    ids[40] = 300
+    (tmp_path / "plans").mkdir()
+    ids.tofile(tmp_path / "plans" / "ids.bin")
+    plan = _plan(tmp_path / "plans", "x", data='tokens("ids.bin")')
+    code, out = _lint(plan, capsys)
+    assert code == 1 and "E084" in out and "token id 300, not below vocab = 256" in out
+    assert f"{plan}:" in out  # at the data key's line
+    ids[40] = 255
+    ids.tofile(tmp_path / "plans" / "ids.bin")
+    assert _lint(plan, capsys)[0] == 0
+
+
+@pytest.mark.parametrize("size", [7, 15])
+def test_lint_refuses_a_data_file_the_script_cannot_read(tmp_path, capsys, size):
+    (tmp_path / "plans").mkdir()
+    (tmp_path / "plans" / "ids.bin").write_bytes(bytes(size))  # odd, or < seq_len + 1 ids
+    plan = _plan(tmp_path / "plans", "x", data='tokens("ids.bin")')
+    code, out = _lint(plan, capsys)
+    assert code == 1 and "E085" in out and f"has {size} bytes" in out
+
+
+def test_lint_does_not_open_a_fifo_named_as_data(tmp_path, capsys):
+    (tmp_path / "plans").mkdir()
+    os.mkfifo(tmp_path / "plans" / "ids.bin")
+    plan = _plan(tmp_path / "plans", "x", data='tokens("ids.bin")')
+    code, out = _lint(plan, capsys)
+    assert code == 1 and "E085" in out and "not a regular file" in out
