@@ -246,11 +246,15 @@ _ITEMSIZE = {"text": 1, "tokens": 2}  # bytes per token id: bytes, nanoGPT's uin
 
 @rule
 def data_file(plan: Plan):
-    """What the script refuses when it opens its data file, said at lint time: a file
-    that is missing (W083: it may exist where the script runs), not a regular file or of
-    the wrong size (E085), or a tokens file with an id the vocab does not have (E084;
-    the script would index past its embedding)."""
+    """Token ids and a vocab that do not match (E084: the script would index past its
+    embedding), and what the script refuses when it opens its data file, said at lint
+    time: a file that is missing (W083: it may exist where the script runs), not a
+    regular file or of the wrong size (E085)."""
     d, m, where = plan.train.data, plan.model, plan.where("train.data")
+    if d.kind == "text" and m.vocab < 256:
+        yield error("E084", where, f"text data is byte-level (ids 0–255) but vocab = {m.vocab}", "set vocab = 256 or more")
+    if d.kind == "tokens" and m.vocab > 2**16:
+        yield error("E084", where, f"tokens files hold uint16 ids (0–65535) but vocab = {m.vocab}", "a larger vocabulary needs a token format dslc cannot read yet")
     if not d.resolved_path or d.resolved_path.startswith("<"):
         return
     try:

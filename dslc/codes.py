@@ -68,7 +68,7 @@ CODES: dict[str, str] = {
     "E081": "zero stage outside 0–3",
     "W082": "fp16 without loss scaling",
     "W083": "data file not found",
-    "E084": "token id outside the vocab",
+    "E084": "token ids that the vocab does not hold",
     "E085": "data file the script cannot read",
     "N086": "data file too large to check at lint time",
     # -- estimates ----------------------------------------------------------
