@@ -10,6 +10,7 @@ import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from . import arch
 from .arch import vocab_per_rank
 from .diagnostics import Diagnostic, error, note, warning
 from .front.defaults import MAX_SCHEDULE
@@ -105,9 +106,13 @@ def model_shapes(plan: Plan):
             yield error("E042", plan.where("mesh.tp"), f"kv_heads={m.kv_heads} is not divisible by tp={tp}", f"grouped-query attention splits the kv heads over tp; use tp ≤ {m.kv_heads} dividing it")
         if m.ffn % tp:
             yield error("E043", plan.where("model.ffn", "mesh.tp"), f"ffn={m.ffn} is not divisible by tp={tp}", f"use an ffn that is a multiple of {tp}")
-        if m.vocab % tp:
-            padded = vocab_per_rank(m, tp) * tp
-            yield warning("W044", plan.where("model.vocab"), f"vocab={m.vocab} is not divisible by tp={tp}; it is padded to {padded}", f"set vocab = {padded} to make the padding explicit")
+        per_rank = vocab_per_rank(m, tp)
+        if (tp - 1) * per_rank >= m.vocab:
+            yield error("E047", plan.where("model.vocab", "mesh.tp"), f"vocab={m.vocab} is too small to split over tp={tp}: the last rank would hold no ids", f"use a vocab of at least {(tp - 1) * per_rank + 1}, or a smaller tp")
+        elif m.vocab % tp:
+            yield warning("W044", plan.where("model.vocab"), f"vocab={m.vocab} is not divisible by tp={tp}; it is padded to {per_rank * tp}", f"set vocab = {per_rank * tp} to make the padding explicit")
+    if arch.of(m).positions == "rope" and m.head_dim % 2:
+        yield error("E046", plan.where("model.hidden", "model.heads"), f"RoPE rotates pairs of dimensions but head_dim = hidden/heads = {m.head_dim} is odd", "choose hidden and heads with an even quotient")
 
 
 # -- pipeline ---------------------------------------------------------------

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from . import __version__
 from .diagnostics import Diagnostic, error, has_errors
-from .driver import LoadResult, load_paths, load_text
+from .driver import LoadResult, load_paths, load_text, output_clashes
 from .front.parse import MAX_BYTES
 from .report.diagnostics import RENDERERS, printable, render_text
 from .source import Sources
@@ -118,6 +118,10 @@ def cmd_compile(args) -> int:
         print("dslc: not compiled: the plans have errors", file=sys.stderr)
         return 1
     result, plans = loaded
+    clashes = output_clashes(plans)
+    if clashes:
+        emit(clashes, result.sources)
+        return 1
     from . import codegen
 
     root = Path(args.output)

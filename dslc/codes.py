@@ -43,6 +43,8 @@ CODES: dict[str, str] = {
     "E043": "ffn not divisible by tp",
     "W044": "vocab padded to a multiple of tp",
     "E045": "heads not divisible by cp (Ulysses)",
+    "E046": "RoPE with an odd head dim",
+    "E047": "vocab too small to split over tp",
     # -- pipeline -----------------------------------------------------------
     "E050": "layers do not split over the pipeline",
     "E051": "per-stage layers do not sum to the model's layers",

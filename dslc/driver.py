@@ -13,6 +13,7 @@ the output of one to the next. ``dslc lint`` stops after :func:`lint`; ``explain
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,16 +73,17 @@ def _lower(loader: Loader, roots: list[str], run_checks: bool) -> LoadResult:
             plans.append(plan)
             if run_checks:
                 diags.extend(lint(plan))
-    diags.extend(_names_across_files(plans))
     unique = list(dict.fromkeys(diags))  # a shared import's diagnostics once
     unique.sort(key=Diagnostic.sort_key)
     return LoadResult(ir.Program(tuple(plans), tuple(loader.sources.texts)), unique, loader.sources)
 
 
-def _names_across_files(plans: list[ir.Plan]) -> list[Diagnostic]:
-    """E017 for a plan name defined in two files given together: both would compile to
-    ``generated/<name>/``, each overwriting the other. (Within one file and its imports
-    the lowering reports it; a shared import's plan is the same definition, not two.)"""
+def output_clashes(plans: Sequence[ir.Plan]) -> list[Diagnostic]:
+    """E017 for a plan name defined in two files compiled together: both would compile
+    to ``<output>/<name>/``, each overwriting the other (and ``--check`` would find one
+    stale forever). Lint allows it: the files may be compiled to different folders.
+    Within one file and its imports the lowering reports it; a shared import's plan is
+    the same definition, not two."""
     first: dict[str, ir.Plan] = {}
     out = []
     for plan in plans:
