@@ -86,21 +86,24 @@ def error_line(out) -> str:
 
 
 def test_token_ids_beyond_the_vocab_are_refused_at_start(tmp_path):
+    """dslc lint reads the plan's data file (E084), but the file may change after the
+    compile, and --data names another: the script reads what it trains on."""
     ids = torch.arange(64, dtype=torch.int32) % 256
+    (tmp_path / "t.bin").write_bytes(ids.to(torch.int16).numpy().tobytes())
+    serial = compile_plan(tmp_path, data='tokens("t.bin")')
+    tp2 = compile_plan(tmp_path, world=2, mesh="mesh { tp = 2 on shm }", data='tokens("t.bin")')
     ids[::4] = 300  # vocab = 256: every sequence drawn holds one
     (tmp_path / "t.bin").write_bytes(ids.to(torch.int16).numpy().tobytes())
-    script = compile_plan(tmp_path, data='tokens("t.bin")')
-    out = run(script, "--dump-losses", tmp_path / "l.json")
+    out = run(serial, "--dump-losses", tmp_path / "l.json")
     assert out.returncode == 1 and "step" not in out.stdout
     path = os.path.normpath(tmp_path / "t.bin")
-    assert error_line(out) == (
-        f"data file {path}: the largest token id is 300, not below vocab = 256"
-    )
+    want = f"data file {path}: the largest token id is 300, not below vocab = 256"
+    assert error_line(out) == want
     # under tp, where an id past the vocab made the loss Infinity instead of an error
-    script = compile_plan(tmp_path, world=2, mesh="mesh { tp = 2 on shm }", data='tokens("t.bin")')
-    out = run(script, nproc=2)
+    (tmp_path / "t.bin").rename(tmp_path / "other.bin")
+    out = run(tp2, "--data", tmp_path / "other.bin", nproc=2)
     assert out.returncode != 0 and "step" not in out.stdout
-    assert "the largest token id is 300" in error_line(out)
+    assert error_line(out) == want.replace("t.bin", "other.bin")
     assert not (tmp_path / "l.json").exists()
 
 
