@@ -177,7 +177,7 @@ def cluster_of(ranks: int, gpn: int = 8) -> str:
     return plan_text(n=("nodes = 1", f"nodes = {ranks // gpn}"), g=("gpus_per_node = 2", f"gpus_per_node = {gpn}"),
                      ib=("}\nplan", "    link ib { scope = cluster; bandwidth = 50 GB/s }\n}\nplan"),
                      mesh=("mesh { pp = 2 on nvlink }", f"mesh {{ dp = {ranks // 16} on ib; pp = 2 on ib; tp = 8 on nvlink }}"),
-                     heads=("heads = 4", "heads = 8; tie_embeddings = false"))
+                     heads=("heads = 4", "heads = 8"))
 
 
 def test_too_many_ranks_is_a_diagnostic(tmp_path, capsys):
@@ -191,9 +191,9 @@ def test_too_many_ranks_is_a_diagnostic(tmp_path, capsys):
 
 
 def test_largest_cluster_explains_and_compiles_in_seconds(tmp_path, capsys):
-    """About 1 s each. (Untied embeddings: with tied ones and pp > 1 the script lists every
-    pipeline's embedding group as a literal, world / pp pairs, which black takes minutes to
-    format at this size; codegen should build those groups at run time.)"""
+    """About 1 s each, with tied embeddings over pp (the script used to list every
+    pipeline's embedding group as a literal, world / pp pairs, which black took minutes to
+    format at this size; the script builds them at run time now)."""
     path = tmp_path / "t.plan"
     path.write_text(cluster_of(MAX_RANKS))
     for argv in (["explain", str(path), "--json"], ["compile", "-o", str(tmp_path / "gen"), str(path)]):

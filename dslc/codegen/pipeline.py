@@ -2,8 +2,8 @@
 
 Everything the pipeline runtime (``templates/parallel/pp.jinja``) needs is decided here:
 which layers each pipeline rank's model chunks hold (``Plan.stage_layers``, chunk g on
-pp rank g % pp as local chunk g // pp), the global ranks of the first and last stage of
-each pipeline (for the tied embedding's gradient), and the action lists of
+pp rank g % pp as local chunk g // pp), the stride between a pipeline's ranks (the
+script pairs first and last stages for the tied embedding's gradient), and the action lists of
 :func:`dslc.cost.schedule.build`, written to ``schedule.json`` beside the script, which
 executes them literally and refuses a file whose SHA-256 is not the one it was
 generated with.
@@ -50,7 +50,6 @@ def pipeline_view(plan: Plan) -> dict:
         "schedule_json": text,
         "schedule_sha256": hashlib.sha256(text.encode()).hexdigest(),
         "tied_pp": tied,
-        "embedding_groups": repr(tuple((g[0], g[-1]) for g in plan.mesh.groups("pp"))),
     }
 
 
