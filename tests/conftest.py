@@ -35,16 +35,20 @@ def golden_plans():
 
 @pytest.fixture(scope="session")
 def run_script():
-    """run(train_py, nproc, *args) -> CompletedProcess: one process with python, more
-    with torchrun --standalone (a free port each time, so runs may overlap)."""
+    """run(train_py, nproc, *args, env=...) -> CompletedProcess: one process with python
+    (no torchrun variables unless ``env`` sets them), more with torchrun --standalone
+    (a free port each time, so runs may overlap)."""
 
-    def run(train_py: Path, nproc: int, *args: str, timeout: float = 600, cwd=None):
+    def run(train_py: Path, nproc: int, *args: str, timeout: float = 600, cwd=None, env=None):
         if nproc > 1:
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
             cmd += [f"--nproc-per-node={nproc}", str(train_py)]
         else:
             cmd = [sys.executable, str(train_py)]
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+        torchrun = ("WORLD_SIZE", "RANK", "LOCAL_RANK")
+        env = {k: v for k, v in os.environ.items() if k not in torchrun} | {
+            "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", **(env or {})
+        }
         return subprocess.run(
             cmd + [str(a) for a in args],
             check=False,

@@ -54,24 +54,6 @@ def compile_plan(
     return codegen.write(res.program.plans[0], tmp_path / "out") / "train.py"
 
 
-def run(script: Path, *args, env=None, nproc=0, cwd=None, timeout=120):
-    """python train.py (nproc 0: with no torchrun variables), or torchrun."""
-    base = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
-    base.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", **(env or {}))
-    cmd = [sys.executable, str(script)]
-    if nproc:
-        cmd[1:1] = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
-    return subprocess.run(
-        cmd + [str(a) for a in args],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=base,
-        cwd=cwd,
-    )
-
-
 def error_line(out) -> str:
     """The script's one error line (the same from every rank that printed it; torchrun
     adds its own report, and a traceback of its own, after it)."""
@@ -85,7 +67,7 @@ def error_line(out) -> str:
 # finding 1: garbage tokens, non-finite losses
 
 
-def test_token_ids_beyond_the_vocab_are_refused_at_start(tmp_path):
+def test_token_ids_beyond_the_vocab_are_refused_at_start(tmp_path, run_script):
     """dslc lint reads the plan's data file (E084), but the file may change after the
     compile, and --data names another: the script reads what it trains on."""
     ids = torch.arange(64, dtype=torch.int32) % 256
@@ -94,26 +76,26 @@ def test_token_ids_beyond_the_vocab_are_refused_at_start(tmp_path):
     tp2 = compile_plan(tmp_path, world=2, mesh="mesh { tp = 2 on shm }", data='tokens("t.bin")')
     ids[::4] = 300  # vocab = 256: every sequence drawn holds one
     (tmp_path / "t.bin").write_bytes(ids.to(torch.int16).numpy().tobytes())
-    out = run(serial, "--dump-losses", tmp_path / "l.json")
+    out = run_script(serial, 1, "--dump-losses", tmp_path / "l.json")
     assert out.returncode == 1 and "step" not in out.stdout
     path = os.path.normpath(tmp_path / "t.bin")
     want = f"data file {path}: the largest token id is 300, not below vocab = 256"
     assert error_line(out) == want
     # under tp, where an id past the vocab made the loss Infinity instead of an error
     (tmp_path / "t.bin").rename(tmp_path / "other.bin")
-    out = run(tp2, "--data", tmp_path / "other.bin", nproc=2)
+    out = run_script(tp2, 2, "--data", tmp_path / "other.bin")
     assert out.returncode != 0 and "step" not in out.stdout
     assert error_line(out) == want.replace("t.bin", "other.bin")
     assert not (tmp_path / "l.json").exists()
 
 
-def test_a_loss_that_is_not_finite_stops_every_rank(tmp_path):
+def test_a_loss_that_is_not_finite_stops_every_rank(tmp_path, run_script):
     # a step of lr 100 makes weights of 100, whose products overflow fp16 in the next step
     script = compile_plan(
         tmp_path, world=2, mesh="mesh { dp = 2 on shm }", lr="100", batch=2, precision="fp16"
     )
     losses = tmp_path / "losses.json"
-    out = run(script, "--steps", 4, "--dump-losses", losses, nproc=2, timeout=180)
+    out = run_script(script, 2, "--steps", 4, "--dump-losses", losses, timeout=180)
     assert out.returncode != 0, out.stdout
     assert re.fullmatch(r"step \d: the loss is (nan|inf|-inf); stopping", error_line(out))
     assert not losses.exists()  # never a file with NaN or Infinity in it
@@ -139,10 +121,10 @@ def test_every_json_the_scripts_write_is_strict():
 # finding 2: the environment, output paths, the device, launch.sh
 
 
-def test_a_serial_plan_refuses_two_processes(tmp_path):
+def test_a_serial_plan_refuses_two_processes(tmp_path, run_script):
     script = compile_plan(tmp_path)
     losses = tmp_path / "losses.json"
-    out = run(script, "--dump-losses", losses, nproc=2)
+    out = run_script(script, 2, "--dump-losses", losses)
     assert out.returncode != 0 and "step" not in out.stdout
     assert error_line(out) == SERIAL.format(2)
     assert not losses.exists()
@@ -164,38 +146,38 @@ def test_a_serial_plan_refuses_two_processes(tmp_path):
         ),
     ],
 )
-def test_torchrun_variables_are_checked(tmp_path, env, want):
+def test_torchrun_variables_are_checked(tmp_path, env, want, run_script):
     """All three or none (python train.py), whole numbers, the ranks below the world."""
-    out = run(compile_plan(tmp_path), env=env)
+    out = run_script(compile_plan(tmp_path), 1, env=env)
     assert out.returncode == 1 and out.stdout == ""
     assert error_line(out) == want
 
 
-def test_a_rank_beyond_the_world_is_refused(tmp_path):
+def test_a_rank_beyond_the_world_is_refused(tmp_path, run_script):
     """Not left to hang in the rendezvous (or, serial, to run without logging as rank 1)."""
     script = compile_plan(tmp_path, world=2, mesh="mesh { tp = 2 on shm }")
-    out = run(script, env={"WORLD_SIZE": "2", "RANK": "2", "LOCAL_RANK": "0"})
+    out = run_script(script, 1, env={"WORLD_SIZE": "2", "RANK": "2", "LOCAL_RANK": "0"})
     assert out.returncode == 1 and out.stdout == ""
     assert error_line(out) == "RANK=2, LOCAL_RANK=0: each must be 0 to 1"
 
 
-def test_outputs_are_checked_before_training(tmp_path):
+def test_outputs_are_checked_before_training(tmp_path, run_script):
     script = compile_plan(tmp_path)
     folder = tmp_path / "a folder"
     folder.mkdir()
     for flag in ("--dump-losses", "--dump-weights", "--measure"):
-        out = run(script, flag, folder)
+        out = run_script(script, 1, flag, folder)
         assert out.returncode == 1 and out.stdout == ""  # no step ran
         assert error_line(out) == f"{flag} {folder}: is a directory, not a file"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
-def test_device_cuda_without_cuda_is_one_line(tmp_path):
-    out = run(compile_plan(tmp_path), "--device", "cuda")
+def test_device_cuda_without_cuda_is_one_line(tmp_path, run_script):
+    out = run_script(compile_plan(tmp_path), 1, "--device", "cuda")
     assert out.returncode == 1 and out.stdout == ""
     assert error_line(out).startswith("--device cuda: ")
     script = compile_plan(tmp_path, world=2, mesh="mesh { tp = 2 on shm }")
-    out = run(script, "--device", "cuda", env={"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"})
+    out = run_script(script, 1, "--device", "cuda", env={"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"})
     assert out.returncode == 1 and out.stdout == ""
     assert error_line(out) == "local rank 0 sees 0 GPUs: NCCL needs one per rank"
 
@@ -223,9 +205,9 @@ def test_launch_sh_ignores_the_callers_shell(tmp_path):
     assert "step 1/1" in out.stdout and "hijacked" not in out.stdout
 
 
-def test_a_checkpoint_folder_that_is_a_file_is_refused_at_start(tmp_path):
+def test_a_checkpoint_folder_that_is_a_file_is_refused_at_start(tmp_path, run_script):
     script = compile_plan(tmp_path, data='synthetic; checkpoint { every = 1; dir = "ck" }')
     (tmp_path / "ck").write_text("")  # CHECKPOINT_DIR is relative to the working directory
-    out = run(script, cwd=tmp_path)
+    out = run_script(script, 1, cwd=tmp_path)
     assert out.returncode == 1 and out.stdout == ""
     assert error_line(out) == "checkpoints go into ck, which is a file, not a directory"
