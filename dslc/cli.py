@@ -15,10 +15,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from . import __version__
-from .diagnostics import Diagnostic, error, has_errors
+from .diagnostics import Diagnostic, error, has_errors, printable
 from .driver import LoadResult, load_paths, load_text, output_clashes
 from .front.parse import MAX_BYTES
-from .report.diagnostics import RENDERERS, printable, render_text
+from .report.diagnostics import RENDERERS, render_text
 from .source import Sources
 
 
@@ -60,11 +60,11 @@ def load(paths: Sequence[str]) -> LoadResult:
             raise UsageError("'-' (standard input) cannot be mixed with files")
         return load_paths(files)
     except PermissionError as e:
-        raise UsageError(f"cannot read {printable(str(e.filename))}: permission denied") from None
+        raise UsageError(f"cannot read {e.filename}: permission denied") from None
     except IsADirectoryError as e:
-        raise UsageError(f"{printable(str(e.filename))} is a directory") from None
+        raise UsageError(f"{e.filename} is a directory") from None
     except OSError as e:
-        raise UsageError(f"cannot read {printable(str(e.filename or ''))}: {e.strerror}") from None
+        raise UsageError(f"cannot read {e.filename or ''}: {e.strerror}") from None
 
 
 def emit(diags: list[Diagnostic], sources: Sources, fmt: str = "text", stream=None) -> None:
@@ -270,7 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.fn(args)
     except UsageError as e:
-        print(f"dslc: error: {e}", file=sys.stderr)
+        print(f"dslc: error: {printable(str(e))}", file=sys.stderr)  # names may hold ESC, CR
         return 2
     except KeyboardInterrupt:
         return 130
@@ -279,7 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:  # a bug in dslc, not in the plan
         if os.environ.get("DSLC_DEBUG"):
             raise
-        print(f"dslc: internal error: {type(e).__name__}: {e} (set DSLC_DEBUG=1 for details)", file=sys.stderr)
+        print(f"dslc: internal error: {type(e).__name__}: {printable(str(e))} (set DSLC_DEBUG=1 for details)", file=sys.stderr)
         return 3
 
 

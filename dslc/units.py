@@ -17,7 +17,6 @@ UNITS: dict[str, dict[str, float]] = {
 }
 
 
-
 def resolve(text: str) -> float:
     """A quantity as a plan writes it, in SI: ``resolve("1 MiB") == 2**20``."""
     number, unit = text.split()

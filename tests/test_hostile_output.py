@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 
 from dslc import codegen
 from dslc.cli import main
-from dslc.driver import load_paths
 
 PLAN = """
 cluster one {{
@@ -282,3 +281,12 @@ def test_lint_refuses_a_vocab_the_data_cannot_match(tmp_path, capsys, data, voca
     plan.write_text(plan.read_text().replace("vocab = 256", f"vocab = {vocab}"))
     code, out = _lint(plan, capsys)
     assert code == 1 and "E084" in out and says in out
+
+
+def test_every_diagnostic_is_escaped_where_it_is_made():
+    """explain printed diagnostics' messages raw: escaping lives in Diagnostic itself now,
+    so no renderer can forget it."""
+    from dslc.diagnostics import warning
+
+    d = warning("W083", None, "data file a\x1b[2Kb\rc not found", "hint\u202e")
+    assert d.message == "data file a\\x1b[2Kb\\x0dc not found" and d.hint == "hint\\u202e"

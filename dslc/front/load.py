@@ -34,8 +34,7 @@ from .parse import MAX_BYTES, decode, parse, size_text, too_large
 
 MAX_IMPORT_DEPTH = 64  # files in one chain of imports, the root included
 
-_KINDS = {
-    stat.S_IFDIR: "a directory",
+_KINDS = {  # what a path that is neither a file nor a directory names
     stat.S_IFIFO: "a FIFO",
     stat.S_IFCHR: "a character device",
     stat.S_IFBLK: "a block device",

@@ -5,31 +5,14 @@ from __future__ import annotations
 
 import json
 import os
-import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..diagnostics import Diagnostic, Severity
+from ..diagnostics import Diagnostic, Severity, printable
 from ..source import Sources
 
 _COLOURS = {"error": "\033[1;31m", "warning": "\033[1;33m", "note": "\033[1;36m"}
 _BOLD, _BLUE, _RESET = "\033[1m", "\033[1;34m", "\033[0m"
-
-
-def printable(s: str) -> str:
-    """``s`` with every character a terminal or log viewer would act on written as an
-    escape (``\\x1b``, ``\\r``, ``\\u202e``): C0 and C1 controls, bidirectional overrides
-    and other format characters, line separators and lone surrogates. A plan's strings,
-    names and file names reach messages, and a raw ESC or CR there could hide a
-    diagnostic or fake a line of lint output."""
-    return s if s.isprintable() else "".join(map(_escaped, s))
-
-
-def _escaped(c: str) -> str:
-    if c.isprintable() or unicodedata.category(c) == "Zs":  # spaces are harmless
-        return c
-    n = ord(c)
-    return f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}"
 
 
 def render_text(diags: Sequence[Diagnostic], sources: Sources, colour: bool = False) -> str:
@@ -42,7 +25,7 @@ def render_text(diags: Sequence[Diagnostic], sources: Sources, colour: bool = Fa
     out: list[str] = []
     for d in diags:
         sev = d.severity.value
-        head = f"{c(_COLOURS[sev], f'{sev}[{d.code}]')}: {c(_BOLD, printable(d.message))}"
+        head = f"{c(_COLOURS[sev], f'{sev}[{d.code}]')}: {c(_BOLD, d.message)}"
         if d.span is None:
             out.append(head)
         else:
@@ -51,7 +34,7 @@ def render_text(diags: Sequence[Diagnostic], sources: Sources, colour: bool = Fa
             if src is not None:
                 out += _quote(src, d, lambda s: c(_BLUE, s), lambda s: c(_COLOURS[sev], s))
         if d.hint:
-            out.append(f"  {c(_BOLD, 'help')}: {printable(d.hint)}")
+            out.append(f"  {c(_BOLD, 'help')}: {d.hint}")
     n_err = sum(d.is_error for d in diags)
     n_warn = sum(d.severity is Severity.WARNING for d in diags)
     if diags:
@@ -76,8 +59,9 @@ def _quote(src: str, d: Diagnostic, blue, red) -> list[str]:
 
 def to_dict(d: Diagnostic) -> dict:
     """A diagnostic for tools. The message and hint are escaped as for a terminal (a
-    tool may print them raw, `jq -r`); the file stays the name a tool can open."""
-    out: dict = {"code": d.code, "severity": d.severity.value, "message": printable(d.message)}
+    tool may print them raw, `jq -r`: :class:`Diagnostic` escapes them); the file stays
+    the name a tool can open."""
+    out: dict = {"code": d.code, "severity": d.severity.value, "message": d.message}
     if d.span:
         out |= {
             "file": d.span.file,
@@ -87,7 +71,7 @@ def to_dict(d: Diagnostic) -> dict:
             "end_col": d.span.end_col,
         }
     if d.hint:
-        out["hint"] = printable(d.hint)
+        out["hint"] = d.hint
     return out
 
 
@@ -117,7 +101,7 @@ def render_github(diags: Sequence[Diagnostic], sources: Sources | None = None) -
                 f"endLine={d.span.end_line}",
                 f"endColumn={d.span.end_col}",
             ] + props
-        msg = printable(d.message + (f" (help: {d.hint})" if d.hint else ""))
+        msg = d.message + (f" (help: {d.hint})" if d.hint else "")
         lines.append(f"::{kind} {','.join(props)}::{_gh_escape(msg)}")
     return "\n".join(lines) + ("\n" if lines else "")
 
@@ -146,7 +130,7 @@ def render_sarif(diags: Sequence[Diagnostic], sources: Sources | None = None) ->
             "ruleId": d.code,
             "ruleIndex": used.index(d.code),
             "level": d.severity.value,
-            "message": {"text": printable(d.message) + (f"\nhelp: {printable(d.hint)}" if d.hint else "")},
+            "message": {"text": d.message + (f"\nhelp: {d.hint}" if d.hint else "")},
         }
         if d.span:
             uri = Path(d.span.file).as_posix()
