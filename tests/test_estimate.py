@@ -346,6 +346,119 @@ def test_expert_all_to_all_per_moe_layer():
     assert got[("ep", "all_to_all")] == m * l * 4 * 8 * ceil(1.25 * b * s * k / 8) * h * 2
 
 
+# ---------------------------------------------------------------------------- mixture of experts
+# The generated script routes each sequence as one group (GShard): with a capacity factor
+# every expert takes at most C = ⌈cf·top_k·s/E⌉ slots per sequence and every rank sends a
+# padded (E, b·C, h) buffer; dropless, a rank sends its tokens × top_k. Experts are whole
+# on every tp rank.
+
+
+def _moe(cf=0.0, l=2, s=32, E=8, k=2):
+    return model("mixtral", l, 64, 4, 128, s, kv=2, ffn=96, tie=False, experts=E, top_k=k, cf=cf)
+
+
+def test_capacity_is_per_sequence_and_the_buffer_is_padded():
+    b, m, l, h = 2, 2, 2, 64
+    p = plan(_moe(cf=1.1), ("dp", 2, "ib"), ("ep", 4, "ib"), m=m, b=b)
+    # C = ⌈1.1 · 2 · 32 / 8⌉ = ⌈8.8⌉ = 9 slots per expert per sequence
+    assert est.expert_capacity(p) == 9
+    # the padded buffer: 8 experts × (micro_batch 2 × C 9) = 144 slots per rank per layer per micro-batch
+    assert est.routed_slots(p) == 144
+    # 2 micro-batches × 2 layers × 4 all-to-alls (dispatch, combine, fwd and bwd) × 144 · 64 · 2 bytes
+    assert traffic.rank_payload(p, 0)[("ep", "all_to_all")] == 2 * 2 * 4 * 144 * 64 * 2 == m * l * 4 * 144 * h * 2
+
+
+def test_capacity_is_the_same_padded_buffer_under_tp_and_sequence_parallel():
+    for sp in (False, True):
+        p = plan(_moe(cf=1.1), ("ep", 4, "ib"), ("tp", 2, "nvlink"), b=2, sp=sp)
+        assert est.routed_slots(p) == 8 * 2 * 9  # a tp rank's slice may take a whole sequence's capacity
+
+
+def test_capacity_uses_the_written_decimal():
+    # 1.1 · 2 · 100 / 4 = 55 exactly (floats give 55.00000000000001, which would round up to 56)
+    p = plan(_moe(cf=1.1, s=100, E=4), ("ep", 4, "ib"))
+    assert est.expert_capacity(p) == 55 and est.routed_slots(p) == 4 * 1 * 55
+
+
+def test_dropless_routes_the_tokens_a_rank_holds_times_top_k():
+    b, s, k = 2, 32, 2
+    assert est.expert_capacity(plan(_moe(), ("ep", 4, "ib"), b=b)) is None
+    assert est.routed_slots(plan(_moe(), ("ep", 4, "ib"), b=b)) == b * s * k == 128
+    # tp without SP: every tp rank holds (and routes) all 64 tokens
+    assert est.routed_slots(plan(_moe(), ("ep", 4, "ib"), ("tp", 2, "nvlink"), b=b)) == 128
+    # SP: each tp rank routes its slice, 64 / 2 = 32 tokens × top-2
+    p = plan(_moe(), ("ep", 4, "ib"), ("tp", 2, "nvlink"), b=b, sp=True)
+    assert est.routed_slots(p) == 32 * 2 == 64
+    assert traffic.rank_payload(p, 0)[("ep", "all_to_all")] == 1 * 2 * 4 * 64 * 64 * 2  # m · l · 4 · slots · h · e
+    # cp: the rank holds 64 / 2 tokens of the micro-batch
+    assert est.routed_slots(plan(_moe(), ("ep", 4, "ib"), ("cp", 2, "nvlink"), b=b)) == 64
+
+
+def test_imbalance_scales_dropless_slots_on_the_busiest_ep_rank_only():
+    p = plan(_moe(), ("ep", 4, "ib"), b=2)
+    assert est.routed_slots(p, 1.5) == 192 and est.routed_slots(p, 2.0) == 256  # 128 × r
+    assert est.routed_slots(plan(_moe(), ("dp", 4, "ib"), b=2), 2.0) == 128  # ep = 1: one rank has every expert
+    assert est.routed_slots(plan(_moe(cf=1.1), ("ep", 4, "ib"), b=2), 2.0) == 144  # padded: unchanged
+
+
+def test_experts_are_whole_on_every_tp_rank():
+    mdl = _moe()
+    experts = [w for w in arch.weights(mdl, 2) if w.part == "expert"]
+    assert {w.shape for w in experts} == {(96, 64), (64, 96)} and {w.tp_dim for w in experts} == {None}
+    (sp,) = est.stage_params(plan(mdl, ("ep", 4, "ib"), ("tp", 2, "nvlink")))
+    # 2 layers × 8 experts × 3 matrices of 64 × 96, over ep = 4 (not over tp)
+    assert sp.expert == 2 * 8 * 3 * 64 * 96 // 4 == 73_728
+
+
+def test_expert_states_over_dp_with_tp():
+    mdl = _moe()
+    (mem,) = est.memory(plan(mdl, ("dp", 2, "ib"), ("ep", 4, "ib"), ("tp", 2, "nvlink"), zero=1))
+    expert = 73_728  # as above: whole experts, 2 of the 8 per layer
+    # dense per tp rank: vocab-parallel embedding and head 2 · 64 · 64, final norm 64, per layer
+    # q 32·64, k and v 16·64 each, o 64·32, 2 norms 2·64 and the router 8·64
+    dense = 2 * 64 * 64 + 64 + 2 * (32 * 64 + 2 * 16 * 64 + 64 * 32 + 2 * 64 + 8 * 64)
+    assert mem.params == 2 * (dense + expert)
+    assert mem.optimizer == 12 * (ceil(dense / 8) + ceil(expert / 2))  # dense over dp×ep, experts over dp
+
+
+def test_moe_layers_have_only_the_attention_tp_collectives():
+    m, l, b, s, h = 2, 2, 1, 32, 64
+    rows = {c.what: c for c in traffic.stage_traffic(plan(_moe(), ("ep", 4, "ib"), ("tp", 2, "nvlink"), m=m, b=b), 0)}
+    # 1 all-reduce forward (attention output) + 1 backward per layer per micro-batch; the MoE block has none
+    assert rows["layer activations"].calls == m * l * 2 and rows["layer activations"].bytes_per_call == b * s * h * 2
+    p = plan(_moe(), ("ep", 4, "ib"), ("tp", 2, "nvlink"), m=m, b=b, sp=True)
+    rows = {(c.kind, c.what): c for c in traffic.stage_traffic(p, 0)}
+    assert rows["all_gather", "layer activations"].calls == m * l * 2
+    assert rows["reduce_scatter", "layer activations"].calls == m * l * 2
+    # SP: the grads of everything whole on every tp rank are summed over tp once per step:
+    # 2 layers × (2 norms + router) (2·64 + 8·64), the final norm 64, and the 73 728 expert weights
+    assert rows["all_reduce", "grads of tp-replicated weights (SP)"].payload == (2 * (2 * 64 + 8 * 64) + 64 + 73_728) * 2
+
+
+def test_moe_layer_activations_by_hand():
+    """tp = 2 without SP, no recompute, no dropout, fused attention, b = 2, s = 32: T = 64."""
+    p = plan(_moe(), ("ep", 4, "ib"), ("tp", 2, "nvlink"), b=2)
+    T, h, e = 64, 64, 2
+    norms_and_inputs = 4 * T * h * e  # 2 norm inputs, the qkv input, the router input
+    attention = T * (32 + 2 * 16) * e + T * 32 * e + 2 * T * 4  # q, k, v; out-proj input; lse of 2 heads
+    router = T * 8 * 4  # fp32 logits
+    experts = 128 * (h + 4 * 96 + h) * e  # 128 slots: input, SwiGLU (gate, up, silu, product) at the full ffn, output
+    assert est.layer_activation_bytes(p) == norms_and_inputs + attention + router + experts == 178_688
+    # SP: the rank's 32-token slice is routed (not all-gathered); capacity pads to 144 slots
+    sp = plan(_moe(), ("ep", 4, "ib"), ("tp", 2, "nvlink"), b=2, sp=True)
+    capped = plan(_moe(cf=1.1), ("ep", 4, "ib"), ("tp", 2, "nvlink"), b=2, sp=True)
+    assert est.layer_activation_bytes(capped) - est.layer_activation_bytes(sp) == (144 - 64) * (h + 4 * 96 + h) * e
+
+
+def test_expert_flops_follow_the_routed_slots():
+    p = plan(_moe(), ("ep", 4, "ib"), ("tp", 2, "nvlink"), b=2)
+    dense, core, experts = flops.layer_rank_flops(p)
+    assert experts == 128 * 2 * 3 * 64 * 96  # 128 slots × 3 whole SwiGLU matrices, even with tp = 2
+    # attention on the tp shard (q 32, kv 16) and the router for all 64 tokens
+    assert dense == 64 * (2 * 64 * (32 + 2 * 16) + 2 * 32 * 64) + 64 * 2 * 64 * 8
+    assert flops.layer_rank_flops(p, 2.0)[2] == 2 * experts
+
+
 # ---------------------------------------------------------------------------- E090
 
 

@@ -72,7 +72,8 @@ def weights(arch: Arch, model: Model, t: int = 1) -> tuple[Weight, ...]:
     """Every parameter of ``model`` on one of ``t`` tp ranks (Megatron's layout: q, k, v,
     the MLP's first matrices and their biases split by rows, the output projections by
     columns with a replicated bias; embedding and head split by vocabulary, padded to a
-    multiple of t)."""
+    multiple of t). A mixture of experts is not split over tp: every tp rank holds its
+    experts whole (``tp_dim`` None) and runs them on the tokens it holds."""
     h, (q, kv, f) = model.hidden, widths(model, t)
     kv_dim = 0 if model.kv_heads % t == 0 else None
     out = [Weight("wte.weight", (vocab_per_rank(model, t), h), 0, "embedding")]
@@ -94,15 +95,15 @@ def weights(arch: Arch, model: Model, t: int = 1) -> tuple[Weight, ...]:
     out += linear(block + "attn.v_proj", kv, h, kv_dim, "layer")
     out += linear(block + "attn.o_proj", h, q, 1, "layer")
     out += norm(block + "mlp_norm", "layer")
-    if arch.moe:
+    if arch.moe:  # experts are whole on every tp rank (split over ep, replicated over tp)
         out.append(Weight(block + "mlp.router.weight", (model.experts, h), None, "layer"))
-        mlp, part = block + "mlp.experts.{e}.", "expert"
+        mlp, part, f, rows, cols = block + "mlp.experts.{e}.", "expert", model.ffn, None, None
     else:
-        mlp, part = block + "mlp.", "layer"
+        mlp, part, rows, cols = block + "mlp.", "layer", 0, 1
     if arch.mlp == "swiglu":
-        out += linear(mlp + "gate_proj", f, h, 0, part)
-    out += linear(mlp + "up_proj", f, h, 0, part)
-    out += linear(mlp + "down_proj", h, f, 1, part)
+        out += linear(mlp + "gate_proj", f, h, rows, part)
+    out += linear(mlp + "up_proj", f, h, rows, part)
+    out += linear(mlp + "down_proj", h, f, cols, part)
     out += norm("norm", "final_norm")
     if not model.tie_embeddings:
         out.append(Weight("lm_head", (vocab_per_rank(model, t), h), 0, "head"))
@@ -136,7 +137,8 @@ def params(arch: Arch, model: Model) -> Params:
 
 
 def layer_params(arch: Arch, model: Model, t: int = 1) -> tuple[int, int, int]:
-    """(tp-sharded, tp-replicated, expert) parameters of one layer on one tp rank."""
+    """(tp-sharded, tp-replicated, expert) parameters of one layer on one tp rank; expert:
+    all E experts of the layer, whole (not divided by t, nor yet by ep)."""
     sharded = replicated = expert = 0
     for w in weights(arch, model, t):
         if w.part == "expert":
@@ -153,7 +155,9 @@ def layer_flops(arch: Arch, model: Model, seq: int, t: int = 1) -> tuple[float, 
 
     Matmuls 2·h·(q + 2kv) + 2·q·h, MLP 2·2·h·f (GELU) or 3·2·h·f (SwiGLU; MoE: top_k of them
     plus the router 2·h·E); attention core 2·2·s·q (QKᵀ and AV, no causal saving), as in
-    Narayanan et al. SC21 (who count GPT: 24h² + 4sh per token per layer)."""
+    Narayanan et al. SC21 (who count GPT: 24h² + 4sh per token per layer). With t > 1 the
+    MoE term is f/t per token: a rank's real expert work depends on the tokens it routes,
+    which :func:`dslc.cost.flops.layer_rank_flops` counts."""
     h = model.hidden
     q, kv, f = widths(model, t)
     mlp = 2 * arch.mlp_matrices * h * f

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from .. import arch
 from ..ir import Plan
+from .memory import local_tokens, routed_slots, routed_tokens
 
 
 def narayanan_flops(B: int, s: int, l: int, h: int, V: int) -> float:
@@ -46,3 +47,22 @@ def peak_flops(plan: Plan) -> float:
     """FLOP/s per device in the plan's precision: the catalog's dense bf16 peak, half of
     it for fp32 (TF32 tensor cores)."""
     return plan.cluster.device.peak_flops * (0.5 if plan.train.precision == "fp32" else 1.0)
+
+
+def layer_rank_flops(plan: Plan, imbalance: float = 1.0) -> tuple[float, float, float]:
+    """(matmul without the experts, attention core, experts) forward FLOPs of one layer on
+    one rank for one micro-batch of T tokens: T·(matmul, core) of
+    :func:`dslc.arch.layer_flops` on the rank's tp shard, except the MoE block, which runs
+    whole experts on what the rank routes: the router 2·h·E per routed token
+    (:func:`~dslc.cost.memory.routed_tokens`), the experts 2·3·h·f per slot of
+    :func:`~dslc.cost.memory.routed_slots` — padded slots included, ⌈r×⌉ the uniform
+    slots at a dropless load imbalance r on the busiest rank."""
+    m, T = plan.model, local_tokens(plan)
+    mm, core = arch.layer_flops(m, m.seq_len, plan.tp)
+    if not m.is_moe:
+        return T * mm, T * core, 0.0
+    h, f_t = m.hidden, arch.widths(m, plan.tp)[2]
+    mats = arch.of(m).mlp_matrices
+    dense = mm - m.top_k * 2 * mats * h * f_t - 2 * h * m.experts  # what layer_flops counts for the MoE
+    experts = routed_slots(plan, imbalance) * 2 * mats * h * m.ffn
+    return T * dense + routed_tokens(plan) * 2 * h * m.experts, T * core, float(experts)

@@ -13,6 +13,7 @@ bf16/fp16 2). Every number is *per rank and per step* unless it says otherwise.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fractions import Fraction
 from math import ceil, prod
 
 from .. import arch
@@ -31,12 +32,17 @@ class Settings:
     ``sp_inputs``: under sequence parallelism, what the column-parallel linears (q/k/v, MLP
     in, head) keep of their all-gathered input: ``"gathered"`` (default, what the generated
     script does: autograd saves the gathered T·h·e) or ``"shard"`` (Megatron, the paper:
-    only the T·h·e/t shard, all-gathered again in backward)."""
+    only the T·h·e/t shard, all-gathered again in backward). ``imbalance``: the MoE load
+    imbalance r (max/mean tokens per expert) the time and activations are costed at: without
+    a capacity factor the busiest ep rank routes, receives and computes r× the uniform
+    :func:`routed_slots`; with one the buffers are padded and r changes nothing. Traffic
+    (what ``--measure`` compares) always assumes uniform routing."""
 
     attention: str = "sdpa"
     dropout: bool | None = None
     efficiency: float = 0.5
     sp_inputs: str = "gathered"
+    imbalance: float = 1.0
 
 
 DEFAULT = Settings()
@@ -50,6 +56,41 @@ def dtype_bytes(plan: Plan) -> int:
 
 def local_tokens(plan: Plan) -> int:
     return plan.train.micro_batch * plan.model.seq_len // plan.cp
+
+
+def routed_tokens(plan: Plan) -> int:
+    """Tokens a rank routes per MoE layer per micro-batch: T, its slice T/t under sequence
+    parallelism (each tp rank routes its own; without SP every tp rank routes all T)."""
+    return local_tokens(plan) // (plan.tp if plan.tensor_parallel.sequence_parallel else 1)
+
+
+def expert_capacity(plan: Plan) -> int | None:
+    """C = ⌈cf·top_k·s/E⌉ token slots each expert accepts per sequence, None when dropless
+    (cf = 0). The routing group is one sequence (GShard's groups, Lepikhin et al. 2020);
+    slots past C are dropped and the token skips the MoE through the residual. Computed on
+    the decimal written in the plan (1.1 is 11/10), so the script should take C from here."""
+    m = plan.model
+    if not m.capacity_factor:
+        return None
+    return ceil(Fraction(repr(m.capacity_factor)) * m.top_k * m.seq_len / m.experts)
+
+
+def routed_slots(plan: Plan, imbalance: float = 1.0) -> int:
+    """Token slots one rank sends to the experts per MoE layer per micro-batch — the rows of
+    its dispatch all-to-all input, of what it receives back, and of what its experts run on.
+
+    With a capacity factor: E·b·C, the padded buffer (E, b·C, h), with or without tp, SP
+    (one rank's slice may take a whole sequence's capacity) or cp. Dropless:
+    :func:`routed_tokens`·top_k under uniform routing; at a load imbalance r the busiest
+    ep rank receives ⌈r·that⌉ (``imbalance``; padded buffers ignore it, and so does ep = 1,
+    where one rank holds every expert)."""
+    m = plan.model
+    if not m.is_moe:
+        return 0
+    cap = expert_capacity(plan)
+    if cap is not None:
+        return m.experts * plan.train.micro_batch * cap
+    return ceil(routed_tokens(plan) * m.top_k * (imbalance if plan.ep > 1 else 1))
 
 
 def grad_group(plan: Plan, expert: bool) -> tuple[str, ...]:
@@ -87,7 +128,8 @@ def chunk_layers(plan: Plan) -> list[list[int]]:
 
 def stage_params(plan: Plan) -> tuple[StageParams, ...]:
     """Vocab-parallel embedding (+ gpt2 positions) on the first stage; final norm and head on
-    the last (with tied embeddings and p > 1 the last stage holds a copy, as Megatron)."""
+    the last (with tied embeddings and p > 1 the last stage holds a copy, as Megatron).
+    Experts: layers·(all E experts of a layer)/ep, whole on every tp rank (not /t)."""
     m, t, p, a = plan.model, plan.tp, plan.pp, arch.of(plan.model)
     h, emb = m.hidden, arch.vocab_per_rank(m, t) * m.hidden
     sharded, rep, experts = arch.layer_params(m, t)
@@ -138,9 +180,11 @@ def layer_activation_bytes(plan: Plan, settings: Settings = DEFAULT) -> int:
     a/t·s·T·(e + dropout (1 + e)); out-projection input T·q/t·e; MLP input T·h·e·r'; GELU input and output 2·T·f/t·e
     (SwiGLU: gate, up, silu(gate), product 4·T·f/t·e); 2 dropout masks T·h·r. SDPA keeps no
     scores, only a fp32 log-sum-exp (a/t·T·4; none under selective recompute, which
-    re-runs the kernel). MoE: the MLP is T·h·e·r (router input),
-    fp32 router logits T·E·4, and per routed token its input, SwiGLU and output
-    (h + 4f/t + h)·e. Full recompute keeps the layer input T·h·e·r (the paper's 2sbh)."""
+    re-runs the kernel). MoE (experts whole on every tp rank, the MoE block outside the tp
+    regions): its input is the router's, T·h·e·r whatever ``sp_inputs``; fp32 router
+    logits T·E·4·r; per routed slot (:func:`routed_slots`) its input, SwiGLU and output
+    (h + 4f + h)·e with the full f. Full recompute keeps the layer input T·h·e·r (the
+    paper's 2sbh)."""
     m, e, t, T = plan.model, dtype_bytes(plan), plan.tp, local_tokens(plan)
     r = t if plan.tensor_parallel.sequence_parallel else 1
     h, (q, kv, f) = m.hidden, arch.widths(m, t)
@@ -150,16 +194,15 @@ def layer_activation_bytes(plan: Plan, settings: Settings = DEFAULT) -> int:
         return T * h * e // r
     heads = m.heads // t
     r_in = r if settings.sp_inputs == "shard" else 1
-    rep = 2 * T * h * e // r + 2 * T * h * e // r_in + 2 * T * h * mask // r  # norms, qkv in, mlp in, masks
+    mlp_in = T * h * e // (r if m.is_moe else r_in)  # the MoE routes this rank's tokens, no all-gather
+    rep = 2 * T * h * e // r + T * h * e // r_in + mlp_in + 2 * T * h * mask // r  # norms, qkv in, mlp in, masks
     attn = T * (q + 2 * kv) * e + T * q * e
     if settings.attention == "paper" and rec == "none":
         attn += heads * m.seq_len * T * (e + mask * (1 + e))
     elif settings.attention != "paper" and rec == "none":
         attn += heads * T * 4
     if m.is_moe:
-        tok = T // r
-        routed = tok * m.top_k if not m.capacity_factor else m.experts * ceil(m.capacity_factor * tok * m.top_k / m.experts)
-        mlp = T * m.experts * 4 // r + routed * (2 * h + 4 * f) * e
+        mlp = routed_tokens(plan) * m.experts * 4 + routed_slots(plan, settings.imbalance) * (2 * h + 4 * m.ffn) * e
     else:
         mlp = T * f * e * (2 if arch.of(m).mlp == "gelu" else 4)  # GELU in, out; SwiGLU gate, up, silu, product
     return rep + attn + mlp

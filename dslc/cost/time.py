@@ -6,7 +6,8 @@ backward or forward does not hide.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from math import ceil
 
 from .. import arch
 from ..ir import Plan
@@ -14,7 +15,7 @@ from . import memory as mem
 from . import schedule as sched
 from . import traffic
 from .collectives import Comm
-from .flops import batch_tokens, flops, peak_flops
+from .flops import batch_tokens, flops, layer_rank_flops, peak_flops
 from .topology import Topology
 
 
@@ -44,13 +45,16 @@ class Timing:
 
 
 def timing(plan: Plan, topo: Topology, settings: mem.Settings = mem.DEFAULT, stages=None, acts=None) -> tuple[Timing, sched.Simulation]:
-    """Chunk times t_f, t_b (t_w for zb_h1) from FLOPs at ``peak × efficiency`` plus the
-    exposed collectives, simulated over the schedule; step = makespan + exposed step comm.
+    """Chunk times t_f, t_b (t_w for zb_h1) from FLOPs at ``peak × efficiency`` (per rank:
+    :func:`~dslc.cost.flops.layer_rank_flops`) plus the exposed collectives, simulated over
+    the schedule; step = makespan + exposed step comm. A dropless MoE at
+    ``settings.imbalance`` r costs the busiest ep rank r× its expert FLOPs and ep bytes.
     MFU = model FLOPs / (step × GPUs × peak) (Chowdhery et al. 2022); HFU counts recompute."""
     m, p, v, T = plan.model, plan.pp, plan.pipeline.virtual_stages, mem.local_tokens(plan)
     stages = stages if stages is not None else traffic.traffic(plan)
     rate = peak_flops(plan) * settings.efficiency or 1e-300  # no peak: infinite times (null in JSON)
-    mm, core = arch.layer_flops(m, m.seq_len, plan.tp)
+    dense, core, experts = layer_rank_flops(plan, settings.imbalance)  # per layer per micro-batch
+    mm = dense + experts
     rec = {"none": 0.0, "selective": core, "full": mm + core}[plan.train.recompute]
     zb = plan.pipeline.schedule == "zb_h1"
 
@@ -58,19 +62,21 @@ def timing(plan: Plan, topo: Topology, settings: mem.Settings = mem.DEFAULT, sta
         return sum(traffic.to_comm(plan, sp, getattr(sp, attr)).seconds(topo) for sp in specs if sp.overlap == overlap and getattr(sp, attr))
 
     specs = traffic.layer_specs(plan)
-    lay_f = secs(specs, "fwd", "exposed") + max(0.0, secs(specs, "fwd", "attention") - T * core / rate)
-    lay_b = secs(specs, "bwd", "exposed") + max(0.0, secs(specs, "bwd", "attention") - 2 * T * core / rate)
+    if settings.imbalance != 1.0 and mem.expert_capacity(plan) is None:  # the busiest ep rank receives r×
+        specs = [replace(sp, nbytes=ceil(sp.nbytes * settings.imbalance)) if sp.axes == ("ep",) else sp for sp in specs]
+    lay_f = secs(specs, "fwd", "exposed") + max(0.0, secs(specs, "fwd", "attention") - core / rate)
+    lay_b = secs(specs, "bwd", "exposed") + max(0.0, secs(specs, "bwd", "attention") - 2 * core / rate)
     t_f = t_b = t_w = 0.0
     for g, n in enumerate(plan.stage_layers()):
         last = g == p * v - 1
         head = 2 * T * m.hidden * arch.vocab_per_rank(m, plan.tp) if last else 0
-        fwd = n * T * (mm + core) + head
+        fwd = n * (mm + core) + head
         edge = traffic.edge_specs(plan, g == 0, last)
         t_f = max(t_f, fwd / rate + n * lay_f + secs(edge, "fwd", "exposed"))
         # zb_h1 (as the generated script splits it): W is the linear layers' dW, as many
         # FLOPs as their forward; B is everything else, the attention core's backward too
-        w = n * T * mm + head if zb else 0.0
-        t_b = max(t_b, (2 * fwd - w + n * T * rec) / rate + n * lay_b + secs(edge, "bwd", "exposed"))
+        w = n * mm + head if zb else 0.0
+        t_b = max(t_b, (2 * fwd - w + n * rec) / rate + n * lay_b + secs(edge, "bwd", "exposed"))
         t_w = max(t_w, w / rate)
     t_comm = Comm("pp", ("pp",), "send", "", 1, traffic.pp_bytes(plan), p).call_seconds(topo) if p > 1 else 0.0
     sim = sched.simulate(acts if acts is not None else mem.actions(plan), t_f, t_b, t_w, t_comm)

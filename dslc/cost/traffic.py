@@ -15,7 +15,9 @@ Wire bytes per rank: all-reduce 2(n−1)/n·S, all-gather and reduce-scatter (n�
 all-to-all (n−1)/n·S, send S. Calls per step:
 
 * tp, per layer per micro-batch (Megatron, Shoeybi et al. 2019): 2 all-reduces forward
-  (attention and MLP outputs) + 2 backward, S = T·h·e; with sequence parallelism
+  (attention and MLP outputs) + 2 backward, S = T·h·e (1 + 1 on MoE layers: the experts
+  are whole on every tp rank, which routes the tokens it holds, so the MoE block has no
+  tp collective); with sequence parallelism
   (Korthikanti et al. 2022) each becomes an all-gather/reduce-scatter pair of the same S.
   Full recompute repeats the forward ones up to the last tensor the layer saves: the
   generated script's checkpoint (non-reentrant, with autograd's early stop) never re-runs
@@ -24,7 +26,8 @@ all-to-all (n−1)/n·S, send S. Calls per step:
   output (SP: reduce-scatter forward, all-gather backward); head: all-reduce of its input
   gradient (SP: all-gather forward, reduce-scatter backward); vocab-parallel cross-entropy:
   3 fp32 all-reduces of T elements (max, sum-exp, target logit). With SP the grads of
-  tp-replicated weights (norms, row-parallel biases, router) are all-reduced once per step.
+  tp-replicated weights (norms, row-parallel biases, router, experts) are all-reduced once
+  per step.
 * pp, per micro-batch: one send of the activation (T·h·e, /t under SP) per chunk
   boundary forward and one of its gradient backward (×v interleaved; SC21 §2.2).
   Tied embeddings with p > 1: an all-reduce of the embedding grads between the first
@@ -32,8 +35,10 @@ all-to-all (n−1)/n·S, send S. Calls per step:
 * cp, per layer per micro-batch: Ulysses (Jacobs et al. 2023) all-to-alls of q, k, v and
   the attention output, same backward; ring attention (Liu et al. 2023) (cp−1) sends of
   the K and V blocks forward, (cp−1) of K, V and cp of dK, dV backward.
-* ep, per MoE layer per micro-batch: dispatch and combine all-to-alls of T·top_k·h·e
-  (× capacity_factor when set), same backward.
+* ep, per MoE layer per micro-batch: dispatch and combine all-to-alls of R·h·e, the same
+  two backward, R = :func:`~dslc.cost.memory.routed_slots` (dropless: T·top_k, T/t under
+  SP, uniform routing; capacity factor: the padded E·b·C). Dropless, the script also
+  all-to-alls E int64 token counts before each dispatch: bookkeeping, not counted.
 * data parallel, once per step: dense grads over dp×cp×ep, expert grads over dp×cp —
   all-reduce (zero 0), reduce-scatter + all-gather of the updated params (zero 1, 2),
   reduce-scatter + all-gathers of the params forward and backward (zero 3). Sharded
@@ -58,6 +63,7 @@ from .memory import (
     grad_group,
     group_size,
     local_tokens,
+    routed_slots,
     stage_params,
 )
 
@@ -84,12 +90,13 @@ def layer_specs(plan: Plan) -> list[_Spec]:
     q, kv, _ = widths(m, t)
     out: list[_Spec] = []
     if t > 1:
-        S, tail = T * m.hidden * e, 1 if m.dropout > 0 else 0  # tail: the MLP exit is re-run
+        # regions: attention, and the dense MLP (a MoE block has none); tail: the MLP exit is re-run
+        n, S, tail = 1 if m.is_moe else 2, T * m.hidden * e, 1 if m.dropout > 0 and not m.is_moe else 0
         if plan.tensor_parallel.sequence_parallel:
-            out += [_Spec(("tp",), "all_gather", "layer activations", S, 2 * fp, 2),
-                    _Spec(("tp",), "reduce_scatter", "layer activations", S, 2 + full * (1 + tail), 2)]
+            out += [_Spec(("tp",), "all_gather", "layer activations", S, n * fp, n),
+                    _Spec(("tp",), "reduce_scatter", "layer activations", S, n + full * (1 + tail), n)]
         else:
-            out.append(_Spec(("tp",), "all_reduce", "layer activations", S, 2 + full * (1 + tail), 2))
+            out.append(_Spec(("tp",), "all_reduce", "layer activations", S, n + full * (1 + tail), n))
     if cp > 1 and plan.context_parallel.method == "ulysses":
         out += [_Spec(("cp",), "all_to_all", "q and attention output", T * q * e, 2 * fp, 2),
                 _Spec(("cp",), "all_to_all", "k and v", T * kv * e, 2 * fp, 2)]
@@ -97,16 +104,8 @@ def layer_specs(plan: Plan) -> list[_Spec]:
         out += [_Spec(("cp",), "send", "K, V blocks (ring)", T * kv * e, 2 * (cp - 1) * fp, 2 * (cp - 1), "attention"),
                 _Spec(("cp",), "send", "dK, dV blocks (ring)", T * kv * e, 0, 2 * cp, "attention")]
     if plan.ep > 1 and m.is_moe:
-        out.append(_Spec(("ep",), "all_to_all", "token dispatch and combine", _routed(plan) * m.hidden * e, 2 * fp, 2))
+        out.append(_Spec(("ep",), "all_to_all", "token dispatch and combine", routed_slots(plan) * m.hidden * e, 2 * fp, 2))
     return out
-
-
-def _routed(plan: Plan) -> int:
-    """Token slots a rank routes per MoE layer: T·top_k, or E·⌈cf·T·top_k/E⌉ with a capacity
-    factor (tokens are sharded over tp under SP, replicated otherwise)."""
-    m = plan.model
-    tok = local_tokens(plan) // (plan.tp if plan.tensor_parallel.sequence_parallel else 1)
-    return tok * m.top_k if not m.capacity_factor else m.experts * ceil(m.capacity_factor * tok * m.top_k / m.experts)
 
 
 def edge_specs(plan: Plan, first: bool, last: bool) -> list[_Spec]:
@@ -142,8 +141,9 @@ def step_specs(plan: Plan, sp_params: StageParams) -> list[_Spec]:
         else:
             out += [_Spec(axes, "all_gather", f"{tag} params (forward)", padded, 1, 0, "forward"),
                     _Spec(axes, "all_gather", f"{tag} params (backward)", padded, 0, 1, "backward")]
-    if plan.tp > 1 and plan.tensor_parallel.sequence_parallel and sp_params.tp_replicated:
-        out.append(_Spec(("tp",), "all_reduce", "grads of tp-replicated weights (SP)", sp_params.tp_replicated * e, 0, 1))
+    replicated = sp_params.tp_replicated + sp_params.expert  # experts are whole on every tp rank
+    if plan.tp > 1 and plan.tensor_parallel.sequence_parallel and replicated:
+        out.append(_Spec(("tp",), "all_reduce", "grads of tp-replicated weights (SP)", replicated * e, 0, 1))
     if sp_params.tied:
         out.append(_Spec(("pp",), "all_reduce", "tied embedding grads", sp_params.tied * e, 0, 1, ends=True))
     return out
