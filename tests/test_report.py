@@ -155,6 +155,52 @@ def test_text_report_shows_the_memory_error():
     assert "NO" in text.split("Traffic")[0]
 
 
+# ---------------------------------------------------------------------------- routing (MoE)
+
+
+def _moe_plan(cf=0.0, **kw):
+    mdl = model("mixtral", 4, 256, 8, 1024, 128, kv=4, ffn=512, tie=False, experts=8, top_k=2, cf=cf)
+    return plan(mdl, ("dp", 2, "ib"), ("ep", 4, "ib"), ("tp", 2, "nvlink"), m=4, b=2, **kw)
+
+
+def test_explain_states_dropless_routing_and_what_an_imbalance_costs():
+    ex = report.explain(_moe_plan(sp=True))
+    text = report.render_text(ex).split("Routing (mixture of experts)")[1]
+    # 2 × 128 tokens per micro-batch, 128 per tp rank under SP, × top-2
+    assert "dropless, uniform routing assumed" in text and "256 token slots per rank per MoE layer per micro-batch" in text
+    assert "(8 int64)" in text and "bookkeeping, not counted" in text
+    assert "load imbalance r" in text and "grow r×" in text
+    lines = [ln.split() for ln in text.splitlines() if ln.split()[:1] in (["1"], ["1.5"], ["2"])]
+    assert [ln[0] for ln in lines] == ["1", "1.5", "2"]
+    doc = report.to_json(ex)["routing"]
+    assert doc["mode"] == "dropless" and doc["capacity_per_sequence"] is None and doc["imbalance"] == 1.0
+    assert doc["slots_per_rank_per_layer_per_microbatch"] == 256
+    # 4 micro-batches × 4 layers × 4 all-to-alls × 256 slots × 256 hidden × 2 bytes
+    assert doc["all_to_all_bytes_per_step"] == 4 * 4 * 4 * 256 * 256 * 2
+    at = doc["at_imbalance"]
+    assert [x["imbalance"] for x in at] == [1.5, 2.0]
+    assert [x["all_to_all_bytes_per_step"] for x in at] == [3 * doc["all_to_all_bytes_per_step"] // 2, 2 * doc["all_to_all_bytes_per_step"]]
+    step = report.to_json(ex)["step_time_s"]
+    assert step < at[0]["step_time_s"] < at[1]["step_time_s"]
+
+
+def test_explain_states_the_capacity_and_padded_buffers():
+    ex = report.explain(_moe_plan(cf=1.25))
+    text = report.render_text(ex)
+    # C = ⌈1.25 · 2 · 128 / 8⌉ = 40; 8 experts × micro-batch 2 × 40 = 640 slots
+    assert "capacity factor 1.25: C = 40 slots per expert per sequence, buffers padded" in text
+    assert "640 token slots per rank per MoE layer per micro-batch" in text
+    assert "bookkeeping" not in text  # no count exchange with a capacity
+    doc = report.to_json(ex)["routing"]
+    assert doc["mode"] == "capacity" and doc["capacity_per_sequence"] == 40 and doc["imbalance"] == 1.0
+    assert doc["at_imbalance"] == []  # padded buffers: an imbalance costs dropped tokens, not time
+
+
+def test_dense_plans_have_no_routing():
+    ex = report.explain(llama_plan())
+    assert "Routing" not in report.render_text(ex) and report.to_json(ex)["routing"] is None
+
+
 # ---------------------------------------------------------------------------- scale and front end
 
 

@@ -6,12 +6,14 @@ diagnostic (E090, :mod:`dslc.search`), for a person (:func:`render_text`) or a t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from .. import search
 from ..cost import memory as mem
 from ..cost.collectives import OVERLAPS, Comm
 from ..cost.estimate import Estimate, estimate, route_link
+from ..cost.flops import batch_tokens
+from ..cost.time import timing
 from ..diagnostics import Diagnostic
 from ..ir import Plan
 from ..units import count, seconds, si, size
@@ -19,23 +21,67 @@ from ..units import count, seconds, si, size
 HIDDEN = tuple(o for o in OVERLAPS if o != "exposed")  # overlapped with compute
 
 
+IMBALANCES = (1.5, 2.0)  # the load imbalances a dropless MoE plan is also costed at
+
+
+@dataclass(frozen=True)
+class Imbalanced:
+    """The step at a load imbalance r, for the busiest ep rank."""
+
+    imbalance: float
+    step: float  # seconds: its expert FLOPs and ep all-to-all bytes r×
+    all_to_all: int  # ep all-to-all bytes per step in its busier direction, r× the uniform payload
+
+
+@dataclass(frozen=True)
+class Routing:
+    """The routing the estimate assumes for a mixture of experts."""
+
+    mode: str  # "dropless" | "capacity"
+    capacity_factor: float | None
+    capacity: int | None  # C: slots per expert per sequence
+    slots: int  # token slots per rank per MoE layer per micro-batch (mem.routed_slots)
+    all_to_all: int  # ep all-to-all payload per step of the busiest stage's ranks
+    imbalance: float  # the one the estimate assumes: 1.0, uniform
+    at: tuple[Imbalanced, ...]  # dropless with ep > 1: the step at IMBALANCES
+
+
 @dataclass(frozen=True)
 class Explanation(Estimate):
     diagnostics: tuple[Diagnostic, ...] = ()
+    routing: Routing | None = None  # MoE plans only
 
 
 def explain(plan: Plan, settings: mem.Settings = mem.DEFAULT, topo=None) -> Explanation:
     """:func:`dslc.cost.estimate.estimate` of a checked plan, and E090 if it does not fit."""
     est = estimate(plan, settings, topo)
     diags = tuple(search.fit_diagnostics(plan, settings, est.memory))
-    return Explanation(**{f.name: getattr(est, f.name) for f in fields(Estimate)}, diagnostics=diags)
+    return Explanation(**{f.name: getattr(est, f.name) for f in fields(Estimate)}, diagnostics=diags, routing=routing(est))
+
+
+def routing(est: Estimate) -> Routing | None:
+    """What a MoE plan's estimate assumes about routing and, when dropless over ep > 1, what
+    a load imbalance r costs: the busiest ep rank runs r× the uniform token slots, so its
+    expert FLOPs grow r×, and so do the bytes of each of its ep all-to-alls in the busier
+    direction (received in the dispatch and in the combine's backward, sent in the combine
+    and in the dispatch's backward); everything else is the same, and
+    :func:`dslc.cost.time.timing` re-run at r gives the step. With a capacity factor the
+    buffers are padded: r drops more tokens but changes no bytes and no time."""
+    p, m = est.plan, est.plan.model
+    if not m.is_moe:
+        return None
+    cap = mem.expert_capacity(p)
+    a2a = max((sum(c.payload for c in rows if c.axis == "ep" and c.kind == "all_to_all") for rows in est.traffic), default=0)
+    at: tuple[Imbalanced, ...] = ()
+    if cap is None and p.ep > 1:
+        acts = mem.actions(p)
+        at = tuple(Imbalanced(r, timing(p, est.topo, replace(est.settings, imbalance=r), est.traffic, acts)[0].step, math.ceil(r * a2a))
+                   for r in IMBALANCES)
+    return Routing("dropless" if cap is None else "capacity", m.capacity_factor or None, cap, mem.routed_slots(p), a2a,
+                   est.settings.imbalance, at)
 
 
 # ---------------------------------------------------------------------------- text
-
-
-
-
 
 
 def _table(head: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
@@ -48,8 +94,36 @@ def _table(head: list[str], rows: list[list[str]], right: set[int]) -> list[str]
     return [fmt(head)] + [fmt(r) for r in rows]
 
 
-
-
+def _routing_lines(ex: Explanation) -> list[str]:
+    r, p, m = ex.routing, ex.plan, ex.plan.model
+    if r is None:
+        return []
+    per = "per rank per MoE layer per micro-batch"
+    counts = ([f"  under SP each rank all-gathers its per-sequence expert counts ({p.train.micro_batch}×{m.top_k}×{m.experts} int64) "
+               "over tp: bookkeeping, not counted"] if p.tp > 1 and p.tensor_parallel.sequence_parallel else [])
+    if r.capacity is None:
+        sp = "/tp" if p.tp > 1 and p.tensor_parallel.sequence_parallel else ""
+        out = ["", "Routing (mixture of experts)",
+               f"  dropless, uniform routing assumed (r = {r.imbalance:g}): {r.slots} token slots {per} "
+               f"(tokens{sp} × top-{m.top_k})",
+               *([f"  the per-expert token counts ({m.experts} int64) all-to-all-exchanged before each dispatch are bookkeeping, not counted"]
+                 if p.ep > 1 else []), *counts]
+        if r.at:
+            tokens = batch_tokens(p)
+            out += ["  at a load imbalance r (max/mean tokens per expert, taken as the busiest ep rank's: exact with one expert per rank,",
+                    "  an upper bound with more) that rank's expert compute and its all-to-all bytes (received in the dispatch, sent",
+                    "  in the combine, the reverse backward) grow r×; the rest of the step is unchanged:"]
+            out += _table(["r", "step", "tokens/s", "all-to-all per step"],
+                          [[f"{x.imbalance:g}", seconds(x.step), count(tokens / x.step if x.step else 0.0), size(x.all_to_all)]
+                           for x in (Imbalanced(r.imbalance, ex.timing.step, r.all_to_all), *r.at)], {1, 2, 3})
+        else:
+            out.append("  ep = 1: every rank holds all experts, so an imbalance changes no rank's load")
+        return out
+    return ["", "Routing (mixture of experts)",
+            f"  capacity factor {r.capacity_factor:g}: C = {r.capacity} slots per expert per sequence, buffers padded: "
+            f"{r.slots} token slots {per} ({m.experts} experts × micro-batch {p.train.micro_batch} × C)",
+            "  slots past C are dropped (the token skips the MoE through the residual): an imbalance drops more tokens "
+            "but changes no bytes and no time", *counts]
 
 
 def render_text(ex: Explanation) -> str:
@@ -101,7 +175,7 @@ def render_text(ex: Explanation) -> str:
         "  assumed exposed: tp, Ulysses and ep collectives, pp sends, ZeRO param all-gathers after the step; overlapped:",
         "  dp grad reduction with the last backward, ZeRO-3 gathers by prefetch, ring-attention K/V passes with attention;",
         "  the optimizer step is not timed",
-    ]
+    ] + _routing_lines(ex)
     return "\n".join(out) + "\n"
 
 
@@ -165,5 +239,18 @@ def to_json(ex: Explanation) -> dict:
         "mfu": t.mfu,
         "hfu": t.hfu,
         "diagnostics": [{"code": d.code, "message": d.message, "hint": d.hint} for d in ex.diagnostics],
+        "routing": _routing_json(ex.routing),
     }
     return _safe(doc)
+
+
+def _routing_json(r: Routing | None) -> dict | None:
+    """MoE plans: mode "dropless" | "capacity", capacity_per_sequence C (null when
+    dropless), token slots per rank per MoE layer per micro-batch, the imbalance assumed
+    (1.0) and, dropless over ep > 1, the step and the busiest rank's ep bytes at r = 1.5 and 2."""
+    if r is None:
+        return None
+    return {"mode": r.mode, "capacity_factor": r.capacity_factor, "capacity_per_sequence": r.capacity,
+            "slots_per_rank_per_layer_per_microbatch": r.slots, "all_to_all_bytes_per_step": r.all_to_all,
+            "imbalance": r.imbalance, "at_imbalance": [{"imbalance": x.imbalance, "step_time_s": x.step,
+                                                        "all_to_all_bytes_per_step": x.all_to_all} for x in r.at]}
