@@ -104,7 +104,7 @@ def model_shapes(plan: Plan):
             yield error("E041", plan.where("mesh.tp"), f"heads={m.heads} is not divisible by tp={tp}", f"use a tp that divides {m.heads}")
         elif m.kv_heads % tp:
             yield error("E042", plan.where("mesh.tp"), f"kv_heads={m.kv_heads} is not divisible by tp={tp}", f"grouped-query attention splits the kv heads over tp; use tp ≤ {m.kv_heads} dividing it")
-        if m.ffn % tp:
+        if m.ffn % tp and not m.is_moe:  # experts are whole on every tp rank
             yield error("E043", plan.where("model.ffn", "mesh.tp"), f"ffn={m.ffn} is not divisible by tp={tp}", f"use an ffn that is a multiple of {tp}")
         per_rank = vocab_per_rank(m, tp)
         if (tp - 1) * per_rank >= m.vocab:
@@ -223,6 +223,33 @@ def experts(plan: Plan):
         yield error("E070", plan.where("mesh.ep", "model.experts"), f"experts={m.experts} are not divisible by ep={ep}", f"use an ep that divides {m.experts}")
     if m.top_k > m.experts:
         yield error("E071", plan.where("model.top_k"), f"top_k={m.top_k} is larger than experts={m.experts}")
+    if plan.tp > 1 and not plan.tensor_parallel.sequence_parallel:
+        # The generated script replicates the experts over tp (it does not split them): with
+        # sequence parallelism each tp rank routes its own slice of the sequence.
+        yield error("E076", plan.where("tensor_parallel.sequence_parallel", "mesh.tp"),
+                    f"{m.arch} with tp={plan.tp} needs sequence parallelism: the experts are replicated over tp, not split, "
+                    f"and without it every tp rank holds every token, so each token would be dispatched {plan.tp} times",
+                    "set tensor_parallel { sequence_parallel = true }")
+    yield from _ep_placement(plan)
+
+
+def _ep_placement(plan: Plan):
+    """W075: ep on a cluster-scope link although its groups lie inside a node, where a
+    node-scope link could carry its all-to-all (the layout already keeps them there: moving
+    ep to that link passes E034)."""
+    c, ax = plan.cluster, plan.mesh.axis("ep")
+    link = c.link(ax.link) if ax is not None and ax.size > 1 else None
+    if link is None or link.scope != "cluster" or plan.world_size != c.world_size:
+        return
+    inside = [lk for lk in c.links if lk.scope == "node"]
+    if not inside or axis_crossing(plan.mesh, c.gpus_per_node, "ep") is not None:
+        return
+    best, stride = max(inside, key=lambda lk: lk.bandwidth), plan.mesh.stride("ep")
+    yield warning("W075", ax.span,
+                  f"ep={ax.size} is placed on {link.name} (scope: cluster) although each of its groups lies inside one node: "
+                  f"the expert all-to-all is the heaviest collective of each layer",
+                  f"put ep on the node link {best.name} (`ep = {ax.size} on {best.name}`): with stride {stride} a group spans "
+                  f"{ax.size * stride} ranks, within the {c.gpus_per_node} GPUs of a node")
 
 
 # -- training ---------------------------------------------------------------

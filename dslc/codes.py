@@ -65,6 +65,9 @@ CODES: dict[str, str] = {
     "E071": "top_k larger than the number of experts",
     "E072": "expert options on a dense model",
     "E073": "ep axis on a dense model",
+    "E074": "capacity_factor of 0 or less",
+    "W075": "expert parallel over a cluster-scope link that a node link could carry",
+    "E076": "experts with tensor parallel but no sequence parallel",
     # -- training -----------------------------------------------------------
     "E080": "global batch does not match micro-batches × data-parallel ranks",
     "E081": "zero stage outside 0–3",
@@ -75,6 +78,7 @@ CODES: dict[str, str] = {
     "N086": "data file too large to check at lint time",
     # -- estimates ----------------------------------------------------------
     "E090": "does not fit in device memory",
+    "E091": "the experts of one rank alone do not fit in device memory",
     # -- code generation ----------------------------------------------------
     "E100": "not supported by code generation",
 }

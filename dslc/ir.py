@@ -85,6 +85,8 @@ class Model:
     top_k: int  # 0 for dense
     capacity_factor: float  # 0.0 means no capacity limit (dropless)
     aux_loss_weight: float
+    router: str  # MoE: "topk_softmax" | "softmax_topk" (front.defaults.ROUTERS); "" for dense
+    z_loss_weight: float  # router z-loss (Zoph et al. 2022); 0.0 off, and for dense
     span: Span
 
     @property

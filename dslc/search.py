@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from .check import check_plan
 from .cost import memory as mem
 from .diagnostics import Diagnostic, error
-from .ir import Plan
+from .ir import MeshAxis, Plan
 from .units import gib
 
 KNOBS = ("zero", "recompute", "micro_batch", "tp", "pp")
@@ -117,4 +117,38 @@ def fit_diagnostics(plan: Plan, settings: mem.Settings = mem.DEFAULT,
         close = found.closest
         hint = ("no single change of zero, recompute, micro_batch, tp or pp fits"
                 + (f"; closest: {close[0].label} ({gib(close[1])})" if close else "") + "; combine them or add GPUs")
-    return [error("E090", plan.span, msg, hint)]
+    return [error("E090", plan.span, msg, hint), *expert_fit(plan)]
+
+
+def expert_state(plan: Plan, ep: int) -> int:
+    """Bytes of the expert parameters, their grads and optimizer state on the worst rank with
+    the experts split over ``ep`` ranks: the expert part of :func:`mem.memory`."""
+    if ep != plan.ep:  # only the sizes matter here, not the world size or the links
+        axes = tuple(a for a in plan.mesh.axes if a.name != "ep") + (MeshAxis("ep", ep, "", plan.mesh.span),)
+        plan = replace(plan, mesh=replace(plan.mesh, axes=axes))
+    w, g, k = mem.state_bytes_per_param(plan)
+    group = mem.group_size(plan, mem.grad_group(plan, True))
+    return max(sum(mem.zero_state(sp.expert, group, plan.data_parallel.zero, w, g, k)) for sp in mem.stage_params(plan))
+
+
+def expert_fit(plan: Plan) -> list[Diagnostic]:
+    """E091, beside E090, when the experts of one rank alone do not fit: no change of
+    activations or dense layout helps, only more ranks for the experts (ep), a higher zero
+    stage, more pipeline stages or smaller experts. The hint names the smallest ep (a divisor
+    of the expert count) at which they fit, and what they would need there."""
+    m, ep, cap = plan.model, plan.ep, plan.cluster.device.memory
+    need = expert_state(plan, ep) if m.is_moe else 0
+    if need <= cap:
+        return []
+    msg = (f"the experts alone need {gib(need)} per GPU, more than the {gib(cap)} of {plan.cluster.device.name}: "
+           f"{m.experts // ep} of {m.experts} experts per layer on each rank (ep={ep}), with their gradients and optimizer state")
+    sizes = [(d, expert_state(plan, d)) for d in range(ep + 1, m.experts + 1) if m.experts % d == 0]
+    fit = next(((d, b) for d, b in sizes if b <= cap), None)
+    if fit is not None:
+        d, b = fit
+        hint = (f"raise ep to {d} (it must divide experts={m.experts}): {m.experts // d} expert{'s' * (d != m.experts)} per layer on each rank, "
+                f"{gib(b)} of expert state per GPU")
+    else:
+        most = f"even ep={m.experts} leaves {gib(sizes[-1][1])} of expert state per GPU" if sizes else "each rank already holds one expert per layer"
+        hint = most + ": use more pp stages, a higher zero stage, or smaller experts"
+    return [error("E091", plan.where("mesh.ep", "model.experts"), msg, hint)]

@@ -29,10 +29,12 @@ GiB = 2**30
 
 
 def model(arch="gpt2", l=2, h=64, a=4, V=128, s=32, kv=None, ffn=None, tie=None, dropout=0.0, experts=0, top_k=0, cf=0.0,
-          name=None, rope_theta=1e4) -> Model:
+          name=None, rope_theta=1e4, router=None, z_loss=0.0) -> Model:
     ffn = ffn or (4 * h if arch == "gpt2" else 3 * h)
     tie = (arch == "gpt2") if tie is None else tie
-    return Model(name or arch, arch, l, h, a, kv or a, ffn, V, s, 1e-5, rope_theta, tie, dropout, experts, top_k, cf, 0.0, SP)
+    router = ("topk_softmax" if experts else "") if router is None else router
+    return Model(name or arch, arch, l, h, a, kv or a, ffn, V, s, 1e-5, rope_theta, tie, dropout, experts, top_k, cf, 0.0,
+                 router, z_loss, SP)
 
 
 def plan(mdl: Model, *axes, gpn=8, zero=0, sp=False, schedule="1f1b", v=1, m=1, b=1, precision="bf16",

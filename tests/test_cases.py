@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dslc.cli import main
-from dslc.driver import load_paths
+from dslc.driver import load_paths, load_text
 
 CASES = Path(__file__).parent / "cases"
 PLANS = sorted(CASES.glob("*.plan"))
@@ -42,3 +42,28 @@ def test_case(plan: Path, capsys):
     out = capsys.readouterr().out
     code, where = expected(plan)[0]
     assert f"{plan}:{where}: " in out and f"[{code}]" in out
+
+
+MOE = """cluster c {{ nodes = 1; gpus_per_node = 2; device = cpu; link shm {{ scope = node; bandwidth = 10 GB/s }} }}
+plan p {{
+    model {arch} {{ layers = 2; hidden = 64; heads = 4; vocab = 256; seq_len = 32{model} }}
+    cluster = c
+    mesh {{ dp = 2 on shm }}
+    {experts}
+}}
+"""
+
+
+@pytest.mark.parametrize("arch, model, experts, want", [
+    ("mixtral", "; experts = 4", "", ("topk_softmax", 0.0, 0.0)),
+    ("mixtral", "; experts = 4; router = softmax_topk; z_loss_weight = 0.001; capacity_factor = 1.25", "", ("softmax_topk", 0.001, 1.25)),
+    ("mixtral", "", "experts { count = 4; router = softmax_topk; z_loss_weight = 0.01; capacity_factor = 2 }", ("softmax_topk", 0.01, 2.0)),
+    ("llama", "", "", ("", 0.0, 0.0)),
+])
+def test_router_keys_reach_the_ir(arch, model, experts, want):
+    """router, z_loss_weight and capacity_factor, from the model or the plan's experts block;
+    left out: Mixtral's top-k-then-softmax router, no z-loss, dropless (0.0)."""
+    res = load_text(MOE.format(arch=arch, model=model, experts=experts), "<t>")
+    assert not [d.message for d in res.diagnostics if d.is_error]
+    m = res.plans[0].model
+    assert (m.router, m.z_loss_weight, m.capacity_factor) == want

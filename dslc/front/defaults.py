@@ -19,6 +19,8 @@ DEFAULTS: dict[str, object] = {
     "model.top_k": 2,
     "model.capacity_factor": 0.0,  # dropless
     "model.aux_loss_weight": 0.01,
+    "model.router": "topk_softmax",
+    "model.z_loss_weight": 0.0,
     "tensor_parallel.sequence_parallel": False,
     "data_parallel.zero": 0,
     "pipeline.schedule": "1f1b",
@@ -41,6 +43,12 @@ DEFAULTS: dict[str, object] = {
     "optimizer.momentum": 0.9,
     "lr_schedule.warmup": 0,
 }
+
+# How a mixture-of-experts layer weighs the experts a token is sent to (model.router):
+# topk_softmax (Mixtral, Jiang et al. 2024): the top-k logits, then a softmax over those k,
+# so the weights sum to 1; softmax_topk (Switch, Fedus et al. 2021; GShard): a softmax over
+# all experts, then the top-k probabilities as the weights, not renormalised.
+ROUTERS = ("topk_softmax", "softmax_topk")
 
 # -- bounds ---------------------------------------------------------------------------------
 # The most a plan may ask of dslc: explain, schedule and compile stay within a few seconds
@@ -76,10 +84,12 @@ BOUNDS: dict[str, tuple[object, object]] = {
     "model.top_k": (1, 2**20),
     "model.capacity_factor": (0.0, 1000.0),
     "model.aux_loss_weight": (0.0, 1000.0),
+    "model.z_loss_weight": (0.0, 1000.0),
     "experts.count": (1, 2**20),
     "experts.top_k": (1, 2**20),
     "experts.capacity_factor": (0.0, 1000.0),
     "experts.aux_loss_weight": (0.0, 1000.0),
+    "experts.z_loss_weight": (0.0, 1000.0),
     "pipeline.virtual_stages": (1, MAX_SCHEDULE),
     "pipeline.microbatches": (1, MAX_SCHEDULE),
     "train.steps": (1, STEPS),

@@ -17,9 +17,9 @@ from ..diagnostics import Diagnostic, error, warning
 from ..source import Span
 from . import ast
 from .defaults import DEFAULTS as D
-from .defaults import MAX_RANKS
+from .defaults import MAX_RANKS, ROUTERS
 from .load import Unit
-from .plan import lower_plan
+from .plan import capacity_factor, lower_plan
 from .schema import Fields, Reader
 
 IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -150,7 +150,7 @@ class Lowerer:
 
     # -- model --------------------------------------------------------------
     MODEL_KEYS = ("arch", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len", "norm_eps", "rope_theta", "tie_embeddings", "dropout")
-    EXPERT_KEYS = ("experts", "top_k", "capacity_factor", "aux_loss_weight")
+    EXPERT_KEYS = ("experts", "top_k", "capacity_factor", "aux_loss_weight", "router", "z_loss_weight")
 
     def model(self, block: ast.Block) -> ir.Model | None:
         r = self.r
@@ -180,9 +180,11 @@ class Lowerer:
         # may also come from the plan's experts block; lower_plan checks it is set
         experts = r.int(f, "experts", 0) if moe else 0
         top_k = r.int(f, "top_k", D["model.top_k"]) if moe else 0
-        cap = r.float(f, "capacity_factor", D["model.capacity_factor"]) if moe else 0.0
+        cap = capacity_factor(r, f, D["model.capacity_factor"]) if moe else 0.0
         aux = r.float(f, "aux_loss_weight", D["model.aux_loss_weight"]) if moe else 0.0
-        values = (arch, layers, hidden, heads, kv_heads, ffn, vocab, seq_len, norm_eps, rope_theta, tie, dropout, experts, top_k, cap, aux)
+        router = (r.choice(f, "router", ROUTERS, D["model.router"]) or D["model.router"]) if moe else ""
+        z_loss = r.float(f, "z_loss_weight", D["model.z_loss_weight"]) if moe else 0.0
+        values = (arch, layers, hidden, heads, kv_heads, ffn, vocab, seq_len, norm_eps, rope_theta, tie, dropout, experts, top_k, cap, aux, router, z_loss)
         if any(v is None for v in values):
             return None
         return ir.Model(block.name or arch, *values, block.span)

@@ -14,10 +14,11 @@ from .. import ir
 from ..diagnostics import error
 from ..source import Span
 from . import ast
-from .defaults import BOUNDS, MAX_RANKS
+from .defaults import BOUNDS, MAX_RANKS, ROUTERS
 from .defaults import DEFAULTS as D
 from .schema import Fields, Reader, as_float, shown
 
+EXPERT_KEYS = ("count", "top_k", "capacity_factor", "aux_loss_weight", "router", "z_loss_weight")
 PLAN_BLOCKS = ("model", "cluster", "mesh", "tensor_parallel", "data_parallel", "pipeline", "context_parallel", "experts", "train")
 
 # resolve(kind, fields, spans): the plan's model or cluster, by reference or inline
@@ -56,22 +57,25 @@ def lower_plan(r: Reader, block: ast.Block, resolve: Resolve) -> ir.Plan | None:
     cp = ir.ContextParallel(r.choice(cpf, "method", ir.CP_METHODS, D["context_parallel.method"]) or D["context_parallel.method"], r.bool(cpf, "load_balance", D["context_parallel.load_balance"]), spans.get("context_parallel"))
 
     # experts { } sets a mixtral model's expert options for this plan
-    ef = sub("experts", ("count", "top_k", "capacity_factor", "aux_loss_weight"))
+    ef = sub("experts", EXPERT_KEYS)
     if ef.assigns and model is not None:
         if not archs.of(model).moe:
             r.diags.append(error("E072", spans["experts"], f"an experts block needs a mixture-of-experts model, but {model.arch} is dense", "use arch = mixtral"))
         else:
-            for key in ("count", "top_k", "capacity_factor", "aux_loss_weight"):
+            for key in EXPERT_KEYS:
                 if key in ef.assigns and f"model.{'experts' if key == 'count' else key}" in spans:
                     r.diags.append(error("E011", ef.assigns[key].key_span, f"'{key}' is set both in the model and in the experts block"))
             model = replace(
                 model,
                 experts=r.int(ef, "count", model.experts),
                 top_k=r.int(ef, "top_k", model.top_k),
-                capacity_factor=r.float(ef, "capacity_factor", model.capacity_factor),
+                capacity_factor=capacity_factor(r, ef, model.capacity_factor),
                 aux_loss_weight=r.float(ef, "aux_loss_weight", model.aux_loss_weight),
+                router=r.choice(ef, "router", ROUTERS, model.router) or model.router,
+                z_loss_weight=r.float(ef, "z_loss_weight", model.z_loss_weight),
             )
             spans.update({"model.experts": spans.get("experts.count", spans["experts"]), "model.top_k": spans.get("experts.top_k", spans["experts"])})
+            spans.update({f"model.{key}": spans[f"experts.{key}"] for key in EXPERT_KEYS[2:] if f"experts.{key}" in spans})
 
     if model is not None and archs.of(model).moe and model.experts == 0:
         r.diags.append(error("E012", spans.get("model", block.span), "a mixtral model needs its number of experts", "set `experts = 8` in the model, or `experts { count = 8 }` in the plan"))
@@ -102,6 +106,18 @@ def lower_plan(r: Reader, block: ast.Block, resolve: Resolve) -> ir.Plan | None:
     if model is None or cluster is None or mesh is None or train is None:
         return None
     return ir.Plan(block.name, block.span.file, model, cluster, mesh, tp, dp, pipeline, cp, train, block.span, spans)
+
+
+def capacity_factor(r: Reader, f: Fields, default: float) -> float | None:
+    """``capacity_factor`` of a model or experts block. Left out, it is ``default`` (0.0 in
+    the IR: dropless); written, it must be above 0 (E074): each expert takes at most
+    ceil(capacity_factor · top_k · tokens / experts) tokens, so 0 would take none."""
+    a = f.assigns.get("capacity_factor")
+    if a is not None and isinstance(a.value, ast.Number) and as_float(a.value.value) <= 0:
+        r.diags.append(error("E074", a.value.span, f"capacity_factor must be above 0, got {shown(a.value.value)}: an expert takes at most ceil(capacity_factor · top_k · tokens / experts) tokens, so it would take none",
+                             "leave capacity_factor out for dropless routing"))
+        return default
+    return r.float(f, "capacity_factor", default)
 
 
 def _int_list(r, f: Fields, key: str) -> tuple[int, ...] | None:
