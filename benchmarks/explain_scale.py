@@ -39,7 +39,7 @@ TARGETS = {16_384: 2.0, 131_072: 10.0}
 def gpt3_plan(nodes: int) -> Plan:
     """GPT-3 175B (Brown et al. 2020) on ``nodes`` DGX-H100 nodes: tp=8 inside a node,
     pp=16 across nodes, dp over the rest; interleaved 1F1B, ZeRO-1, sequence parallel."""
-    model = Model("gpt3_175b", "gpt2", 96, 12288, 96, 96, 4 * 12288, 51200, 2048, 1e-5, 1e4, True, 0.0, 0, 0, 0.0, 0.0, SPAN)
+    model = Model("gpt3_175b", "gpt2", 96, 12288, 96, 96, 4 * 12288, 51200, 2048, 1e-5, 1e4, True, 0.0, 0, 0, 0.0, 0.0, "", 0.0, SPAN)
     links = (Link("nvlink", "node", 450e9, 2e-6, SPAN), Link("ib", "cluster", 50e9, 8e-6, SPAN))
     cluster = Cluster("dgx_h100", nodes, 8, Device("h100_sxm", 989e12, 80 * 2**30), links, SPAN)
     dp = nodes * 8 // (16 * 8)

@@ -66,7 +66,7 @@ def run_script():
 def trained(run_script, tmp_path_factory):
     """trained(plan, *flags) -> (losses, weights): the plan compiled and run (torchrun
     for more than one process) with --dump-losses and --dump-weights, at most once per
-    plan name and flags."""
+    plan name and flags; trained.logs[(name, flags)] is its standard output."""
     torch = pytest.importorskip("torch")
     from dslc import codegen
 
@@ -84,6 +84,8 @@ def trained(run_script, tmp_path_factory):
                 out.returncode == 0
             ), f"{plan.name} failed:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}"
             cache[key] = (json.loads(losses.read_text()), torch.load(weights))
+            train.logs[key] = out.stdout
         return cache[key]
 
+    train.logs = {}
     return train

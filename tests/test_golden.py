@@ -53,12 +53,28 @@ REQUIRED = {
 }
 
 
+# the mixture of experts: (schedule, dp, pp, tp, sequence parallel, ep, zero); mixtral is
+# dropless, mixtralcap has a capacity
+REQUIRED_MOE = {
+    "mixtral": {("1f1b", 1, 1, 1, False, 2, 0), ("1f1b", 1, 1, 1, False, 4, 0), ("1f1b", 2, 1, 1, False, 2, 0),
+                ("1f1b", 1, 2, 1, False, 2, 0), ("interleaved_1f1b", 1, 2, 1, False, 2, 0),
+                ("1f1b", 1, 1, 2, True, 2, 0), ("1f1b", 1, 1, 1, False, 2, 1), ("1f1b", 2, 1, 1, False, 2, 1)},
+    "mixtralcap": {("1f1b", 1, 1, 1, False, 2, 0), ("1f1b", 1, 1, 2, True, 2, 0), ("1f1b", 1, 2, 1, False, 2, 0)},
+}
+
+
 def test_matrix_is_complete(golden_plans):
     """Every layout each family must cover is in the table, and every plan in the table
     has its serial reference with the same model and global batch."""
     for family, layouts in REQUIRED.items():
         plans = [golden_plans[n] for n in PARALLEL if n.startswith(family + "_")]
         assert layouts <= {layout(p) for p in plans}, (family, layouts - {layout(p) for p in plans})
+    for family, layouts in REQUIRED_MOE.items():
+        plans = [golden_plans[n] for n in PARALLEL if n.startswith(family + "_")]
+        have = {layout(p) + (p.ep, p.data_parallel.zero) for p in plans}
+        assert layouts <= have, (family, layouts - have)
+    assert golden_plans["mixtralcap_serial"].model.capacity_factor > 0
+    assert not golden_plans["mixtral_serial"].model.capacity_factor
     for name in PARALLEL:
         plan, ref = golden_plans[name], golden_plans[serial_of(name)]
         assert plan.model == dataclasses.replace(ref.model, span=plan.model.span)
@@ -92,6 +108,34 @@ def test_parallel_plan_matches_serial(name, golden_plans, trained):
     assert sorted(weights) == sorted(ref_weights)  # every stage's layers came back
     for key, want in ref_weights.items():
         torch.testing.assert_close(weights[key], want, rtol=RTOL, atol=RTOL, msg=f"{name}: {key}")
+
+
+def test_a_capacity_drops_the_same_choices_in_every_layout(golden_plans, trained):
+    """Every sequence is a routing group: the serial plan and each parallel one drop the
+    same number of the same step's expert choices (the weights above show they are the
+    same choices), and some are dropped, so the comparison covers dropping."""
+
+    def drops(name):
+        trained(golden_plans[name])
+        return re.findall(r"dropped (\d+) of (\d+) choices", trained.logs[(name, ())])
+
+    ref = drops("mixtralcap_serial")
+    assert len(ref) == golden_plans["mixtralcap_serial"].train.steps
+    assert all(0 < int(d) < int(n) for d, n in ref), ref
+    for name in PARALLEL:
+        if name.startswith("mixtralcap_"):
+            assert drops(name) == ref, name
+
+
+def test_moe_log_shows_the_router(golden_plans, trained):
+    """Each step's line has the aux loss, the z-loss the plan asks for and the load
+    imbalance; a balanced router's aux loss is near 1 (E * sum f * P)."""
+    trained(golden_plans["mixtral_serial"])
+    lines = [l for l in trained.logs[("mixtral_serial", ())].splitlines() if l.startswith("step ")]
+    assert len(lines) == golden_plans["mixtral_serial"].train.steps
+    for line in lines:
+        aux, z, imbalance = (float(re.search(rf"\| {k} ([\d.]+)", line).group(1)) for k in ("aux", "z", "imbalance"))
+        assert 0.9 < aux < 1.5 and z > 0 and 1.0 <= imbalance < 2.0, line
 
 
 def test_weights_moved_and_loss_is_sane(golden_plans, trained):

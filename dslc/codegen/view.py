@@ -20,19 +20,18 @@ from pathlib import Path
 from .. import arch
 from ..check import check_plan
 from ..cost.flops import peak_flops
-from ..cost.memory import grad_group
+from ..cost.memory import expert_capacity, grad_group
 from ..ir import Plan
 from .errors import Unsupported
 from .literals import comment_safe, identifier, number
 from .pipeline import pipeline_view
 
 DEFAULT_ROOT = Path("generated")
-SUPPORTED_AXES = ("dp", "tp", "pp")
+SUPPORTED_AXES = ("dp", "tp", "pp", "ep")
 BUCKET_BYTES = "25 * 2**20"  # DDP's default bucket size
 _DTYPES = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}
 _NOT_YET = {
     "cp": "context parallel (cp) is not supported by the code generator yet",
-    "ep": "expert parallel (ep) is not supported by the code generator yet",
 }
 
 
@@ -49,6 +48,7 @@ def view_model(plan: Plan, root: Path = DEFAULT_ROOT) -> dict:
         **_parallel(plan),
         **pipeline_view(plan),
         **_model(plan),
+        **_experts(plan),
         **_training(plan),
         **_data(plan, Path(root) / name),
     }
@@ -63,11 +63,10 @@ def _refuse_missing_features(plan: Plan) -> None:
         if a.name not in SUPPORTED_AXES and a.size > 1:
             raise Unsupported(_NOT_YET.get(a.name, f"mesh axis {a.name!r} is unknown"))
     m = plan.model
-    if m.arch not in arch.ARCHS or arch.of(m).moe:
-        raise Unsupported(
-            f"model architecture {m.arch!r} is not supported by the code generator yet"
-            " (gpt2, llama)"
-        )
+    if m.arch not in arch.ARCHS:
+        raise Unsupported(f"model architecture {m.arch!r} is unknown")
+    if arch.of(m).moe != m.is_moe:  # the front end sets both; a hand-made IR may not
+        raise Unsupported(f"model architecture {m.arch!r} with experts = {m.experts}")
     zero = plan.data_parallel.zero
     if zero > 1:
         raise Unsupported(
@@ -106,6 +105,11 @@ def _parallel(plan: Plan) -> dict:
     group_axes = [(a,) for a in parallel]
     if grad_axes and grad_axes not in group_axes:
         group_axes.append(grad_axes)
+    moe_stats = plan.model.is_moe and len(parallel) > 1  # the router's log: summed over all
+    if moe_stats and tuple(parallel) not in group_axes:
+        group_axes.append(tuple(parallel))
+    # ep ranks take their own rows of the batch, as dp ranks do (dp-major)
+    data = [a for a in ("dp", "ep") if plan.mesh.size(a) > 1]
     layout = " x ".join(f"{a}{s}" for a, s in axes if s > 1) or "serial, one process"
     layout += " with sequence parallel" * sp + f", ZeRO-{zero_stage}" * shard_optimizer
     gpn = plan.cluster.gpus_per_node
@@ -124,6 +128,10 @@ def _parallel(plan: Plan) -> dict:
         "tp": tp,
         "data_parallel": bool(grad_axes),
         "grad_group": "+".join(grad_axes),
+        "expert_grad_group": "+".join(grad_group(plan, expert=True)),
+        "world_group": "+".join(parallel),
+        "data_ranks": "DP * EP" if plan.ep > 1 else "DP",
+        "data_rank": "(DP_RANK * EP + EP_RANK)" if len(data) == 2 else f"{(data or ['dp'])[0].upper()}_RANK",
         "tensor_parallel": tp > 1,
         "sequence_parallel": sp,
         "layout": layout,
@@ -132,7 +140,7 @@ def _parallel(plan: Plan) -> dict:
         "nproc_per_node": world // nnodes,
         "zero_stage": zero_stage,
         "shard_optimizer": shard_optimizer,
-        "uses_all_gather": tp > 1 or shard_optimizer,
+        "uses_all_gather": tp > 1 or shard_optimizer or plan.ep > 1,
         "uses_reduce_scatter": sp or shard_optimizer,
         "column_linear": "ColumnParallelLinear" if tp > 1 else "Linear",
         "row_linear": "RowParallelLinear" if tp > 1 else "Linear",
@@ -176,6 +184,28 @@ def _model(plan: Plan) -> dict:
         "model_flops_per_token": f"{arch.model_flops_per_token(m):_}",
         "peak_flops": number(peak_flops(plan), "device peak FLOP/s"),
         "device_name": comment_safe(plan.cluster.device.name),
+    }
+
+
+def _experts(plan: Plan) -> dict:
+    """The mixture of experts: routing, capacity and the router losses (none when dense)."""
+    m, ep = plan.model, plan.ep
+    if not m.is_moe:
+        return {"moe": False, "ep": 1, "expert_parallel": False}
+    cf, capacity = m.capacity_factor, expert_capacity(plan) or 0
+    return {
+        "moe": True,
+        "ep": ep,
+        "expert_parallel": ep > 1,
+        "n_experts": m.experts,
+        "top_k": m.top_k,
+        "local_experts": m.experts // ep,
+        "router": m.router,
+        "capacity": capacity,
+        "capacity_factor": number(cf, "capacity_factor"),
+        "aux_loss_weight": number(m.aux_loss_weight, "aux_loss_weight"),
+        "z_loss": m.z_loss_weight > 0,
+        "z_loss_weight": number(m.z_loss_weight, "z_loss_weight"),
     }
 
 
