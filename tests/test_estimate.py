@@ -442,12 +442,13 @@ def test_moe_layer_activations_by_hand():
     norms_and_inputs = 4 * T * h * e  # 2 norm inputs, the qkv input, the router input
     attention = T * (32 + 2 * 16) * e + T * 32 * e + 2 * T * 4  # q, k, v; out-proj input; lse of 2 heads
     router = T * 8 * 4  # fp32 logits
-    experts = 128 * (h + 4 * 96 + h) * e  # 128 slots: input, SwiGLU (gate, up, silu, product) at the full ffn, output
+    experts = 128 * (h + 4 * 96 + h) * e  # 128 slots = choices: input, SwiGLU (gate, up, silu, product) at the full ffn; the output weighed
     assert est.layer_activation_bytes(p) == norms_and_inputs + attention + router + experts == 178_688
-    # SP: the rank's 32-token slice is routed (not all-gathered); capacity pads to 144 slots
+    # SP: the rank's 32-token slice is routed (not all-gathered); capacity pads the experts'
+    # input and SwiGLU to 144 slots, while the outputs weighed stay one per choice (64)
     sp = plan(_moe(), ("ep", 4, "ib"), ("tp", 2, "nvlink"), b=2, sp=True)
     capped = plan(_moe(cf=1.1), ("ep", 4, "ib"), ("tp", 2, "nvlink"), b=2, sp=True)
-    assert est.layer_activation_bytes(capped) - est.layer_activation_bytes(sp) == (144 - 64) * (h + 4 * 96 + h) * e
+    assert est.layer_activation_bytes(capped) - est.layer_activation_bytes(sp) == (144 - 64) * (h + 4 * 96) * e
 
 
 def test_expert_flops_follow_the_routed_slots():

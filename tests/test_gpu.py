@@ -39,7 +39,7 @@ def run(plan, run_script, root, device, *flags):
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-@pytest.mark.parametrize("name", ["gpt2_serial", "llama_serial"])
+@pytest.mark.parametrize("name", ["gpt2_serial", "llama_serial", "mixtral_serial", "mixtralcap_serial"])
 def test_serial_plan_on_cuda_tracks_cpu_fp32(name, precision, golden_plans, run_script, tmp_path):
     ref_plan = golden_plans[name]
     plan = dataclasses.replace(
@@ -73,21 +73,47 @@ plan gpt2_124m_bf16 {{
 """
 
 
-def test_bf16_mfu_is_reported(run_script, tmp_path):
+def _catalog_device():
+    """The catalog's name for this GPU (its peak FLOP/s gives the MFU); skips if none."""
     name = torch.cuda.get_device_name().lower()
-    device = next(
-        (
-            d
-            for key, d in (("h200", "h200"), ("h100", "h100_sxm"), ("a100", "a100_80g"))
-            if key in name
-        ),
-        None,
-    )
+    keys = (("h200", "h200"), ("h100", "h100_sxm"), ("a100", "a100_80g"))
+    device = next((d for key, d in keys if key in name), None)
     if device is None:
         pytest.skip(f"no catalog peak for {name}")
+    return device
+
+
+def test_bf16_mfu_is_reported(run_script, tmp_path):
+    device = _catalog_device()
     plan = load_text(GPT2_124M.format(device=device), "gpt2_124m_bf16.plan").program.plans[0]
     out = run(plan, run_script, tmp_path, "cuda")[2]
     last = out.strip().splitlines()[-1]
     mfu = float(re.search(r"mfu ([\d.]+)%", last).group(1))
     print(f"\n{torch.cuda.get_device_name()}: {last}")
     assert 0 < mfu < 100 and "peak mem" in last
+
+
+MOE = """
+cluster gpu {{ nodes = 1; gpus_per_node = 1; device = {device}
+    link nvlink {{ scope = node }} }}
+plan moe_bf16 {{
+    model mixtral {{ layers = 8; hidden = 1024; heads = 16; kv_heads = 8; ffn = 2048
+                    vocab = 32000; seq_len = 1024; experts = 8; top_k = 2 }}
+    experts {{ {experts} }}
+    cluster = gpu
+    train {{ steps = 20; micro_batch = 8; global_batch = 8; precision = bf16; data = synthetic }}
+}}
+"""
+
+
+@pytest.mark.parametrize("experts", ["aux_loss_weight = 0.01", "capacity_factor = 1.25; aux_loss_weight = 0.01"])
+def test_moe_bf16_on_cuda(experts, run_script, tmp_path):
+    """A 8-expert top-2 MoE in bf16 on one GPU, dropless and with a capacity: it trains,
+    logs the router (aux loss near 1, imbalance) and its MFU and peak memory."""
+    device = _catalog_device()
+    plan = load_text(MOE.format(device=device, experts=experts), "moe_bf16.plan").program.plans[0]
+    losses, _, out = run(plan, run_script, tmp_path, "cuda")
+    last = out.strip().splitlines()[-1]
+    print(f"\n{torch.cuda.get_device_name()} ({experts}): {last}")
+    assert losses[-1] < losses[0] and "imbalance" in last
+    assert 0 < float(re.search(r"mfu ([\d.]+)%", last).group(1)) < 100

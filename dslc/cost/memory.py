@@ -182,9 +182,9 @@ def layer_activation_bytes(plan: Plan, settings: Settings = DEFAULT) -> int:
     scores, only a fp32 log-sum-exp (a/t·T·4; none under selective recompute, which
     re-runs the kernel). MoE (experts whole on every tp rank, the MoE block outside the tp
     regions): its input is the router's, T·h·e·r whatever ``sp_inputs``; fp32 router
-    logits T·E·4·r; per routed slot (:func:`routed_slots`) its input, SwiGLU and output
-    (h + 4f + h)·e with the full f. Full recompute keeps the layer input T·h·e·r (the
-    paper's 2sbh)."""
+    logits T·E·4·r; per routed slot (:func:`routed_slots`) the experts' input and SwiGLU
+    (h + 4f)·e with the full f; per choice (T·top_k/r) the expert output it weighs, h·e.
+    Full recompute keeps the layer input T·h·e·r (the paper's 2sbh)."""
     m, e, t, T = plan.model, dtype_bytes(plan), plan.tp, local_tokens(plan)
     r = t if plan.tensor_parallel.sequence_parallel else 1
     h, (q, kv, f) = m.hidden, arch.widths(m, t)
@@ -202,7 +202,8 @@ def layer_activation_bytes(plan: Plan, settings: Settings = DEFAULT) -> int:
     elif settings.attention != "paper" and rec == "none":
         attn += heads * T * 4
     if m.is_moe:
-        mlp = routed_tokens(plan) * m.experts * 4 + routed_slots(plan, settings.imbalance) * (2 * h + 4 * m.ffn) * e
+        slots, choices = routed_slots(plan, settings.imbalance), routed_tokens(plan) * m.top_k
+        mlp = routed_tokens(plan) * m.experts * 4 + slots * (h + 4 * m.ffn) * e + choices * h * e
     else:
         mlp = T * f * e * (2 if arch.of(m).mlp == "gelu" else 4)  # GELU in, out; SwiGLU gate, up, silu, product
     return rep + attn + mlp
