@@ -153,10 +153,12 @@ def test_weights_moved_and_loss_is_sane(golden_plans, trained):
         assert torch.equal(initial["blocks.0.attn_norm.weight"], torch.ones(plan.model.hidden))
 
 
-def test_bundled_text_loss_falls(run_script, tmp_path):
+@pytest.mark.parametrize("demo", ["tiny_demo", "tiny_moe"])
+def test_bundled_text_loss_falls(demo, run_script, tmp_path):
+    """The demos learn the bundled text; the MoE's router stays balanced while it does."""
     from dslc.driver import load_paths
 
-    plan = load_paths([ROOT / "plans" / "tiny_demo.plan"]).program.plans[0]
+    plan = load_paths([ROOT / "plans" / f"{demo}.plan"]).program.plans[0]
     script = codegen.write(plan, tmp_path) / "train.py"
     dump = tmp_path / "losses.json"
     out = run_script(
@@ -167,14 +169,20 @@ def test_bundled_text_loss_falls(run_script, tmp_path):
     assert len(losses) == 50 and abs(losses[0] - math.log(256)) < 0.2
     assert sum(losses[-5:]) / 5 < 0.6 * losses[0], losses
     assert "step 50/50 | loss" in out.stdout
+    if plan.model.is_moe:  # max / mean tokens per expert: 2 if 2 of 4 experts got all
+        imbalance = [float(x) for x in re.findall(r"\| imbalance ([\d.]+)", out.stdout)]
+        assert len(imbalance) == 6 and imbalance[-1] < 2.0, imbalance
 
 
+@pytest.mark.parametrize("family", ["llama", "mixtral"])
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_mixed_precision_tracks_fp32(precision, golden_plans, trained):
-    """16-bit working weights with fp32 master weights: the serial llama plan and
-    dp2 x tp2 + sp with ZeRO-1 stay within 16-bit rounding of the fp32 serial run."""
-    ref_losses = trained(golden_plans["llama_serial"])[0]
-    for name in ("llama_serial", "llama_dp2_tp2_sp_zero1"):
+def test_mixed_precision_tracks_fp32(precision, family, golden_plans, trained):
+    """16-bit working weights with fp32 master weights: the serial plan and a sharded
+    parallel one (llama: dp2 x tp2 + sp, mixtral: dp2 x ep2, both ZeRO-1) stay within
+    16-bit rounding of the fp32 serial run."""
+    parallel = {"llama": "llama_dp2_tp2_sp_zero1", "mixtral": "mixtral_dp2_ep2_zero1"}[family]
+    ref_losses = trained(golden_plans[f"{family}_serial"])[0]
+    for name in (f"{family}_serial", parallel):
         plan = golden_plans[name]
         plan = dataclasses.replace(
             plan,
