@@ -386,7 +386,7 @@ def test_other_unsupported_plans_are_one_line_errors():
     )
     with pytest.raises(Unsupported, match="ZeRO stage 3"):
         codegen.render(zero3)
-    with pytest.raises(Unsupported, match="'mixtral' with experts = 0"):
+    with pytest.raises(Unsupported, match="arch mixtral is a mixture of experts, but the model has experts = 0"):
         codegen.render(
             dataclasses.replace(plan, model=dataclasses.replace(plan.model, arch="mixtral"))
         )

@@ -59,7 +59,8 @@ REQUIRED_MOE = {
     "mixtral": {("1f1b", 1, 1, 1, False, 2, 0), ("1f1b", 1, 1, 1, False, 4, 0), ("1f1b", 2, 1, 1, False, 2, 0),
                 ("1f1b", 1, 2, 1, False, 2, 0), ("interleaved_1f1b", 1, 2, 1, False, 2, 0),
                 ("1f1b", 1, 1, 2, True, 2, 0), ("1f1b", 1, 1, 1, False, 2, 1), ("1f1b", 2, 1, 1, False, 2, 1)},
-    "mixtralcap": {("1f1b", 1, 1, 1, False, 2, 0), ("1f1b", 1, 1, 2, True, 2, 0), ("1f1b", 1, 2, 1, False, 2, 0)},
+    "mixtralcap": {("1f1b", 1, 1, 1, False, 2, 0), ("1f1b", 1, 1, 2, True, 2, 0), ("1f1b", 1, 2, 1, False, 2, 0),
+                   ("1f1b", 1, 2, 1, False, 2, 1)},
 }
 
 
@@ -74,6 +75,7 @@ def test_matrix_is_complete(golden_plans):
         have = {layout(p) + (p.ep, p.data_parallel.zero) for p in plans}
         assert layouts <= have, (family, layouts - have)
     assert golden_plans["mixtralcap_serial"].model.capacity_factor > 0
+    assert golden_plans["mixtralcap_pp2_ep2_zero1_full"].train.recompute == "full"
     assert not golden_plans["mixtral_serial"].model.capacity_factor
     for name in PARALLEL:
         plan, ref = golden_plans[name], golden_plans[serial_of(name)]

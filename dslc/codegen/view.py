@@ -66,7 +66,8 @@ def _refuse_missing_features(plan: Plan) -> None:
     if m.arch not in arch.ARCHS:
         raise Unsupported(f"model architecture {m.arch!r} is unknown")
     if arch.of(m).moe != m.is_moe:  # the front end sets both; a hand-made IR may not
-        raise Unsupported(f"model architecture {m.arch!r} with experts = {m.experts}")
+        kind = "a mixture of experts" if arch.of(m).moe else "dense"
+        raise Unsupported(f"arch {m.arch} is {kind}, but the model has experts = {m.experts}")
     zero = plan.data_parallel.zero
     if zero > 1:
         raise Unsupported(
@@ -129,6 +130,7 @@ def _parallel(plan: Plan) -> dict:
         "data_parallel": bool(grad_axes),
         "grad_group": "+".join(grad_axes),
         "expert_grad_group": "+".join(grad_group(plan, expert=True)),
+        **_expert_grad_group(plan),
         "world_group": "+".join(parallel),
         "data_ranks": "DP * EP" if plan.ep > 1 else "DP",
         "data_rank": "(DP_RANK * EP + EP_RANK)" if len(data) == 2 else f"{(data or ['dp'])[0].upper()}_RANK",
@@ -187,6 +189,20 @@ def _model(plan: Plan) -> dict:
     }
 
 
+def _expert_grad_group(plan: Plan) -> dict:
+    """The experts' gradient group as a literal for the script, and why it is that."""
+    axes = grad_group(plan, expert=True)
+    if not axes and plan.tp > 1:
+        why = "not here: their tp partial sums are added as the tp-replicated weights' are"
+    elif not axes:
+        why = "not reduced: no other rank holds these experts"
+    elif plan.ep > 1:
+        why = "summed over dp only: each ep rank holds other experts"
+    else:
+        why = "summed over dp, as the dense ones"
+    return {"expert_grad_group_literal": repr("+".join(axes) or None), "expert_grad_group_why": why}
+
+
 def _experts(plan: Plan) -> dict:
     """The mixture of experts: routing, capacity and the router losses (none when dense)."""
     m, ep = plan.model, plan.ep
@@ -199,7 +215,6 @@ def _experts(plan: Plan) -> dict:
         "expert_parallel": ep > 1,
         "n_experts": m.experts,
         "top_k": m.top_k,
-        "local_experts": m.experts // ep,
         "router": m.router,
         "capacity": capacity,
         "capacity_factor": number(cf, "capacity_factor"),

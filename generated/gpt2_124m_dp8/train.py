@@ -479,7 +479,7 @@ def train_step(step):
         loss += micro_loss.detach()
     grad_buckets.finish()  # wait for the bucketed reduce-scatters
     grads = shard_grads  # one per entry of `owners`
-    all_reduce(loss, "dp", scalar=True)  # for the log: the mean over the global batch
+    all_reduce(loss, "dp", scalar=True)  # the log's mean over the global batch
     loss /= MICRO_STEPS * DP
     lr = get_lr(step)
     for group in optimizer.param_groups:

@@ -59,7 +59,7 @@ SCHEDULE_SHA256 = "65d404f46681de51b4aa901eb618a072a3de969069e633f6b5d85631e8914
 
 STEPS = 1000
 MICRO_BATCH = 1  # sequences per micro-batch
-MICRO_STEPS = 8  # micro-batches per step and dp rank (accumulated)
+MICRO_STEPS = 8  # micro-batches per step and data (dp x ep) rank (accumulated)
 GLOBAL_BATCH = 64  # = MICRO_BATCH * MICRO_STEPS * DP * EP sequences per step
 PRECISION = "bf16"
 PARAM_DTYPE = torch.bfloat16  # working weights and gradients (fp32 master weights)
@@ -280,7 +280,7 @@ def run_schedule(x, y, scale):
             if pending:
                 p2p(pending)
                 pending = []
-            # the dp reduction of a chunk's gradients starts in its last backward
+            # the gradient reduction of a chunk's gradients starts in its last backward
             grad_buckets.sync = mb == MICRO_STEPS - 1
             begin = time.perf_counter()
             if kind == "F":
@@ -308,8 +308,9 @@ def run_schedule(x, y, scale):
 # Expert parallel (Lepikhin et al. 2020, "GShard"): dispatch and combine
 # The experts are partitioned over the ep group: rank r holds experts r * LOCAL_EXPERTS
 # to (r + 1) * LOCAL_EXPERTS - 1. Dispatch sends each routed token to its expert's rank
-# and combine brings the expert's output back: two all-to-alls per MoE layer forward,
-# their reverses in backward. ep ranks see different data, as dp ranks do.
+# and combine brings the expert's output back: two all-to-alls of tokens per MoE layer
+# forward, their reverses in backward. ep ranks see different data, as dp
+# ranks do.
 
 
 class AllToAll(torch.autograd.Function):
@@ -367,16 +368,10 @@ def combine(out):
 
 
 def param(*shape, tp_dim=None, init="normal", std=0.02, vocab_rows=False, expert=False):
-    """A parameter of this rank's shape; tp_dim is the dim split over tp, if any; an
-    expert parameter stacks this rank's experts in dim 0."""
+    """A parameter of this rank's shape; tp_dim is the dim split over tp, if any."""
     p = nn.Parameter(torch.empty(*shape))
-    p.tp_dim, p.init, p.std, p.vocab_rows, p.expert = (
-        tp_dim,
-        init,
-        std,
-        vocab_rows,
-        expert,
-    )
+    p.tp_dim, p.init, p.std, p.vocab_rows = tp_dim, init, std, vocab_rows
+    p.expert = expert  # this rank's experts, stacked in dim 0
     return p
 
 
@@ -552,12 +547,13 @@ class MoE(nn.Module):
 
     def forward(self, x):  # (B, T, C)
         B, T, C = x.shape
-        logits = F.linear(x, self.router).float()  # (B, T, E), routed in fp32
+        logits = F.linear(x.float(), self.router.float())  # (B, T, E): routed in fp32
         probs = logits.softmax(dim=-1)
         top, chosen = logits.topk(TOP_K, dim=-1)  # (B, T, K): each token's experts
         weights = top.softmax(dim=-1)  # Mixtral: softmax over the chosen logits
         slots = F.one_hot(chosen, N_EXPERTS)  # (B, T, K, E)
         counts = slots.sum(dim=1)  # (B, K, E): per sequence, choice and expert
+        load = counts.sum(dim=(0, 1))  # (E,): this rank's choices per expert
         total = counts
         # load balancing (Switch, Fedus et al. 2022; GShard): E * sum_e f_e * P_e per
         # sequence, f the fraction of its choices that go to e, P the mean probability of e:
@@ -569,9 +565,8 @@ class MoE(nn.Module):
         x = x.reshape(-1, C)  # (N, C), N = B * T tokens
         # a choice's place in its expert's queue for the sequence: first choices before
         # second ones, earlier tokens first
-        before = (
-            total.cumsum(dim=1) - total
-        )  # (B, K, E): the sequence's earlier choices
+        # (B, K, E): the sequence's earlier choices
+        before = total.cumsum(dim=1) - total
         place = ((slots.cumsum(dim=1) - slots + before.unsqueeze(1)) * slots).sum(
             dim=-1
         )
@@ -581,9 +576,8 @@ class MoE(nn.Module):
         slot = ((chosen * B + seq) * CAPACITY + place).masked_fill(~keep, slots_total)
         # gathers both ways, with a zero row past the end for empty slots and dropped
         # choices: autograd keeps the indices, not a copy of the rows as a scatter would
-        token = torch.full(
-            (slots_total + 1,), B * T, device=x.device
-        )  # B * T: no token
+        # each slot's token; B * T (a zero row) when empty
+        token = torch.full((slots_total + 1,), B * T, device=x.device)
         token[slot.view(-1)] = torch.arange(B * T, device=x.device).repeat_interleave(
             TOP_K
         )
@@ -592,9 +586,7 @@ class MoE(nn.Module):
         picked = F.pad(out, (0, 0, 0, 1))[slot.view(-1, TOP_K)]  # (N, K, C)
         y = (picked * weights.view(-1, TOP_K, 1).to(out.dtype)).sum(dim=1)
         dropped = (~keep).sum()
-        ROUTING.add(
-            self.layer, torch.stack([aux, z]), slots.sum(dim=(0, 1, 2)), dropped
-        )
+        ROUTING.add(self.layer, torch.stack([aux, z]), load, dropped)
         y = y.view(B, T, C)
         # each layer adds its router losses, weighted, averaged over the layers
         return RouterLoss.apply(y, (AUX_LOSS_WEIGHT * aux) / N_LAYER)
@@ -688,11 +680,10 @@ def init_weights(model):
 # Hooks, not DistributedDataParallel: every byte goes through the collectives above (and
 # is counted), and skipping the reduction for all but the last micro-batch is one flag.
 # ZeRO-1: a bucket is reduce-scattered, not all-reduced; each rank keeps the optimizer
-# state of its 1/SHARDS of it, updates that shard, and an all-gather of the weights
-# brings every rank the update: an all-reduce's bytes, 1/SHARDS of the state.
+# state of its 1/n of it, updates that shard, and an all-gather of the weights
+# brings every rank the update: an all-reduce's bytes, 1/n of the state (n: the ranks of the bucket's group).
 GRAD_GROUP = "ep"  # the gradients are summed over these mesh axes
-# the experts' over dp only: each ep rank holds other experts (None: not reduced)
-EXPERT_GRAD_GROUP = None
+EXPERT_GRAD_GROUP = None  # not reduced: no other rank holds these experts
 
 
 class Bucket:
@@ -796,19 +787,16 @@ def get_lr(step):
     return MIN_LR + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (LR - MIN_LR)
 
 
-def grad_norm(grads, sharded):
+def grad_norm(grads, sharded, experts):
     """Global L2 norm of the whole model's gradient: the squares are summed over
     GRAD_GROUP (the ZeRO shards), ep (each rank's experts) and pp (the stages)."""
     norms = torch._foreach_norm(grads) if grads else []
     zero = torch.zeros((), device=device)
-    is_expert = experts
-    squares = [(n.float() ** 2, s, x) for n, s, x in zip(norms, sharded, is_expert)]
-    dense_sq = sum((q for q, s, x in squares if s and not x), zero)
-    dense_sq = dense_sq + sum((q for q, s, x in squares if not s and not x), zero)
-    expert_sq = sum((q for q, s, x in squares if x), zero)  # replicated over tp
-    all_reduce(dense_sq, GRAD_GROUP, scalar=True)  # the ZeRO shards
-    all_reduce(expert_sq, "ep", scalar=True)  # each ep rank holds other experts
+    squares = [(n.float() ** 2, s, x) for n, s, x in zip(norms, sharded, experts)]
+    expert_sq = sum((q for q, _, x in squares if x), zero)  # whole on every tp rank
+    dense_sq = sum((q for q, _, x in squares if not x), zero)
     total_sq = dense_sq + expert_sq
+    all_reduce(total_sq, GRAD_GROUP, scalar=True)  # ZeRO shards, each ep rank's experts
     all_reduce(total_sq, "pp", scalar=True)
     return total_sq.sqrt()
 
@@ -841,8 +829,9 @@ optimizer = torch.optim.AdamW(param_groups, lr=LR, betas=BETAS, eps=EPS)
 
 
 def get_batch(step):
-    """(MICRO_STEPS, MICRO_BATCH, SEQ_LEN) inputs and targets: dp rank r's slice of
-    the step's global batch, drawn the same in every plan (random tokens)."""
+    """(MICRO_STEPS, MICRO_BATCH, SEQ_LEN) inputs and targets: data (dp x ep) rank
+    r's slice of the step's global batch, drawn the same in every plan (random
+    tokens)."""
     rows = GLOBAL_BATCH // (DP * EP)
     g = generator("data", step)
     batch = torch.randint(VOCAB, (GLOBAL_BATCH, SEQ_LEN + 1), generator=g)
@@ -855,16 +844,15 @@ def train_step(step):
     """Forward, backward, reduce, clip, update: (global mean loss with the router losses,
     lr, gradient norm, the routing statistics)."""
     x, y = get_batch(step)
-    ROUTING.begin(
-        1.0 / (MICRO_STEPS * DP * EP)
-    )  # the router losses' gradient is scaled as the loss is
+    # the router losses' gradient is scaled as the loss is
+    ROUTING.begin(1.0 / (MICRO_STEPS * DP * EP))
     # every stage draws the same micro-batches: the first uses the tokens, the last the
     # targets; a micro-batch is 1 / (MICRO_STEPS * DP * EP) of the global batch
     loss = run_schedule(x, y, scale=1.0 / (MICRO_STEPS * DP * EP))
     grad_buckets.finish()  # wait for the bucketed reduce-scatters
     grads = shard_grads  # one per entry of `owners`
     all_reduce(loss, "pp", scalar=True)  # only the last stage computed it
-    all_reduce(loss, "ep", scalar=True)  # for the log: the mean over the global batch
+    all_reduce(loss, "ep", scalar=True)  # the log's mean over the global batch
     loss /= MICRO_STEPS * DP * EP
     routing = ROUTING.reduce()
     loss += AUX_LOSS_WEIGHT * routing[0]
@@ -874,7 +862,7 @@ def train_step(step):
     for q, g in zip(master_params, grads):
         q.grad = g.float()
     grads = [q.grad for q in master_params]
-    norm = grad_norm(grads, sharded)
+    norm = grad_norm(grads, sharded, experts)
     torch._foreach_mul_(grads, (GRAD_CLIP / (norm + 1e-6)).clamp(max=1.0))
     optimizer.step()
     with torch.no_grad():
@@ -938,9 +926,8 @@ def main():
             line = f"step {step + 1}/{args.steps} | loss {loss:.4f} | lr {lr:.2e}"
             line += f" | grad norm {norm:.3f} | {dt * 1000:.1f} ms"
             line += f" | {tokens_per_step / dt:,.0f} tok/s"
-            aux, z, imbalance, dropped, choices = (
-                routing  # imbalance: max / mean per expert
-            )
+            # the imbalance: max / mean choices per expert, in the worst layer
+            aux, z, imbalance, dropped, choices = routing
             line += f" | aux {aux:.3f} | imbalance {imbalance:.2f}"
             line += (
                 f" | dropped {dropped} of {choices} choices ({dropped / choices:.1%})"

@@ -559,7 +559,7 @@ def train_step(step):
     grad_buckets.finish()  # wait for the bucketed all-reduces
     grads = [p.grad for p in params]  # one per entry of `owners`
     reduce_sequence_parallel_grads([g for g, s in zip(grads, sharded) if not s])
-    all_reduce(loss, "dp", scalar=True)  # for the log: the mean over the global batch
+    all_reduce(loss, "dp", scalar=True)  # the log's mean over the global batch
     loss /= MICRO_STEPS * DP
     lr = get_lr(step)
     for group in optimizer.param_groups:

@@ -54,7 +54,7 @@ LOCAL_EXPERTS = N_EXPERTS // EP  # on each rank
 
 STEPS = 300
 MICRO_BATCH = 4  # sequences per micro-batch
-MICRO_STEPS = 1  # micro-batches per step and dp rank (accumulated)
+MICRO_STEPS = 1  # micro-batches per step and data (dp x ep) rank (accumulated)
 GLOBAL_BATCH = 16  # = MICRO_BATCH * MICRO_STEPS * DP * EP sequences per step
 PRECISION = "fp32"
 SEED = 1234
@@ -202,8 +202,9 @@ def all_to_all(out, x, axis, out_splits=None, in_splits=None, scalar=False):
 # Expert parallel (Lepikhin et al. 2020, "GShard"): dispatch and combine
 # The experts are partitioned over the ep group: rank r holds experts r * LOCAL_EXPERTS
 # to (r + 1) * LOCAL_EXPERTS - 1. Dispatch sends each routed token to its expert's rank
-# and combine brings the expert's output back: two all-to-alls per MoE layer forward,
-# their reverses in backward. ep ranks see different data, as dp ranks do.
+# and combine brings the expert's output back: two all-to-alls of tokens per MoE layer
+# forward (after one of the counts), their reverses in backward. ep ranks see different data, as dp
+# ranks do.
 
 
 class AllToAll(torch.autograd.Function):
@@ -260,16 +261,10 @@ def combine(rows, exchange):
 
 
 def param(*shape, tp_dim=None, init="normal", std=0.02, vocab_rows=False, expert=False):
-    """A parameter of this rank's shape; tp_dim is the dim split over tp, if any; an
-    expert parameter stacks this rank's experts in dim 0."""
+    """A parameter of this rank's shape; tp_dim is the dim split over tp, if any."""
     p = nn.Parameter(torch.empty(*shape))
-    p.tp_dim, p.init, p.std, p.vocab_rows, p.expert = (
-        tp_dim,
-        init,
-        std,
-        vocab_rows,
-        expert,
-    )
+    p.tp_dim, p.init, p.std, p.vocab_rows = tp_dim, init, std, vocab_rows
+    p.expert = expert  # this rank's experts, stacked in dim 0
     return p
 
 
@@ -435,10 +430,9 @@ class MoE(nn.Module):
         self.down_proj = param(LOCAL_EXPERTS, N_EMBD, FFN, std=PROJ_STD, expert=True)
 
     def experts(self, x, counts):  # rows sorted by local expert, counts[e] for expert e
-        # Measured (benchmarks/moe_experts.py, README): on a GPU in bf16 torch's grouped
-        # matmul is fastest (one kernel per weight, no host sync; 1.1 ms against 4.1 for
-        # the loop on an H100 at 8 experts, 8192 rows, 1024 x 2048); elsewhere a loop over
-        # the experts, as padding every expert to the busiest one costs the imbalance.
+        # Measured (benchmarks/moe_experts.py, figures in the README): on a GPU in bf16
+        # torch's grouped matmul is fastest (one kernel per weight, no host sync); elsewhere
+        # a loop over the experts: padding each to the busiest one would cost the imbalance.
         if x.is_cuda and x.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm"):
             ends = counts.cumsum(0).to(torch.int32)
             gate = torch._grouped_mm(x, self.gate_proj.transpose(1, 2), offs=ends)
@@ -454,12 +448,13 @@ class MoE(nn.Module):
 
     def forward(self, x):  # (B, T, C)
         B, T, C = x.shape
-        logits = F.linear(x, self.router).float()  # (B, T, E), routed in fp32
+        logits = F.linear(x.float(), self.router.float())  # (B, T, E): routed in fp32
         probs = logits.softmax(dim=-1)
         top, chosen = logits.topk(TOP_K, dim=-1)  # (B, T, K): each token's experts
         weights = top.softmax(dim=-1)  # Mixtral: softmax over the chosen logits
         slots = F.one_hot(chosen, N_EXPERTS)  # (B, T, K, E)
         counts = slots.sum(dim=1)  # (B, K, E): per sequence, choice and expert
+        load = counts.sum(dim=(0, 1))  # (E,): this rank's choices per expert
         total = counts
         # load balancing (Switch, Fedus et al. 2022; GShard): E * sum_e f_e * P_e per
         # sequence, f the fraction of its choices that go to e, P the mean probability of e:
@@ -471,16 +466,13 @@ class MoE(nn.Module):
         x = x.reshape(-1, C)  # (N, C), N = B * T tokens
         expert = chosen.reshape(-1)  # (N * K,)
         order = expert.argsort(stable=True)  # the choices, by expert
-        per_expert = torch.bincount(expert, minlength=N_EXPERTS)  # choices per expert
         rows = x[order // TOP_K]  # each choice's token
-        rows, local_counts, exchange = dispatch(rows, per_expert)
+        rows, local_counts, exchange = dispatch(rows, load)
         out = combine(self.experts(rows, local_counts), exchange)
         out = out[order.argsort()].view(-1, TOP_K, C)  # back in (token, choice) order
         y = (out * weights.view(-1, TOP_K, 1).to(out.dtype)).sum(dim=1)
         dropped = 0
-        ROUTING.add(
-            self.layer, torch.stack([aux, z]), slots.sum(dim=(0, 1, 2)), dropped
-        )
+        ROUTING.add(self.layer, torch.stack([aux, z]), load, dropped)
         y = y.view(B, T, C)
         # each layer adds its router losses, weighted, averaged over the layers
         return RouterLoss.apply(y, (AUX_LOSS_WEIGHT * aux) / N_LAYER)
@@ -557,8 +549,7 @@ def init_weights(model):
 # Hooks, not DistributedDataParallel: every byte goes through the collectives above (and
 # is counted), and skipping the reduction for all but the last micro-batch is one flag.
 GRAD_GROUP = "dp+ep"  # the gradients are summed over these mesh axes
-# the experts' over dp only: each ep rank holds other experts (None: not reduced)
-EXPERT_GRAD_GROUP = "dp"
+EXPERT_GRAD_GROUP = "dp"  # summed over dp only: each ep rank holds other experts
 
 
 class Bucket:
@@ -632,16 +623,14 @@ def get_lr(step):
     return MIN_LR + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (LR - MIN_LR)
 
 
-def grad_norm(grads, sharded):
+def grad_norm(grads, sharded, experts):
     """Global L2 norm of the whole model's gradient: the squares are summed over ep
     (each rank's experts)."""
     norms = torch._foreach_norm(grads) if grads else []
     zero = torch.zeros((), device=device)
-    is_expert = experts
-    squares = [(n.float() ** 2, s, x) for n, s, x in zip(norms, sharded, is_expert)]
-    dense_sq = sum((q for q, s, x in squares if s and not x), zero)
-    dense_sq = dense_sq + sum((q for q, s, x in squares if not s and not x), zero)
-    expert_sq = sum((q for q, s, x in squares if x), zero)  # replicated over tp
+    squares = [(n.float() ** 2, s, x) for n, s, x in zip(norms, sharded, experts)]
+    expert_sq = sum((q for q, _, x in squares if x), zero)  # whole on every tp rank
+    dense_sq = sum((q for q, _, x in squares if not x), zero)
     all_reduce(expert_sq, "ep", scalar=True)  # each ep rank holds other experts
     total_sq = dense_sq + expert_sq
     return total_sq.sqrt()
@@ -667,8 +656,9 @@ optimizer = torch.optim.AdamW(param_groups, lr=LR, betas=BETAS, eps=EPS)
 
 
 def get_batch(step):
-    """(MICRO_STEPS, MICRO_BATCH, SEQ_LEN) inputs and targets: dp rank r's slice of
-    the step's global batch, drawn the same in every plan from the data file."""
+    """(MICRO_STEPS, MICRO_BATCH, SEQ_LEN) inputs and targets: data (dp x ep) rank
+    r's slice of the step's global batch, drawn the same in every plan from the
+    data file."""
     rows = GLOBAL_BATCH // (DP * EP)
     g = generator("data", step)
     starts = torch.randint(len(tokens) - SEQ_LEN, (GLOBAL_BATCH,), generator=g)
@@ -684,12 +674,11 @@ def train_step(step):
     """Forward, backward, reduce, clip, update: (global mean loss with the router losses,
     lr, gradient norm, the routing statistics)."""
     x, y = get_batch(step)
-    ROUTING.begin(
-        1.0 / (MICRO_STEPS * DP * EP)
-    )  # the router losses' gradient is scaled as the loss is
+    # the router losses' gradient is scaled as the loss is
+    ROUTING.begin(1.0 / (MICRO_STEPS * DP * EP))
     loss = torch.zeros((), device=device)
     for i in range(MICRO_STEPS):
-        # the dp reduction runs in the last backward only: accumulating costs nothing
+        # the gradient reduction runs in the last backward only: accumulating costs nothing
         grad_buckets.sync = i == MICRO_STEPS - 1
         with measure_block():
             micro_loss = model(x[i], y[i])
@@ -698,16 +687,14 @@ def train_step(step):
         loss += micro_loss.detach()
     grad_buckets.finish()  # wait for the bucketed all-reduces
     grads = [p.grad for p in params]  # one per entry of `owners`
-    all_reduce(
-        loss, "dp+ep", scalar=True
-    )  # for the log: the mean over the global batch
+    all_reduce(loss, "dp+ep", scalar=True)  # the log's mean over the global batch
     loss /= MICRO_STEPS * DP * EP
     routing = ROUTING.reduce()
     loss += AUX_LOSS_WEIGHT * routing[0]
     lr = get_lr(step)
     for group in optimizer.param_groups:
         group["lr"] = lr
-    norm = grad_norm(grads, sharded)
+    norm = grad_norm(grads, sharded, experts)
     torch._foreach_mul_(grads, (GRAD_CLIP / (norm + 1e-6)).clamp(max=1.0))
     optimizer.step()
     if METER and METER.state is None:
@@ -753,9 +740,8 @@ def main():
             line = f"step {step + 1}/{args.steps} | loss {loss:.4f} | lr {lr:.2e}"
             line += f" | grad norm {norm:.3f} | {dt * 1000:.1f} ms"
             line += f" | {tokens_per_step / dt:,.0f} tok/s"
-            aux, z, imbalance, dropped, choices = (
-                routing  # imbalance: max / mean per expert
-            )
+            # the imbalance: max / mean choices per expert, in the worst layer
+            aux, z, imbalance, dropped, choices = routing
             line += f" | aux {aux:.3f} | imbalance {imbalance:.2f}"
             if args.device == "cuda":
                 flops = MODEL_FLOPS_PER_TOKEN * tokens_per_step / dt
