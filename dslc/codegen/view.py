@@ -129,7 +129,6 @@ def _parallel(plan: Plan) -> dict:
         "tp": tp,
         "data_parallel": bool(grad_axes),
         "grad_group": "+".join(grad_axes),
-        "expert_grad_group": "+".join(grad_group(plan, expert=True)),
         **_expert_grad_group(plan),
         "world_group": "+".join(parallel),
         "data_ranks": "DP * EP" if plan.ep > 1 else "DP",
