@@ -245,6 +245,22 @@ def test_the_comparison_is_meaningful(golden_plans, trained):
     assert "lm_head" in trained(golden_plans["llamapp_serial"])[1]
 
 
+def test_weights_are_named_and_shaped_as_the_architecture_lists_them(golden_plans, trained):
+    """The gathered weights of the serial plans are exactly dslc.arch.weights (which the
+    estimator counts): the same names, and the experts stacked in dim 0."""
+    from dslc import arch
+
+    for name in ("gpt2_serial", "llama_serial", "mixtral_serial"):
+        m = golden_plans[name].model
+        want = {}
+        for w in arch.weights(m):
+            shape = (m.experts, *w.shape) if w.part == "expert" else w.shape
+            for i in range(m.layers) if "{i}" in w.name else [0]:
+                want[w.name.format(i=i)] = shape
+        got = {k: tuple(v.shape) for k, v in trained(golden_plans[name])[1].items()}
+        assert got == want, name
+
+
 def test_trace_shows_each_rank_running_its_action_list(golden_plans, run_script, tmp_path):
     """--trace FILE: the last step's timeline, all ranks in one Chrome trace. Each rank's
     computes are its action list's, in order, one after another; between them, one

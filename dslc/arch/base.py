@@ -43,8 +43,10 @@ class Arch:
 @dataclass(frozen=True)
 class Weight:
     """One parameter of the generated model on one tp rank. ``name`` has ``{i}`` for the
-    layer and ``{e}`` for the expert; ``tp_dim`` is the dim split over tp (None: every tp
-    rank holds all of it); ``part`` groups the parameters as :class:`Params` does."""
+    layer; ``tp_dim`` is the dim split over tp (None: every tp rank holds all of it);
+    ``part`` groups the parameters as :class:`Params` does. An expert weight (part
+    ``expert``) is the script's tensor of every expert stacked in dim 0; ``shape`` is one
+    expert's."""
 
     name: str
     shape: tuple[int, ...]
@@ -95,15 +97,14 @@ def weights(arch: Arch, model: Model, t: int = 1) -> tuple[Weight, ...]:
     out += linear(block + "attn.v_proj", kv, h, kv_dim, "layer")
     out += linear(block + "attn.o_proj", h, q, 1, "layer")
     out += norm(block + "mlp_norm", "layer")
-    if arch.moe:  # experts are whole on every tp rank (split over ep, replicated over tp)
-        out.append(Weight(block + "mlp.router.weight", (model.experts, h), None, "layer"))
-        mlp, part, f, rows, cols = block + "mlp.experts.{e}.", "expert", model.ffn, None, None
-    else:
-        mlp, part, rows, cols = block + "mlp.", "layer", 0, 1
-    if arch.mlp == "swiglu":
-        out += linear(mlp + "gate_proj", f, h, rows, part)
-    out += linear(mlp + "up_proj", f, h, rows, part)
-    out += linear(mlp + "down_proj", h, f, cols, part)
+    names = ("gate_proj", "up_proj", "down_proj") if arch.mlp == "swiglu" else ("up_proj", "down_proj")
+    if arch.moe:  # bias-free experts, whole on every tp rank (split over ep, replicated over tp)
+        out.append(Weight(block + "mlp.router", (model.experts, h), None, "layer"))
+        f = model.ffn
+        out += [Weight(block + "mlp." + n, (h, f) if n == "down_proj" else (f, h), None, "expert") for n in names]
+    else:  # the first matrices split by rows (column-parallel), down_proj by columns
+        for n in names:
+            out += linear(block + "mlp." + n, *((h, f, 1) if n == "down_proj" else (f, h, 0)), "layer")
     out += norm("norm", "final_norm")
     if not model.tie_embeddings:
         out.append(Weight("lm_head", (vocab_per_rank(model, t), h), 0, "head"))
