@@ -110,7 +110,7 @@ def _parallel(plan: Plan) -> dict:
     if moe_stats and tuple(parallel) not in group_axes:
         group_axes.append(tuple(parallel))
     # ep ranks take their own rows of the batch, as dp ranks do (dp-major)
-    data = [a for a in ("dp", "ep") if plan.mesh.size(a) > 1]
+    data = tuple(a for a in ("dp", "ep") if plan.mesh.size(a) > 1)
     layout = " x ".join(f"{a}{s}" for a, s in axes if s > 1) or "serial, one process"
     layout += " with sequence parallel" * sp + f", ZeRO-{zero_stage}" * shard_optimizer
     gpn = plan.cluster.gpus_per_node
@@ -131,8 +131,9 @@ def _parallel(plan: Plan) -> dict:
         "grad_group": "+".join(grad_axes),
         **_expert_grad_group(plan),
         "world_group": "+".join(parallel),
-        "data_ranks": "DP * EP" if plan.ep > 1 else "DP",
-        "data_rank": "(DP_RANK * EP + EP_RANK)" if len(data) == 2 else f"{(data or ['dp'])[0].upper()}_RANK",
+        "data_ranks": _data_ranks(plan),
+        "data_rank": {("ep",): "EP_RANK", ("dp", "ep"): "(DP_RANK * EP + EP_RANK)"}.get(data, "DP_RANK"),
+        "bucket_shards": "self.shards" if plan.model.is_moe else "SHARDS",  # a group per bucket
         "tensor_parallel": tp > 1,
         "sequence_parallel": sp,
         "layout": layout,
@@ -188,6 +189,11 @@ def _model(plan: Plan) -> dict:
     }
 
 
+def _data_ranks(plan: Plan) -> str:
+    """The ranks that split the global batch, as an expression of the script's constants."""
+    return "DATA_RANKS" if plan.ep > 1 else "DP"
+
+
 def _expert_grad_group(plan: Plan) -> dict:
     """The experts' gradient group as a literal for the script, and why it is that."""
     axes = grad_group(plan, expert=True)
@@ -227,6 +233,7 @@ def _training(plan: Plan) -> dict:
     t, o, s = plan.train, plan.train.optimizer, plan.train.lr_schedule
     ck = t.checkpoint
     decays = s.name != "constant"
+    scaling = t.precision == "fp16" and t.loss_scale == "dynamic"
     warmup = f" with {s.warmup} warmup step{'s' * (s.warmup > 1)}" if s.warmup else ""
     return {
         "steps": t.steps,
@@ -236,7 +243,9 @@ def _training(plan: Plan) -> dict:
         "precision": t.precision,
         "mixed": t.precision in _DTYPES,
         "param_dtype": _DTYPES.get(t.precision, "torch.float32"),
-        "loss_scaling": t.precision == "fp16" and t.loss_scale == "dynamic",
+        "loss_scaling": scaling,
+        # what each micro-batch's loss is multiplied by before backward
+        "loss_grad_scale": f"{'scaler.scale' if scaling else '1.0'} / (MICRO_STEPS * {_data_ranks(plan)})",
         "recompute": t.recompute,
         "recomputes": t.recompute != "none",
         "seed": t.seed,

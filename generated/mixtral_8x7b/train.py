@@ -53,6 +53,7 @@ DP = 1  # data parallel
 TP = 1  # tensor parallel
 EP = 8  # expert parallel
 LOCAL_EXPERTS = N_EXPERTS // EP  # on each rank
+DATA_RANKS = DP * EP  # ranks that split the global batch: ep ranks take their own rows
 PP = 4  # pipeline stages
 VIRTUAL_STAGES = 1  # model chunks per pp rank
 SCHEDULE_SHA256 = "65d404f46681de51b4aa901eb618a072a3de969069e633f6b5d85631e8914255"
@@ -60,7 +61,7 @@ SCHEDULE_SHA256 = "65d404f46681de51b4aa901eb618a072a3de969069e633f6b5d85631e8914
 STEPS = 1000
 MICRO_BATCH = 1  # sequences per micro-batch
 MICRO_STEPS = 8  # micro-batches per step and data (dp x ep) rank (accumulated)
-GLOBAL_BATCH = 64  # = MICRO_BATCH * MICRO_STEPS * DP * EP sequences per step
+GLOBAL_BATCH = 64  # = MICRO_BATCH * MICRO_STEPS * DATA_RANKS sequences per step
 PRECISION = "bf16"
 PARAM_DTYPE = torch.bfloat16  # working weights and gradients (fp32 master weights)
 SEED = 1234
@@ -495,7 +496,7 @@ class Routing:
         per expert, of the worst layer."""
         stats = torch.cat([self.losses, self.load.view(-1)])
         all_reduce(stats, "pp+ep", scalar=True)  # every rank's layers and tokens
-        aux, z = (stats[:2] / (N_LAYER * MICRO_STEPS * DP * EP)).tolist()
+        aux, z = (stats[:2] / (N_LAYER * MICRO_STEPS * DATA_RANKS)).tolist()
         load = stats[2:].view(N_LAYER, N_EXPERTS + 1)
         choices, dropped = load[:, :-1], load[:, -1]
         imbalance = (choices.max(dim=1).values / choices.mean(dim=1)).max().item()
@@ -680,8 +681,9 @@ def init_weights(model):
 # Hooks, not DistributedDataParallel: every byte goes through the collectives above (and
 # is counted), and skipping the reduction for all but the last micro-batch is one flag.
 # ZeRO-1: a bucket is reduce-scattered, not all-reduced; each rank keeps the optimizer
-# state of its 1/n of it, updates that shard, and an all-gather of the weights
-# brings every rank the update: an all-reduce's bytes, 1/n of the state (n: the ranks of the bucket's group).
+# state of its 1/n of it (n: the ranks of the bucket's group), updates that shard, and an
+# all-gather of the weights brings every rank the update: an all-reduce's bytes, 1/n of
+# the state.
 GRAD_GROUP = "ep"  # the gradients are summed over these mesh axes
 EXPERT_GRAD_GROUP = None  # not reduced: no other rank holds these experts
 
@@ -832,7 +834,7 @@ def get_batch(step):
     """(MICRO_STEPS, MICRO_BATCH, SEQ_LEN) inputs and targets: data (dp x ep) rank
     r's slice of the step's global batch, drawn the same in every plan (random
     tokens)."""
-    rows = GLOBAL_BATCH // (DP * EP)
+    rows = GLOBAL_BATCH // DATA_RANKS
     g = generator("data", step)
     batch = torch.randint(VOCAB, (GLOBAL_BATCH, SEQ_LEN + 1), generator=g)
     batch = batch[EP_RANK * rows : (EP_RANK + 1) * rows]
@@ -845,15 +847,15 @@ def train_step(step):
     lr, gradient norm, the routing statistics)."""
     x, y = get_batch(step)
     # the router losses' gradient is scaled as the loss is
-    ROUTING.begin(1.0 / (MICRO_STEPS * DP * EP))
+    ROUTING.begin(1.0 / (MICRO_STEPS * DATA_RANKS))
     # every stage draws the same micro-batches: the first uses the tokens, the last the
-    # targets; a micro-batch is 1 / (MICRO_STEPS * DP * EP) of the global batch
-    loss = run_schedule(x, y, scale=1.0 / (MICRO_STEPS * DP * EP))
+    # targets; a micro-batch is 1 / (MICRO_STEPS * DATA_RANKS) of the global batch
+    loss = run_schedule(x, y, scale=1.0 / (MICRO_STEPS * DATA_RANKS))
     grad_buckets.finish()  # wait for the bucketed reduce-scatters
     grads = shard_grads  # one per entry of `owners`
     all_reduce(loss, "pp", scalar=True)  # only the last stage computed it
     all_reduce(loss, "ep", scalar=True)  # the log's mean over the global batch
-    loss /= MICRO_STEPS * DP * EP
+    loss /= MICRO_STEPS * DATA_RANKS
     routing = ROUTING.reduce()
     loss += AUX_LOSS_WEIGHT * routing[0]
     lr = get_lr(step)

@@ -51,11 +51,12 @@ DP = 2  # data parallel
 TP = 1  # tensor parallel
 EP = 2  # expert parallel
 LOCAL_EXPERTS = N_EXPERTS // EP  # on each rank
+DATA_RANKS = DP * EP  # ranks that split the global batch: ep ranks take their own rows
 
 STEPS = 300
 MICRO_BATCH = 4  # sequences per micro-batch
 MICRO_STEPS = 1  # micro-batches per step and data (dp x ep) rank (accumulated)
-GLOBAL_BATCH = 16  # = MICRO_BATCH * MICRO_STEPS * DP * EP sequences per step
+GLOBAL_BATCH = 16  # = MICRO_BATCH * MICRO_STEPS * DATA_RANKS sequences per step
 PRECISION = "fp32"
 SEED = 1234
 GRAD_CLIP = 1.0  # max global gradient norm
@@ -388,7 +389,7 @@ class Routing:
         per expert, of the worst layer."""
         stats = torch.cat([self.losses, self.load.view(-1)])
         all_reduce(stats, "dp+ep", scalar=True)  # every rank's layers and tokens
-        aux, z = (stats[:2] / (N_LAYER * MICRO_STEPS * DP * EP)).tolist()
+        aux, z = (stats[:2] / (N_LAYER * MICRO_STEPS * DATA_RANKS)).tolist()
         load = stats[2:].view(N_LAYER, N_EXPERTS + 1)
         choices, dropped = load[:, :-1], load[:, -1]
         imbalance = (choices.max(dim=1).values / choices.mean(dim=1)).max().item()
@@ -659,7 +660,7 @@ def get_batch(step):
     """(MICRO_STEPS, MICRO_BATCH, SEQ_LEN) inputs and targets: data (dp x ep) rank
     r's slice of the step's global batch, drawn the same in every plan from the
     data file."""
-    rows = GLOBAL_BATCH // (DP * EP)
+    rows = GLOBAL_BATCH // DATA_RANKS
     g = generator("data", step)
     starts = torch.randint(len(tokens) - SEQ_LEN, (GLOBAL_BATCH,), generator=g)
     starts = starts[
@@ -675,20 +676,20 @@ def train_step(step):
     lr, gradient norm, the routing statistics)."""
     x, y = get_batch(step)
     # the router losses' gradient is scaled as the loss is
-    ROUTING.begin(1.0 / (MICRO_STEPS * DP * EP))
+    ROUTING.begin(1.0 / (MICRO_STEPS * DATA_RANKS))
     loss = torch.zeros((), device=device)
     for i in range(MICRO_STEPS):
         # the gradient reduction runs in the last backward only: accumulating costs nothing
         grad_buckets.sync = i == MICRO_STEPS - 1
         with measure_block():
             micro_loss = model(x[i], y[i])
-        # each is 1 / (MICRO_STEPS * DP * EP) of the global batch: the grads sum to its mean
-        (micro_loss * (1.0 / (MICRO_STEPS * DP * EP))).backward()
+        # each is 1 / (MICRO_STEPS * DATA_RANKS) of the global batch: the grads sum to its mean
+        (micro_loss * (1.0 / (MICRO_STEPS * DATA_RANKS))).backward()
         loss += micro_loss.detach()
     grad_buckets.finish()  # wait for the bucketed all-reduces
     grads = [p.grad for p in params]  # one per entry of `owners`
     all_reduce(loss, "dp+ep", scalar=True)  # the log's mean over the global batch
-    loss /= MICRO_STEPS * DP * EP
+    loss /= MICRO_STEPS * DATA_RANKS
     routing = ROUTING.reduce()
     loss += AUX_LOSS_WEIGHT * routing[0]
     lr = get_lr(step)
