@@ -160,11 +160,18 @@ def layer_flops(arch: Arch, model: Model, seq: int, t: int = 1) -> tuple[float, 
     MoE term is f/t per token: a rank's real expert work depends on the tokens it routes,
     which :func:`dslc.cost.flops.layer_rank_flops` counts."""
     h = model.hidden
-    q, kv, f = widths(model, t)
+    q, _, f = widths(model, t)
     mlp = 2 * arch.mlp_matrices * h * f
     if arch.moe:
         mlp = model.top_k * mlp + 2 * h * model.experts
-    return 2 * h * (q + 2 * kv) + 2 * q * h + mlp, 4 * seq * q
+    return attention_matmul_flops(model, t) + mlp, 4 * seq * q
+
+
+def attention_matmul_flops(model: Model, t: int = 1) -> int:
+    """Forward FLOPs per token of the attention's linear layers on one tp rank: the q, k, v
+    projections 2·h·(q + 2kv) and the output projection 2·q·h."""
+    q, kv, _ = widths(model, t)
+    return 2 * model.hidden * (q + 2 * kv) + 2 * q * model.hidden
 
 
 def model_flops_per_token(arch: Arch, model: Model) -> int:

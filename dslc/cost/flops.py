@@ -61,8 +61,6 @@ def layer_rank_flops(plan: Plan, imbalance: float = 1.0) -> tuple[float, float, 
     mm, core = arch.layer_flops(m, m.seq_len, plan.tp)
     if not m.is_moe:
         return T * mm, T * core, 0.0
-    h, f_t = m.hidden, arch.widths(m, plan.tp)[2]
-    mats = arch.of(m).mlp_matrices
-    dense = mm - m.top_k * 2 * mats * h * f_t - 2 * h * m.experts  # what layer_flops counts for the MoE
-    experts = routed_slots(plan, imbalance) * 2 * mats * h * m.ffn
-    return T * dense + routed_tokens(plan) * 2 * h * m.experts, T * core, float(experts)
+    attention, router = arch.attention_matmul_flops(m, plan.tp), 2 * m.hidden * m.experts
+    experts = routed_slots(plan, imbalance) * 2 * arch.of(m).mlp_matrices * m.hidden * m.ffn
+    return T * attention + routed_tokens(plan) * router, T * core, float(experts)
