@@ -144,6 +144,8 @@ def _parallel(plan: Plan) -> dict:
         "shard_optimizer": shard_optimizer,
         "uses_all_gather": tp > 1 or shard_optimizer or plan.ep > 1,
         "uses_reduce_scatter": sp or shard_optimizer,
+        # a MoE under SP all-gathers its tp slices' expert counts: bookkeeping, not predicted
+        "gathers_bookkeeping": sp and plan.model.is_moe,
         "column_linear": "ColumnParallelLinear" if tp > 1 else "Linear",
         "row_linear": "RowParallelLinear" if tp > 1 else "Linear",
         "bucket_bytes": BUCKET_BYTES,
