@@ -75,7 +75,7 @@ def lower_plan(r: Reader, block: ast.Block, resolve: Resolve) -> ir.Plan | None:
                 z_loss_weight=r.float(ef, "z_loss_weight", model.z_loss_weight),
             )
             spans.update({"model.experts": spans.get("experts.count", spans["experts"]), "model.top_k": spans.get("experts.top_k", spans["experts"])})
-            spans.update({f"model.{key}": spans[f"experts.{key}"] for key in EXPERT_KEYS[2:] if f"experts.{key}" in spans})
+            spans.update({f"model.{key}": spans[f"experts.{key}"] for key in EXPERT_KEYS if key not in ("count", "top_k") and f"experts.{key}" in spans})
 
     if model is not None and archs.of(model).moe and model.experts == 0:
         r.diags.append(error("E012", spans.get("model", block.span), "a mixtral model needs its number of experts", "set `experts = 8` in the model, or `experts { count = 8 }` in the plan"))
