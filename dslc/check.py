@@ -5,12 +5,10 @@ about (``plan.where("model.heads")``). See dslc/codes.py for the catalogue.
 
 from __future__ import annotations
 
-import os
-import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from . import arch
+from . import arch, tokenfiles
 from .arch import vocab_per_rank
 from .diagnostics import Diagnostic, error, note, warning
 from .front.defaults import MAX_SCHEDULE
@@ -272,54 +270,54 @@ def training(plan: Plan):
 
 # -- data ----------------------------------------------------------------------
 
-MAX_DATA_SCAN = 4 * 2**30  # bytes of a tokens file lint reads to check its ids
-_ITEMSIZE = {"text": 1, "tokens": 2}  # bytes per token id: bytes, nanoGPT's uint16
+MAX_DATA_SCAN = 64 * 2**20  # bytes of a file's ids lint reads to check them against the vocab
 
 
 @rule
 def data_file(plan: Plan):
-    """Token ids and a vocab that do not match (E084: the script would index past its
-    embedding), and what the script refuses when it opens its data file, said at lint
-    time: a file that is missing (W083: it may exist where the script runs), not a
-    regular file or of the wrong size (E085)."""
-    d, m, where = plan.train.data, plan.model, plan.where("train.data")
+    """Each data file of the plan (training, its blend, the validation data) as the script
+    will read it: missing (W083: it may exist where the script runs), not a regular file
+    or too small (E085), a header or index that does not match the file (E087: llm.c's
+    magic and count, Megatron's .idx and its .bin), ids the vocab does not hold (E084,
+    in the first MAX_DATA_SCAN bytes; N086 when there are more), or a vocab that 16-bit
+    ids reach only part of (W088)."""
+    m = plan.model
+    sources = plan.train.data.files + (plan.train.eval.data.files if plan.train.eval else ())
+    for d in sources:
+        yield from _data_source(d, m)
+
+
+def _data_source(d, m):
+    where = d.span
     if d.kind == "text" and m.vocab < 256:
         yield error("E084", where, f"text data is byte-level (ids 0–255) but vocab = {m.vocab}", "set vocab = 256 or more")
-    if d.kind == "tokens" and m.vocab > 2**16:
-        yield error("E084", where, f"tokens files hold uint16 ids (0–65535) but vocab = {m.vocab}", "a larger vocabulary needs a token format dslc cannot read yet")
+    if d.dtype == "uint16" and m.vocab > 2**16:
+        yield warning("W088", where, f"dtype = uint16 holds ids 0–65535 but vocab = {m.vocab}: the other rows are never trained", "Llama 3's tokens need uint32")
     if not d.resolved_path or d.resolved_path.startswith("<"):
         return
     try:
-        st = os.stat(d.resolved_path)
-    except (OSError, ValueError):
-        yield warning("W083", where, f"data file {d.path} not found (looked for {d.resolved_path})", "the training script checks again when it starts")
+        lay = tokenfiles.layout(d.resolved_path, d.kind, d.raw_dtype(m.vocab))
+    except tokenfiles.Unreadable as e:
+        if e.kind == "missing":
+            yield warning("W083", where, f"data file {d.path} not found (looked for {d.resolved_path})", "the training script checks again when it starts")
+        else:
+            yield error("E085" if e.kind == "file" else "E087", where, f"data file {e}")
         return
-    size, need = st.st_size, (m.seq_len + 1) * _ITEMSIZE[d.kind]
-    if not stat.S_ISREG(st.st_mode):
-        yield error("E085", where, f"data file {d.path} is not a regular file", "the script memory-maps its data: name a file")
-    elif size < need or size % _ITEMSIZE[d.kind]:
-        yield error("E085", where, f"data file {d.path} has {size} bytes: the script needs a multiple of {_ITEMSIZE[d.kind]}, at least {need} (seq_len + 1 tokens)")
-    elif d.kind == "tokens" and m.vocab < 2**16:
-        if size > MAX_DATA_SCAN:
-            yield note("N086", where, f"token ids of {d.path} not checked: it is larger than {MAX_DATA_SCAN // 2**30} GiB", "the script checks them when it starts")
-        elif (top := _largest_id(d.resolved_path)) is not None and top >= m.vocab:
-            yield error("E084", where, f"data file {d.path} holds token id {top}, not below vocab = {m.vocab}", "the tokens were made with another vocabulary, or the file is not uint16 token ids")
-
-
-def _largest_id(path: str) -> int | None:
-    """The largest uint16 id in the regular file at ``path``, read 64 MiB at a time, or
-    None when it cannot be read (the script reports that when it starts)."""
-    import numpy as np  # only plans with a tokens file pay for the import
-
-    top = 0
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        while chunk := f.read(2**26):
-            top = max(top, int(np.frombuffer(chunk[: len(chunk) // 2 * 2], dtype="<u2").max(initial=0)))
-    return top
+    if lay.format != "raw" and d.dtype and d.dtype != lay.dtype:
+        yield error("E087", where, f"data file {d.path}: its {lay.format} header says {lay.dtype} ids but the plan says dtype = {d.dtype}", "leave dtype out: it is for raw files")
+        return
+    if lay.format in ("llm.c", "megatron") and tokenfiles.ITEMSIZE[lay.dtype] == 2 and m.vocab > 2**16:
+        yield warning("W088", where, f"data file {d.path} holds {lay.dtype} ids ({lay.format}) but vocab = {m.vocab}: the rows past 65535 are never trained", "tokens for this vocabulary need 32-bit ids")
+    if lay.count < m.seq_len + 1:
+        yield error("E085", where, f"data file {d.path} holds {lay.count} token ids, fewer than seq_len + 1 = {m.seq_len + 1}")
+        return
+    lo, hi, halves, whole = tokenfiles.scan(lay, MAX_DATA_SCAN)
+    if lay.format == "raw" and halves:
+        yield error("E087", where, f"data file {d.path}: read as {lay.dtype}, every second id is 0: it looks like 32-bit ids", "write dtype = uint32 (or int32)")
+    elif hi >= m.vocab or lo < 0:
+        bad = hi if hi >= m.vocab else lo
+        yield error("E084", where, f"data file {d.path} holds token id {bad}, not below vocab = {m.vocab}" if bad >= 0 else f"data file {d.path} holds token id {bad}, below 0",
+                    f"the tokens were made with another vocabulary, or the file is not {lay.dtype} token ids")
+    elif not whole:
+        yield note("N086", where, f"token ids of {d.path} checked in its first {MAX_DATA_SCAN // 2**20} MiB only", "the script checks the ids of every batch")
 

@@ -75,7 +75,9 @@ CODES: dict[str, str] = {
     "W083": "data file not found",
     "E084": "token ids that the vocab does not hold",
     "E085": "data file the script cannot read",
-    "N086": "data file too large to check at lint time",
+    "N086": "data file's ids checked in part at lint time",
+    "E087": "data file whose header or index does not match it",
+    "W088": "16-bit token ids with a larger vocab",
     # -- estimates ----------------------------------------------------------
     "E090": "does not fit in device memory",
     "E091": "the experts of one rank alone do not fit in device memory",

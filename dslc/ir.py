@@ -26,7 +26,8 @@ CP_METHODS = ("ring", "ulysses")
 LINK_SCOPES = ("node", "cluster")
 OPTIMIZERS = ("adamw", "adam", "sgd")
 LR_SCHEDULES = ("constant", "cosine", "linear")
-DATA_KINDS = ("synthetic", "text", "tokens")
+DATA_KINDS = ("synthetic", "text", "tokens", "blend")
+TOKEN_DTYPES = ("uint16", "uint32", "int32")  # of a raw tokens file (`dtype = …`)
 
 
 @dataclass(frozen=True)
@@ -207,9 +208,37 @@ class LRSchedule:
 
 @dataclass(frozen=True)
 class Data:
-    kind: str  # synthetic | text | tokens
+    """Where a plan's sequences come from: random tokens, one file, or a blend of files."""
+
+    kind: str  # synthetic | text | tokens | blend
     path: str | None  # as written in the plan (text/tokens only)
     resolved_path: str | None  # relative to the plan file's directory
+    span: Span | None
+    dtype: str | None = None  # tokens: the ids of a raw file as the plan says; None: from the vocab
+    parts: tuple[tuple[float, Data], ...] = ()  # blend: (weight, summing to 1, file source)
+
+    @property
+    def files(self) -> tuple[Data, ...]:
+        """The text and tokens sources it reads, in the plan's order."""
+        if self.kind == "blend":
+            return tuple(d for _, d in self.parts)
+        return (self,) if self.kind in ("text", "tokens") else ()
+
+    def raw_dtype(self, vocab: int) -> str:
+        """The id type of a raw tokens file: the plan's, else the narrowest that holds the
+        vocab (nanoGPT's uint16 up to 65,536 ids). Headers of llm.c files and Megatron's
+        indexed datasets say their own."""
+        return self.dtype or ("uint16" if vocab <= 2**16 else "uint32")
+
+
+@dataclass(frozen=True)
+class Eval:
+    """The validation loss: `batches` global batches of `data`, without gradients, after
+    every `every` steps and after the last."""
+
+    every: int  # steps; 0: after the last step only
+    batches: int
+    data: Data
     span: Span | None
 
 
@@ -235,6 +264,7 @@ class Train:
     data: Data
     checkpoint: Checkpoint | None
     span: Span | None
+    eval: Eval | None = None
 
 
 @dataclass(frozen=True)

@@ -66,7 +66,8 @@ def run_script():
 def trained(run_script, tmp_path_factory):
     """trained(plan, *flags) -> (losses, weights): the plan compiled and run (torchrun
     for more than one process) with --dump-losses and --dump-weights, at most once per
-    plan name and flags; trained.logs[(name, flags)] is its standard output."""
+    plan name and flags; trained.logs[(name, flags)] is its standard output and
+    trained.validation[(name, flags)] its validation losses, [step, loss] each."""
     torch = pytest.importorskip("torch")
     from dslc import codegen
 
@@ -83,9 +84,11 @@ def trained(run_script, tmp_path_factory):
             assert (
                 out.returncode == 0
             ), f"{plan.name} failed:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}"
-            cache[key] = (json.loads(losses.read_text()), torch.load(weights))
+            dumped = json.loads(losses.read_text())
+            cache[key] = (dumped["loss"], torch.load(weights))
             train.logs[key] = out.stdout
+            train.validation[key] = dumped["val_loss"]
         return cache[key]
 
-    train.logs = {}
+    train.logs, train.validation = {}, {}
     return train

@@ -396,7 +396,7 @@ def test_data_path_is_relative_to_the_generated_script(tmp_path):
     plan = make_plan(tmp_path / "plans", data='text("../data/verse.txt")')
     view = codegen.view_model(plan, tmp_path / "generated")
     # generated/p/ -> ../../data/verse.txt: the output moves with the repository
-    assert view["data_path"] == repr(os.path.join("..", "..", "data", "verse.txt"))
+    assert view["data_sources"] == [("1.0", "text", repr(os.path.join("..", "..", "data", "verse.txt")), "uint8")]
     assert view["regenerate"] == "dslc compile plans/p.plan"
     assert (
         codegen.view_model(plan, tmp_path / "out")["regenerate"]
@@ -567,9 +567,10 @@ def test_unsupported_table_names_repository_plans():
     assert set(UNSUPPORTED) <= set(_repository_plans())
 
 
-@pytest.mark.parametrize(("name", "limit"), [("llama3_70b", 1000), ("tiny_demo", 700)])
+@pytest.mark.parametrize(("name", "limit"), [("llama3_70b", 1000), ("tiny_demo", 800)])
 def test_generated_scripts_stay_short(name, limit):
-    """Issue 9: the script reads as long as it is; the schedule lives in schedule.json."""
+    """Issue 9: the script reads as long as it is; the schedule lives in schedule.json.
+    (tiny_demo was below 700 lines until issue 17 gave it a data reader.)"""
     lines = (ROOT / "generated" / name / "train.py").read_text().count("\n")
     assert lines < limit, f"generated/{name}/train.py has {lines} lines (limit {limit})"
 

@@ -26,6 +26,7 @@ SECTION = {
     "train": "### `train",
     "optimizer": "#### `optimizer NAME",
     "lr_schedule": "#### `lr_schedule NAME",
+    "eval": "#### `eval",
 }
 
 

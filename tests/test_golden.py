@@ -167,7 +167,7 @@ def test_bundled_text_loss_falls(demo, run_script, tmp_path):
         script, plan.world_size, "--steps", "50", "--dump-losses", dump, "--log-every", "10"
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    losses = json.loads(dump.read_text())
+    losses = json.loads(dump.read_text())["loss"]
     assert len(losses) == 50 and abs(losses[0] - math.log(256)) < 0.2
     assert sum(losses[-5:]) / 5 < 0.6 * losses[0], losses
     assert "step 50/50 | loss" in out.stdout

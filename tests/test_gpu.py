@@ -35,7 +35,7 @@ def run(plan, run_script, root, device, *flags):
     args = ["--device", device, "--dump-losses", losses, "--dump-weights", weights, *flags]
     out = run_script(script, plan.world_size, *args)
     assert out.returncode == 0, out.stderr[-4000:]
-    return json.loads(losses.read_text()), torch.load(weights), out.stdout
+    return json.loads(losses.read_text())["loss"], torch.load(weights), out.stdout
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])

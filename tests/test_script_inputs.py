@@ -44,14 +44,15 @@ SERIAL = "this plan runs on 1 process, not {}: start it with python train.py"
 
 
 def compile_plan(
-    tmp_path: Path, world=1, mesh="", lr="1e-3", data="synthetic", batch=1, precision="fp32"
+    tmp_path: Path, world=1, mesh="", lr="1e-3", data="synthetic", batch=1, precision="fp32",
+    out="out",
 ) -> Path:
-    """The plan's train.py, written under tmp_path/out/p/."""
+    """The plan's train.py, written under tmp_path/<out>/p/."""
     text = PLAN.format(world=world, mesh=mesh, lr=lr, data=data, batch=batch, precision=precision)
     res = load_text(text, str(tmp_path / "p.plan"))
     errors = [d.message for d in res.diagnostics if d.is_error]
     assert not errors, errors
-    return codegen.write(res.program.plans[0], tmp_path / "out") / "train.py"
+    return codegen.write(res.program.plans[0], tmp_path / out) / "train.py"
 
 
 def error_line(out) -> str:
@@ -67,25 +68,28 @@ def error_line(out) -> str:
 # finding 1: garbage tokens, non-finite losses
 
 
-def test_token_ids_beyond_the_vocab_are_refused_at_start(tmp_path, run_script):
+def test_token_ids_beyond_the_vocab_are_refused_where_they_are_read(tmp_path, run_script):
     """dslc lint reads the plan's data file (E084), but the file may change after the
-    compile, and --data names another: the script reads what it trains on."""
+    compile, and --data names another: the script checks every batch it reads, and names
+    the file and the byte of the first bad id."""
     ids = torch.arange(64, dtype=torch.int32) % 256
     (tmp_path / "t.bin").write_bytes(ids.to(torch.int16).numpy().tobytes())
     serial = compile_plan(tmp_path, data='tokens("t.bin")')
-    tp2 = compile_plan(tmp_path, world=2, mesh="mesh { tp = 2 on shm }", data='tokens("t.bin")')
-    ids[::4] = 300  # vocab = 256: every sequence drawn holds one
+    tp2 = compile_plan(tmp_path, world=2, mesh="mesh { tp = 2 on shm }", data='tokens("t.bin")', out="tp2")
+    ids[::4] = 300  # vocab = 256: every window holds one; the first window read decides
     (tmp_path / "t.bin").write_bytes(ids.to(torch.int16).numpy().tobytes())
     out = run_script(serial, 1, "--dump-losses", tmp_path / "l.json")
     assert out.returncode == 1 and "step" not in out.stdout
     path = os.path.normpath(tmp_path / "t.bin")
-    want = f"data file {path}: the largest token id is 300, not below vocab = 256"
-    assert error_line(out) == want
+    got = error_line(out)
+    m = re.fullmatch(rf"data file {re.escape(path)}: id 300 at byte (\d+) is not below vocab = 256", got)
+    assert m, got
+    assert int(m.group(1)) % 8 == 0  # ids 0, 4, 8, …: bytes 0, 8, 16, …
     # under tp, where an id past the vocab made the loss Infinity instead of an error
     (tmp_path / "t.bin").rename(tmp_path / "other.bin")
     out = run_script(tp2, 2, "--data", tmp_path / "other.bin")
     assert out.returncode != 0 and "step" not in out.stdout
-    assert error_line(out) == want.replace("t.bin", "other.bin")
+    assert error_line(out) == got.replace("t.bin", "other.bin")
     assert not (tmp_path / "l.json").exists()
 
 

@@ -52,8 +52,8 @@ def view_model(plan: Plan, root: Path = DEFAULT_ROOT) -> dict:
         **_training(plan),
         **_data(plan, Path(root) / name),
     }
-    # schedule.json and a relative data path are found next to the script
-    view["needs_script_dir"] = view["pipeline_parallel"] or view["data_relative"]
+    # schedule.json and the data files (unless absolute) are found from the script's folder
+    view["needs_script_dir"] = view["pipeline_parallel"] or view["data_file"] or bool(view["eval_sources"])
     return view
 
 
@@ -274,19 +274,31 @@ def _training(plan: Plan) -> dict:
 
 
 def _data(plan: Plan, out_dir: Path) -> dict:
-    d, m = plan.train.data, plan.model
-    if d.kind == "synthetic":
-        return {"data_kind": "synthetic", "data_file": False, "data_relative": False}
-    if os.path.isabs(d.path):
-        path, relative = d.path, False
-    else:  # relative to the generated script, so the output moves with the repository
-        resolved = os.path.abspath(d.resolved_path or d.path)
-        path, relative = os.path.relpath(resolved, os.path.abspath(out_dir)), True
+    """The training data's sources and the validation's, as (weight, format, path
+    literal, raw id type) rows; paths relative to the generated script unless absolute,
+    so the output moves with the repository."""
+    d, m, ev = plan.train.data, plan.model, plan.train.eval
+
+    def sources(data) -> list[tuple[str, str, str, str]]:
+        parts = data.parts or (((1.0, data),) if data.files else ())
+        return [(number(w, "weight"), s.kind, repr(_script_path(s, out_dir)), s.raw_dtype(m.vocab) if s.kind == "tokens" else "uint8") for w, s in parts]
+
+    train = sources(d)
+    evals = sources(ev.data) if ev else []
+    every = train + evals
     return {
-        "data_kind": d.kind,
-        "data_file": True,
-        "data_path": repr(path),
-        "data_relative": relative,
-        # bytes are below 256 <= vocab; uint16 ids need checking below a smaller vocab
-        "check_token_ids": d.kind == "tokens" and m.vocab < 2**16,
+        "data_file": bool(train),
+        "data_sources": train,
+        "data_kinds": sorted({s[1] for s in every}),
+        "data_dtypes": sorted({s[3] for s in every if s[1] == "tokens"}),
+        "eval": ev is not None,
+        "eval_every": ev.every if ev else 0,
+        "eval_batches": ev.batches if ev else 0,
+        "eval_sources": evals,
     }
+
+
+def _script_path(d, out_dir: Path) -> str:
+    if os.path.isabs(d.path):
+        return d.path
+    return os.path.relpath(os.path.abspath(d.resolved_path or d.path), os.path.abspath(out_dir))

@@ -46,8 +46,9 @@ class Ident:
 @dataclass(frozen=True)
 class Call:
     name: str
-    args: tuple[Value, ...]
+    args: tuple[Value, ...]  # positional
     span: Span
+    keywords: tuple[Assign, ...] = ()  # `dtype = uint32`
 
 
 @dataclass(frozen=True)

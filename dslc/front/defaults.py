@@ -42,6 +42,8 @@ DEFAULTS: dict[str, object] = {
     "optimizer.weight_decay": 0.1,
     "optimizer.momentum": 0.9,
     "lr_schedule.warmup": 0,
+    "eval.every": 0,  # after the last step only
+    "eval.batches": 10,
 }
 
 # How a mixture-of-experts layer weighs the experts a token is sent to (model.router):
@@ -105,4 +107,6 @@ BOUNDS: dict[str, tuple[object, object]] = {
     "lr_schedule.min_lr": (0.0, 1e30),
     "lr_schedule.decay_steps": (1, STEPS),
     "checkpoint.every": (1, STEPS),
+    "eval.every": (0, STEPS),
+    "eval.batches": (1, 2**20),
 }

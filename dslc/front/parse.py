@@ -115,8 +115,10 @@ class _Build(Transformer_NonRecursive):
 
     @v_args(meta=True)
     def call(self, meta, children):
-        name, *args = children
-        return ast.Call(str(name), tuple(a for a in args if a is not None), self.sp(meta))
+        name, *args = (a for a in children if a is not None)
+        keywords = tuple(a for a in args if isinstance(a, ast.Assign))
+        values = tuple(a for a in args if not isinstance(a, ast.Assign))
+        return ast.Call(str(name), values, self.sp(meta), keywords)
 
     @v_args(meta=True)
     def tuple(self, meta, children):

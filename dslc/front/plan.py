@@ -81,7 +81,7 @@ def lower_plan(r: Reader, block: ast.Block, resolve: Resolve) -> ir.Plan | None:
         r.diags.append(error("E012", spans.get("model", block.span), "a mixtral model needs its number of experts", "set `experts = 8` in the model, or `experts { count = 8 }` in the plan"))
         model = None
 
-    tf = sub("train", ("steps", "micro_batch", "global_batch", "precision", "recompute", "grad_clip", "seed", "loss_scale", "data"), blocks=("optimizer", "lr_schedule", "checkpoint"))
+    tf = sub("train", ("steps", "micro_batch", "global_batch", "precision", "recompute", "grad_clip", "seed", "loss_scale", "data"), blocks=("optimizer", "lr_schedule", "checkpoint", "eval"))
     ppf = sub("pipeline", ("schedule", "virtual_stages", "microbatches", "layers_per_stage"))
     micro_batch = r.int(tf, "micro_batch", D["train.micro_batch"])
     global_batch = r.int(tf, "global_batch", None)
@@ -218,9 +218,10 @@ def _train(r: Reader, f: Fields, plan_block, cluster, micro_batch, global_batch,
         every, cdir = r.int(cf, "every", required=True), r.string(cf, "dir", required=True)
         if every is not None and cdir is not None:
             checkpoint = ir.Checkpoint(every, cdir, ck_block.span)
-    if None in (steps, grad_clip, seed, lr, data, micro_batch):
+    evaluation = _eval(r, f, plan_block, spans)
+    if None in (steps, grad_clip, seed, lr, data, micro_batch) or ("eval" in f.blocks and evaluation is None):
         return None
-    return ir.Train(steps, micro_batch, global_batch, precision, recompute, grad_clip, seed, loss_scale, optimizer, lr_schedule, data, checkpoint, spans.get("train"))
+    return ir.Train(steps, micro_batch, global_batch, precision, recompute, grad_clip, seed, loss_scale, optimizer, lr_schedule, data, checkpoint, spans.get("train"), evaluation)
 
 
 def _betas(r, of: Fields) -> tuple[float, float]:
@@ -244,19 +245,81 @@ def _data(r, f: Fields, plan_block) -> ir.Data | None:
     v = a.value
     if isinstance(v, ast.Ident) and v.name == "synthetic":
         return ir.Data("synthetic", None, None, a.span)
+    base = os.path.dirname(plan_block.span.file) if not plan_block.span.file.startswith("<") else ""
     if isinstance(v, ast.Call) and v.name in ("text", "tokens"):
-        if len(v.args) != 1 or not isinstance(v.args[0], ast.String):
-            r.wrong(a, f'{v.name}("path") with one path in quotes')
-            return None
-        path = v.args[0].value
-        base = os.path.dirname(plan_block.span.file) if not plan_block.span.file.startswith("<") else ""
-        return ir.Data(v.name, path, os.path.normpath(os.path.join(base, path)), a.span)
+        return _file(r, a, v, base)
+    if isinstance(v, ast.Call) and v.name == "blend":
+        return _blend(r, a, v, base)
     word = v.name if isinstance(v, (ast.Ident, ast.Call)) else None
     if word:
         r.diags.append(r.unknown("E019", f"unknown data source '{word}'", word, ir.DATA_KINDS, v.span))
     else:
-        r.wrong(a, 'synthetic, text("file.txt") or tokens("file.bin")')
+        r.wrong(a, _DATA_FORMS)
     return None
+
+
+_DATA_FORMS = 'synthetic, text("file.txt"), tokens("file.bin") or blend(0.7, tokens("a.bin"), 0.3, tokens("b.bin"))'
+
+
+def _file(r, a: ast.Assign, v: ast.Call, base: str) -> ir.Data | None:
+    """``text("f.txt")`` or ``tokens("f.bin")``, with ``dtype = uint32`` for a raw tokens file."""
+    if len(v.args) != 1 or not isinstance(v.args[0], ast.String):
+        r.diags.append(error("E013", v.span, f'{v.name}(…) takes one path in quotes, such as {v.name}("{"train.txt" if v.name == "text" else "train.bin"}")'))
+        return None
+    dtype, ok = None, True
+    for kw in v.keywords:
+        if kw.key != "dtype" or v.name == "text":
+            r.diags.append(r.unknown("E010", f"unknown argument '{kw.key}' of {v.name}(…)", kw.key, ("dtype",) if v.name == "tokens" else (), kw.key_span))
+            ok = False
+        elif not isinstance(kw.value, ast.Ident) or kw.value.name not in ir.TOKEN_DTYPES:
+            word = kw.value.name if isinstance(kw.value, ast.Ident) else "that"
+            r.diags.append(r.unknown("E019", f"'{word}' is not a token id type", word, ir.TOKEN_DTYPES, kw.value.span))
+            ok = False
+        else:
+            dtype = kw.value.name
+    path = v.args[0].value
+    return ir.Data(v.name, path, os.path.normpath(os.path.join(base, path)), v.span, dtype) if ok else None
+
+
+def _blend(r, a: ast.Assign, v: ast.Call, base: str) -> ir.Data | None:
+    """``blend(w1, source1, w2, source2, …)``, as Megatron's ``--data-path 0.7 a 0.3 b``:
+    each weight above 0, scaled to sum to 1; each source a text or tokens file."""
+    pairs = list(zip(v.args[::2], v.args[1::2]))
+    shape_ok = len(v.args) >= 2 and len(v.args) % 2 == 0 and not v.keywords
+    if not shape_ok or not all(isinstance(w, ast.Number) and isinstance(d, ast.Call) and d.name in ("text", "tokens") for w, d in pairs):
+        r.diags.append(error("E013", v.span, "blend(…) takes pairs of a weight and a file source, such as blend(0.7, tokens(\"a.bin\"), 0.3, tokens(\"b.bin\"))"))
+        return None
+    parts, ok = [], True
+    for w, d in pairs:
+        weight = as_float(w.value)
+        if not 0 < weight < 1e30:
+            r.diags.append(error("E015", w.span, f"a blend's weight must be above 0, got {shown(w.value)}", "leave the source out instead"))
+            ok = False
+        source = _file(r, a, d, base)
+        ok = ok and source is not None
+        parts.append((weight, source))
+    if not ok:
+        return None
+    total = sum(w for w, _ in parts)
+    return ir.Data("blend", None, None, v.span, parts=tuple((w / total, d) for w, d in parts))
+
+
+def _eval(r, f: Fields, plan_block, spans) -> ir.Eval | None:
+    """``eval { every = N; batches = K; data = … }``: the validation loss."""
+    b = r.single(f, "eval")
+    if b is None:
+        return None
+    spans["train.eval"] = b.kind_span
+    ef = r.fields(b, ("every", "batches", "data"))
+    every, batches = r.int(ef, "every", D["eval.every"]), r.int(ef, "batches", D["eval.batches"])
+    if "data" not in ef.assigns:
+        r._missing(ef, "data")
+        return None
+    data = _data(r, ef, plan_block)
+    if None in (every, batches, data):
+        return None
+    spans["eval.data"] = ef.assigns["data"].span
+    return ir.Eval(every, batches, data, b.span)
 
 
 def _tenth(lr: float) -> float:

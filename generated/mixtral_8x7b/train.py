@@ -834,9 +834,16 @@ def get_batch(step):
     """(MICRO_STEPS, MICRO_BATCH, SEQ_LEN) inputs and targets: data (dp x ep) rank
     r's slice of the step's global batch, drawn the same in every plan (random
     tokens)."""
+    return split(
+        torch.randint(
+            VOCAB, (GLOBAL_BATCH, SEQ_LEN + 1), generator=generator("data", step)
+        )
+    )
+
+
+def split(batch):
+    """This rank's rows of a global batch, as (inputs, targets) per micro-batch."""
     rows = GLOBAL_BATCH // DATA_RANKS
-    g = generator("data", step)
-    batch = torch.randint(VOCAB, (GLOBAL_BATCH, SEQ_LEN + 1), generator=g)
     batch = batch[EP_RANK * rows : (EP_RANK + 1) * rows]
     batch = batch.view(MICRO_STEPS, MICRO_BATCH, SEQ_LEN + 1).to(device)
     return batch[..., :-1], batch[..., 1:]
@@ -910,7 +917,7 @@ def main():
     if master:
         print(f"plan mixtral_8x7b: {n_params / 1e6:.2f}M parameters", end=", ")
         print(f"{LAYOUT}, {PRECISION}, {args.device}")
-    losses = []
+    losses, validation = [], []  # validation: [step, loss]
     for step in range(args.steps):
         t0 = time.perf_counter()
         if METER:
@@ -951,7 +958,7 @@ def main():
             torch.save(full_weights, args.dump_weights)
     if master and args.dump_losses:
         with open(args.dump_losses, "w") as f:
-            json.dump(losses, f, allow_nan=False)
+            json.dump({"loss": losses, "val_loss": validation}, f, allow_nan=False)
     GROUPS.clear()  # the last references: tear the groups down now, not at exit
     dist.destroy_process_group()
 

@@ -61,7 +61,10 @@ WEIGHT_DECAY = 0.1  # on matrices only
 WARMUP = 20  # steps
 MIN_LR = 3e-4
 DECAY_STEPS = 200
-DATA_PATH = "../../data/verse.txt"  # relative to this file
+# (weight, format, path relative to this file, id type of a raw tokens file)
+DATA = [
+    (1.0, "text", "../../data/verse.txt", "uint8"),
+]
 BUCKET_BYTES = 25 * 2**20  # gradient bucket size, as DDP's
 MODEL_FLOPS_PER_TOKEN = 4_030_464  # forward and backward, as dslc explain counts
 PEAK_FLOPS = 5e11  # per device (cpu, fp32), for MFU
@@ -80,7 +83,9 @@ parser.add_argument("--steps", type=int, default=STEPS)
 parser.add_argument("--seed", type=int, default=SEED)
 parser.add_argument("--log-every", type=int, default=1, metavar="N")
 parser.add_argument("--device", choices=["cpu", "cuda"], help="cuda if present")
-parser.add_argument("--data", metavar="FILE", help="instead of the plan's data file")
+parser.add_argument(
+    "--data", metavar="FILE", help="instead of the plan's training data"
+)
 outputs = {  # written after training, so refused now if they cannot be
     "--dump-losses": "the global loss of every step, as JSON",
     "--dump-weights": "the full weights, gathered (torch.save)",
@@ -98,16 +103,6 @@ for flag in outputs:
     if path and os.path.isdir(path):
         fail(f"{flag} {path}: is a directory, not a file")
 here = os.path.dirname(os.path.abspath(__file__))
-data_path = args.data or os.path.normpath(os.path.join(here, DATA_PATH))
-if not os.path.isfile(data_path):
-    fail(f"data file not found: {data_path}")
-itemsize, dtype = 1, torch.uint8  # the file's bytes are the tokens (byte-level)
-size, need = os.path.getsize(data_path), (SEQ_LEN + 1) * itemsize
-if size < need or size % itemsize:
-    fail(f"data file {data_path}: {size} bytes, not a multiple of {itemsize} >= {need}")
-with open(data_path, "rb") as f:
-    buffer = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-tokens = torch.frombuffer(buffer, dtype=dtype)  # memory-mapped
 env = [os.environ.get(k, "unset") for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK")]
 got, rank, local_rank = ["1", "0", "0"] if env == ["unset"] * 3 else env  # no torchrun
 if got != str(WORLD_SIZE):
@@ -305,6 +300,89 @@ def reduce_sequence_parallel_grads(grads):
     for g, part in zip(grads, flat.split([g.numel() for g in grads])):
         g.copy_(part.view_as(g))
 
+
+# -----------------------------------------------------------------------------
+# Data: each step's global batch
+
+
+def memory_map(path, dtype, offset=0, count=-1):
+    """`count` ids of `dtype` from byte `offset` of the file (all: -1), mapped, not read."""
+    with open(path, "rb") as f:
+        buffer = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    return torch.frombuffer(buffer, dtype=dtype, offset=offset, count=count)
+
+
+def open_raw(path, dtype):
+    """A file of `dtype` ids without a header: (ids, byte of the first id)."""
+    size = os.path.getsize(path)
+    if size % dtype.itemsize or size < (SEQ_LEN + 1) * dtype.itemsize:
+        fail(f"data file {path}: {size} bytes, not {SEQ_LEN + 1} or more {dtype} ids")
+    return memory_map(path, dtype), 0
+
+
+class Samples:
+    """One data file's samples, cut as Megatron-LM's GPT dataset cuts them: the ids as one
+    stream (documents concatenated), in windows of SEQ_LEN + 1 ids every SEQ_LEN ids (a
+    window's last id is the next one's first). The run's row i takes window i % windows of
+    epoch i // windows, in an order shuffled from the seed and the epoch (training), or in
+    the file's order (validation)."""
+
+    def __init__(self, index, path, ids, offset, shuffle):
+        if len(ids) < SEQ_LEN + 1:
+            fail(f"data file {path}: {len(ids)} token ids, fewer than {SEQ_LEN + 1}")
+        self.index, self.path, self.ids, self.offset = index, path, ids, offset
+        self.windows, self.shuffle = (len(ids) - 1) // SEQ_LEN, shuffle
+        self.epoch = self.order = None
+        self.rows = 0  # drawn so far, for the log
+
+    def start(self, i):
+        """The first id of row i's window."""
+        self.rows += 1
+        epoch, k = divmod(i, self.windows)
+        if not self.shuffle:
+            return k * SEQ_LEN
+        if epoch != self.epoch:  # one epoch's order at a time
+            g = generator("data", self.index, epoch)
+            self.epoch, self.order = epoch, torch.randperm(self.windows, generator=g)
+        return int(self.order[k]) * SEQ_LEN
+
+
+def open_data(sources, shuffle, override=None):
+    """Samples of each (weight, format, path, id type) source, checked as they open, and
+    the blend's cumulative weights."""
+    if override:  # --data: one file, read as the first source
+        sources = [(1.0, *sources[0][1:])]
+    out, edges, total = [], [], 0.0
+    for index, (weight, kind, path, dtype) in enumerate(sources):
+        path = override or os.path.normpath(os.path.join(here, path))
+        if not os.path.isfile(path):
+            fail(f"data file not found: {path}")
+        ids, offset = open_raw(path, torch.uint8)  # the file's bytes are the tokens
+        out.append(Samples(index, path, ids, offset, shuffle))
+        total += weight
+        edges.append(total)
+    return out, edges
+
+
+def source_of(i, edges):
+    """The source of the run's row i: frac(i * golden ratio) is spread evenly over [0, 1)
+    (Weyl), so n rows follow a blend's weights to within about log(n) / n rows."""
+    u = i * 0.6180339887498949 % 1.0
+    return next((s for s, edge in enumerate(edges) if u < edge), len(edges) - 1)
+
+
+def read_rows(data, first):
+    """The global batch of rows first, first + 1, …: (GLOBAL_BATCH, SEQ_LEN + 1) ids."""
+    sources, edges = data
+    rows = []
+    for i in range(first, first + GLOBAL_BATCH):
+        s = sources[source_of(i, edges)]
+        rows.append((s, s.start(i)))
+    batch = torch.stack([s.ids[a : a + SEQ_LEN + 1] for s, a in rows]).long()
+    return batch
+
+
+TRAIN = open_data(DATA, shuffle=True, override=args.data)
 
 # -----------------------------------------------------------------------------
 # Model: GPT-2 (LayerNorm, learned positions, GELU MLP)
@@ -534,12 +612,15 @@ optimizer = torch.optim.AdamW(param_groups, lr=LR, betas=BETAS, eps=EPS)
 
 def get_batch(step):
     """(MICRO_STEPS, MICRO_BATCH, SEQ_LEN) inputs and targets: dp rank r's slice of
-    the step's global batch, drawn the same in every plan from the data file."""
+    the step's global batch, drawn the same in every plan from the data (rows step
+    * GLOBAL_BATCH on)."""
+    return split(read_rows(TRAIN, step * GLOBAL_BATCH))
+
+
+def split(batch):
+    """This rank's rows of a global batch, as (inputs, targets) per micro-batch."""
     rows = GLOBAL_BATCH // DP
-    g = generator("data", step)
-    starts = torch.randint(len(tokens) - SEQ_LEN, (GLOBAL_BATCH,), generator=g)
-    starts = starts[DP_RANK * rows : (DP_RANK + 1) * rows]
-    batch = torch.stack([tokens[s : s + SEQ_LEN + 1] for s in starts.tolist()]).long()
+    batch = batch[DP_RANK * rows : (DP_RANK + 1) * rows]
     batch = batch.view(MICRO_STEPS, MICRO_BATCH, SEQ_LEN + 1).to(device)
     return batch[..., :-1], batch[..., 1:]
 
@@ -593,7 +674,7 @@ def main():
     if master:
         print(f"plan tiny_demo: {n_params / 1e6:.2f}M parameters", end=", ")
         print(f"{LAYOUT}, {PRECISION}, {args.device}")
-    losses = []
+    losses, validation = [], []  # validation: [step, loss]
     for step in range(args.steps):
         t0 = time.perf_counter()
         if METER:
@@ -624,7 +705,7 @@ def main():
             torch.save(full_weights, args.dump_weights)
     if master and args.dump_losses:
         with open(args.dump_losses, "w") as f:
-            json.dump(losses, f, allow_nan=False)
+            json.dump({"loss": losses, "val_loss": validation}, f, allow_nan=False)
     GROUPS.clear()  # the last references: tear the groups down now, not at exit
     dist.destroy_process_group()
 
