@@ -19,6 +19,7 @@ import tokenize
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -28,7 +29,7 @@ from dslc.codegen import CodegenError, Unsupported
 from dslc.codegen.literals import float_literal
 from dslc.cost import flops
 from dslc.driver import load_text
-from dslc.ir import Checkpoint, MeshAxis
+from dslc.ir import Checkpoint, Data, Eval, MeshAxis
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -565,6 +566,26 @@ def test_generated_folder_is_in_sync_with_plans(name, monkeypatch):
 
 def test_unsupported_table_names_repository_plans():
     assert set(UNSUPPORTED) <= set(_repository_plans())
+
+
+@pytest.mark.parametrize("name", sorted(set(_repository_plans()) - set(UNSUPPORTED)))
+def test_every_example_plan_compiles_on_a_token_file(name, tmp_path):
+    """Issue 17: llama3_8b (vocab 128,256) was refused with E100 on a tokens() file. Every
+    example plan compiles on its vocabulary's token file (uint32 past 65,536 ids) for
+    training and validation, and the script names the file and its id type."""
+    plan = _repository_plans()[name]
+    wide = plan.model.vocab > 2**16
+    ids = np.random.default_rng(0).integers(plan.model.vocab, size=plan.model.seq_len + 1)
+    (tmp_path / "train.bin").write_bytes(ids.astype("<u4" if wide else "<u2").tobytes())
+    data = Data("tokens", "train.bin", str(tmp_path / "train.bin"), None)
+    train = dataclasses.replace(plan.train, data=data, eval=Eval(10, 2, data, None))
+    script = codegen.render(dataclasses.replace(plan, train=train))["train.py"]
+    consts = {t.id: n.value for n in ast.parse(script).body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    rows = [ast.literal_eval(consts[k]) for k in ("DATA", "EVAL_DATA")]
+    for (weight, kind, path, dtype), in rows:
+        assert (weight, kind, os.path.basename(path)) == (1.0, "tokens", "train.bin")
+        assert dtype == ("uint32" if wide else "uint16")
+    assert "def evaluate():" in script
 
 
 @pytest.mark.parametrize(("name", "limit"), [("llama3_70b", 1000), ("tiny_demo", 800)])

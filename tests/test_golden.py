@@ -7,7 +7,9 @@ the final full weights (tp shards and pipeline stages gathered by --dump-weights
 1e-5. A new axis adds plans to those files and the layouts it must cover to ``REQUIRED``
 below — not a new harness. The families: gpt2 and llama (dp, tp, sp, ZeRO-1, recompute),
 gpt2pp and llamapp (4-layer models: gpt2 with tied embeddings, llama untied) for the
-pipeline schedules alone and with dp and tp. One serial run per family is shared; all
+pipeline schedules alone and with dp and tp, mixtral and mixtralcap (experts), tokens
+(a 70,000-id vocabulary on uint32 files, blended, with a validation loss compared
+too). One serial run per family is shared; all
 tests here share one xdist group so multi-process runs never overlap on a small machine.
 """
 
@@ -50,6 +52,8 @@ REQUIRED = {
                ("interleaved_1f1b", 1, 2, 1, False), ("1f1b", 2, 2, 1, False), ("1f1b", 1, 2, 2, True)},
     "llamapp": {("gpipe", 1, 2, 1, False), ("1f1b", 1, 2, 1, False), ("1f1b", 1, 4, 1, False),
                 ("interleaved_1f1b", 1, 2, 1, False), ("1f1b", 2, 2, 1, False), ("1f1b", 1, 2, 2, True)},
+    # token files: a 70,000-id vocabulary on uint32 files, blended, with a validation loss
+    "tokens": {("1f1b", 2, 1, 1, False), ("interleaved_1f1b", 1, 2, 1, False), ("1f1b", 2, 2, 2, True)},
 }
 
 
@@ -91,6 +95,9 @@ def test_matrix_is_complete(golden_plans):
     assert zb == {("gpt2pp_pp2_tp2_zb_h1", 1, 2), ("llamapp_dp2_pp2_zb_h1", 2, 1)}
     zb_dp = golden_plans["llamapp_dp2_pp2_zb_h1"]
     assert zb_dp.train.recompute == "full" and zb_dp.data_parallel.zero == 1
+    tokens = golden_plans["tokens_serial"]  # past uint16, a blend of files, validation
+    assert tokens.model.vocab > 2**16 and tokens.train.data.kind == "blend"
+    assert {d.kind for d in tokens.train.data.files} == {"tokens"} and tokens.train.eval.every
     assert golden_plans["gpt2pp_serial"].model.tie_embeddings
     assert not golden_plans["llamapp_serial"].model.tie_embeddings
 
@@ -107,6 +114,11 @@ def test_parallel_plan_matches_serial(name, golden_plans, trained):
     assert len(losses) == len(ref_losses) == plan.train.steps
     for step, (got, want) in enumerate(zip(losses, ref_losses), 1):
         assert abs(got - want) <= RTOL * abs(want), f"step {step}: {got} != {want} (serial)"
+    validation, ref_validation = (trained.validation[(n, ())] for n in (name, serial_of(name)))
+    assert [s for s, _ in validation] == [s for s, _ in ref_validation]
+    assert bool(validation) == (plan.train.eval is not None)
+    for (step, got), (_, want) in zip(validation, ref_validation):
+        assert abs(got - want) <= RTOL * abs(want), f"validation after step {step}: {got} != {want}"
     assert sorted(weights) == sorted(ref_weights)  # every stage's layers came back
     for key, want in ref_weights.items():
         torch.testing.assert_close(weights[key], want, rtol=RTOL, atol=RTOL, msg=f"{name}: {key}")
