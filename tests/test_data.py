@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import struct
 from collections.abc import Callable

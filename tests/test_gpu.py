@@ -35,21 +35,29 @@ def run(plan, run_script, root, device, *flags):
     args = ["--device", device, "--dump-losses", losses, "--dump-weights", weights, *flags]
     out = run_script(script, plan.world_size, *args)
     assert out.returncode == 0, out.stderr[-4000:]
-    return json.loads(losses.read_text())["loss"], torch.load(weights), out.stdout
+    dumped = json.loads(losses.read_text())
+    run.validation = dumped["val_loss"]
+    return dumped["loss"], torch.load(weights), out.stdout
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-@pytest.mark.parametrize("name", ["gpt2_serial", "llama_serial", "mixtral_serial", "mixtralcap_serial"])
+@pytest.mark.parametrize("name", ["gpt2_serial", "llama_serial", "mixtral_serial", "mixtralcap_serial", "tokens_serial"])
 def test_serial_plan_on_cuda_tracks_cpu_fp32(name, precision, golden_plans, run_script, tmp_path):
     ref_plan = golden_plans[name]
     plan = dataclasses.replace(
         ref_plan, train=dataclasses.replace(ref_plan.train, precision=precision)
     )
     ref_losses, ref_weights, _ = run(ref_plan, run_script, tmp_path, "cpu")
+    ref_validation = run.validation
     losses, weights, _ = run(plan, run_script, tmp_path, "cuda")
     rtol = TOLERANCE[precision]
     for got, want in zip(losses, ref_losses):
         assert abs(got - want) <= rtol * want, (losses, ref_losses)
+    # tokens_serial: uint32 token files, a blend and the validation loss on the GPU
+    assert len(run.validation) == len(ref_validation)
+    assert bool(ref_validation) == (ref_plan.train.eval is not None)
+    for (_, got), (_, want) in zip(run.validation, ref_validation):
+        assert abs(got - want) <= rtol * want, (run.validation, ref_validation)
     for key, want in ref_weights.items():  # Adam moves every weight by about lr a step
         torch.testing.assert_close(weights[key], want, rtol=0, atol=10 * plan.train.optimizer.lr)
 
@@ -91,6 +99,32 @@ def test_bf16_mfu_is_reported(run_script, tmp_path):
     mfu = float(re.search(r"mfu ([\d.]+)%", last).group(1))
     print(f"\n{torch.cuda.get_device_name()}: {last}")
     assert 0 < mfu < 100 and "peak mem" in last
+
+
+def test_a_megatron_dataset_feeds_the_gpu_as_synthetic_data_does(run_script, tmp_path):
+    """GPT-2 124M in bf16 on a Megatron indexed dataset (2M uint16 ids in documents of
+    1-3k ids) and on synthetic tokens: both train; the two log lines show what reading,
+    cutting and checking every global batch costs (printed, not asserted: timings)."""
+    import struct
+
+    device = _catalog_device()
+    rng = torch.Generator().manual_seed(0)
+    lengths = torch.randint(1000, 3000, (1000,), generator=rng)
+    ids = torch.randint(50257, (int(lengths.sum()),), generator=rng)
+    (tmp_path / "web.bin").write_bytes(ids.to(torch.int32).numpy().astype("<u2").tobytes())
+    pointers = torch.cumsum(lengths, 0) * 2 - lengths * 2
+    index = b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, 8, len(lengths), len(lengths) + 1)
+    index += lengths.to(torch.int32).numpy().astype("<i4").tobytes()
+    index += pointers.numpy().astype("<i8").tobytes() + torch.arange(len(lengths) + 1).numpy().astype("<i8").tobytes()
+    (tmp_path / "web.idx").write_bytes(index)
+    lines = {}
+    for data in ("synthetic", f'tokens("{tmp_path / "web"}")'):
+        text = GPT2_124M.format(device=device).replace("data = synthetic", f"data = {data}")
+        plan = load_text(text, str(tmp_path / "gpt2.plan")).program.plans[0]
+        losses, _, out = run(plan, run_script, tmp_path / data[:6], "cuda")
+        lines[data] = out.strip().splitlines()[-1]
+        assert len(losses) == plan.train.steps and "mfu" in lines[data]
+    print(f"\n{torch.cuda.get_device_name()}:\n" + "\n".join(f"  {k}: {v}" for k, v in lines.items()))
 
 
 MOE = """
