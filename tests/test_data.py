@@ -131,13 +131,13 @@ def write_raw(path: Path, ids, dtype="<u2") -> None:
 # 1. what the model learns from a file: the embedding rows of the ids it reads
 
 WINDOWS = 8  # one global batch of 8 rows covers every window: an epoch per step
-FIRST = 100  # distinct ids among the inputs
+FIRST = WINDOWS * SEQ_LEN  # the inputs: all distinct, so every window must be read
 
 
 def stream(lo: int) -> np.ndarray:
-    """WINDOWS * SEQ_LEN + 1 ids: the inputs cycle through lo … lo + FIRST - 1 (37 is
-    prime to FIRST, so all of them occur), and the last id, lo + FIRST + 7, occurs only
-    there: it is the last window's last target, never an input."""
+    """WINDOWS * SEQ_LEN + 1 ids: the inputs are lo … lo + FIRST - 1, each once, shuffled
+    (37 is prime to FIRST), and the last id, lo + FIRST + 7, occurs only there: it is the
+    last window's last target, never an input."""
     inputs = lo + np.arange(WINDOWS * SEQ_LEN) * 37 % FIRST
     return np.concatenate([inputs, [lo + FIRST + 7]])
 
@@ -185,7 +185,7 @@ def megatron_bin_uint16(d: Path):
 
 def megatron_idx_uint8(d: Path):
     """uint8 ids through the .idx's path: read as the raw default uint16, pairs of ids
-    would exceed the vocab."""
+    would exceed the vocab (ids 120 to 255)."""
     ids = stream(120)
     write_megatron(d / "ds", split(ids, [64, 1, 32]), code=1)
     return 'tokens("ds.idx")', 256, ids
@@ -483,3 +483,20 @@ def test_an_untrained_models_validation_loss_is_ln_vocab(tmp_path, run_script):
     assert step == 1
     assert abs(loss - math.log(256)) < 0.05, loss
     assert f"step 1/1 | val loss {loss:.4f}" in out.stdout
+
+
+def test_a_bad_id_in_the_validation_data_is_one_line(tmp_path, capsys, run_script):
+    """Lint reads the validation file too (E084); the script checks the validation ids as
+    it reads them, at the evaluation: one line naming val.bin and the id's byte (file
+    order, one window: byte 3 * 2), exit 1, no validation loss logged or dumped."""
+    write_raw(tmp_path / "train.bin", np.arange(100) % 256)
+    write_raw(tmp_path / "val.bin", ONE_WINDOW)
+    extra = 'eval { batches = 1; data = tokens("val.bin") }'
+    script = compile_plan(tmp_path, 'tokens("train.bin")', arch="gpt2", extra=extra)
+    write_raw(tmp_path / "val.bin", past_vocab(ONE_WINDOW, 3, 999))
+    rc, found = lint(tmp_path, capsys, 'tokens("train.bin")', arch="gpt2", extra=extra)
+    assert rc == 1 and found == [("error", "E084", "data file val.bin holds token id 999, not below vocab = 256")]
+    out = run_script(script, 1, "--steps", 2, "--dump-losses", tmp_path / "l.json")
+    assert out.returncode == 1 and "val loss" not in out.stdout
+    assert error_line(out) == f"data file {tmp_path / 'val.bin'}: id 999 at byte 6 is not below vocab = 256"
+    assert not (tmp_path / "l.json").exists()
