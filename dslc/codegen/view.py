@@ -285,12 +285,10 @@ def _data(plan: Plan, out_dir: Path) -> dict:
 
     train = sources(d)
     evals = sources(ev.data) if ev else []
-    every = train + evals
     return {
         "data_file": bool(train),
         "data_sources": train,
-        "data_kinds": sorted({s[1] for s in every}),
-        "data_dtypes": sorted({s[3] for s in every if s[1] == "tokens"}),
+        "data_kinds": sorted({s[1] for s in train + evals}),
         "eval": ev is not None,
         "eval_every": ev.every if ev else 0,
         "eval_batches": ev.batches if ev else 0,

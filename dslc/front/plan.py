@@ -247,9 +247,9 @@ def _data(r, f: Fields, plan_block) -> ir.Data | None:
         return ir.Data("synthetic", None, None, a.span)
     base = os.path.dirname(plan_block.span.file) if not plan_block.span.file.startswith("<") else ""
     if isinstance(v, ast.Call) and v.name in ("text", "tokens"):
-        return _file(r, a, v, base)
+        return _file(r, v, base)
     if isinstance(v, ast.Call) and v.name == "blend":
-        return _blend(r, a, v, base)
+        return _blend(r, v, base)
     word = v.name if isinstance(v, (ast.Ident, ast.Call)) else None
     if word:
         r.diags.append(r.unknown("E019", f"unknown data source '{word}'", word, ir.DATA_KINDS, v.span))
@@ -261,7 +261,7 @@ def _data(r, f: Fields, plan_block) -> ir.Data | None:
 _DATA_FORMS = 'synthetic, text("file.txt"), tokens("file.bin") or blend(0.7, tokens("a.bin"), 0.3, tokens("b.bin"))'
 
 
-def _file(r, a: ast.Assign, v: ast.Call, base: str) -> ir.Data | None:
+def _file(r, v: ast.Call, base: str) -> ir.Data | None:
     """``text("f.txt")`` or ``tokens("f.bin")``, with ``dtype = uint32`` for a raw tokens file."""
     if len(v.args) != 1 or not isinstance(v.args[0], ast.String):
         r.diags.append(error("E013", v.span, f'{v.name}(…) takes one path in quotes, such as {v.name}("{"train.txt" if v.name == "text" else "train.bin"}")'))
@@ -281,7 +281,7 @@ def _file(r, a: ast.Assign, v: ast.Call, base: str) -> ir.Data | None:
     return ir.Data(v.name, path, os.path.normpath(os.path.join(base, path)), v.span, dtype) if ok else None
 
 
-def _blend(r, a: ast.Assign, v: ast.Call, base: str) -> ir.Data | None:
+def _blend(r, v: ast.Call, base: str) -> ir.Data | None:
     """``blend(w1, source1, w2, source2, …)``, as Megatron's ``--data-path 0.7 a 0.3 b``:
     each weight above 0, scaled to sum to 1; each source a text or tokens file."""
     pairs = list(zip(v.args[::2], v.args[1::2]))
@@ -295,7 +295,7 @@ def _blend(r, a: ast.Assign, v: ast.Call, base: str) -> ir.Data | None:
         if not 0 < weight < 1e30:
             r.diags.append(error("E015", w.span, f"a blend's weight must be above 0, got {shown(w.value)}", "leave the source out instead"))
             ok = False
-        source = _file(r, a, d, base)
+        source = _file(r, d, base)
         ok = ok and source is not None
         parts.append((weight, source))
     if not ok:
@@ -318,7 +318,6 @@ def _eval(r, f: Fields, plan_block, spans) -> ir.Eval | None:
     data = _data(r, ef, plan_block)
     if None in (every, batches, data):
         return None
-    spans["eval.data"] = ef.assigns["data"].span
     return ir.Eval(every, batches, data, b.span)
 
 
