@@ -292,7 +292,7 @@ def _data_source(d, m):
     if d.kind == "text" and m.vocab < 256:
         yield error("E084", where, f"text data is byte-level (ids 0–255) but vocab = {m.vocab}", "set vocab = 256 or more")
     if d.dtype == "uint16" and m.vocab > 2**16:
-        yield warning("W088", where, f"dtype = uint16 holds ids 0–65535 but vocab = {m.vocab}: the other rows are never trained", "Llama 3's tokens need uint32")
+        yield warning("W088", where, f"data file {d.path}: dtype = uint16 holds ids 0–65535 but vocab = {m.vocab}: the other rows are never trained", "Llama 3's tokens need uint32")
     if not d.resolved_path or d.resolved_path.startswith("<"):
         return
     try:

@@ -31,7 +31,7 @@ MEGATRON_MAGIC = b"MMIDIDX\x00\x00"
 MEGATRON_DTYPES = {1: "uint8", 2: "int8", 3: "int16", 4: "int32", 5: "int64", 8: "uint16"}
 MEGATRON_FIXED = len(MEGATRON_MAGIC) + 8 + 1 + 8 + 8  # bytes before the arrays
 ITEMSIZE = {"uint8": 1, "int8": 1, "int16": 2, "uint16": 2, "int32": 4, "uint32": 4, "int64": 8}
-SIGNED = {"int8", "int16", "int32", "int64"}
+SCAN_INDEX = 64 * 2**20  # bytes of a Megatron index whose sequences lint checks one by one
 
 
 class Unreadable(Exception):
@@ -145,9 +145,22 @@ def _megatron(bin_path: str, idx_path: str) -> Layout:
         (length,) = struct.unpack("<i", read_head(idx_path, 4, MEGATRON_FIXED + 4 * (sequences - 1)))
         (pointer,) = struct.unpack("<q", read_head(idx_path, 8, MEGATRON_FIXED + 4 * sequences + 8 * (sequences - 1)))
         end = pointer + length * ITEMSIZE[dtype]
+    if 0 < 12 * sequences <= SCAN_INDEX and not _back_to_back(idx_path, sequences, ITEMSIZE[dtype]):
+        raise Unreadable(f"{idx_path}: its sequences are not stored back to back in {os.path.basename(bin_path)}")
     if end != bin_size:
         raise Unreadable(f"{bin_path} has {bin_size} bytes, but {os.path.basename(idx_path)} indexes {end}")
     return Layout("megatron", bin_path, dtype, 0, bin_size // ITEMSIZE[dtype])
+
+
+def _back_to_back(idx_path: str, sequences: int, item: int) -> bool:
+    """Whether each sequence starts where the one before it ended, from byte 0: the
+    stream the script reads is then the documents in order."""
+    import numpy as np
+
+    arrays = read_head(idx_path, 12 * sequences, MEGATRON_FIXED)
+    lengths = np.frombuffer(arrays[: 4 * sequences], dtype="<i4").astype(np.int64)
+    pointers = np.frombuffer(arrays[4 * sequences :], dtype="<i8")
+    return bool(pointers[0] == 0 and (pointers[1:] == pointers[:-1] + lengths[:-1] * item).all())
 
 
 def scan(lay: Layout, limit: int) -> tuple[int, int, bool, bool]:

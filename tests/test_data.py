@@ -123,6 +123,15 @@ def write_megatron(prefix: Path, sequences, code: int, documents=None) -> None:
     Path(f"{prefix}.idx").write_bytes(head + lengths.tobytes() + pointers.tobytes() + docs.astype("<i8").tobytes())
 
 
+def shift_second_pointer(index: bytes, by: int) -> bytes:
+    """A Megatron .idx with its second sequence's byte offset moved by ``by``."""
+    (sequences,) = struct.unpack_from("<Q", index, 18)
+    at = 34 + 4 * sequences + 8  # past the header, the lengths and the first pointer
+    raw = bytearray(index)
+    struct.pack_into("<q", raw, at, struct.unpack_from("<q", index, at)[0] + by)
+    return bytes(raw)
+
+
 def write_raw(path: Path, ids, dtype="<u2") -> None:
     path.write_bytes(np.asarray(ids, dtype=dtype).tobytes())
 
@@ -315,6 +324,13 @@ BAD = [
         "data file {d}/ds.bin: 82 bytes, not the size its index says",
     ),
     Bad(
+        # the second sequence's pointer 2 bytes early: the stream would repeat an id
+        "megatron-not-back-to-back", 'tokens("ds")', good_megatron,
+        lambda d: (d / "ds.idx").write_bytes(shift_second_pointer((d / "ds.idx").read_bytes(), -2)),
+        "E087", "data file {d}/ds.idx: its sequences are not stored back to back in ds.bin",
+        "data file {d}/ds.idx: its sequences are not stored back to back in {d}/ds.bin",
+    ),
+    Bad(
         # byte 1024 (the header) + 5 * 2: one window, so whichever row comes first reads it
         "llmc-id-past-vocab", 'tokens("f.bin")', lambda d: write_llmc(d / "f.bin", ONE_WINDOW),
         lambda d: write_llmc(d / "f.bin", past_vocab(ONE_WINDOW, 5, 300)),
@@ -323,18 +339,18 @@ BAD = [
     ),
     Bad(
         # int32 sequences of 10 and 7 ids: id 12 is the second's third, at byte 12 * 4 of the
-        # .bin (the script names the dataset by its prefix or its .bin)
+        # .bin, which the script names
         "megatron-id-past-vocab", 'tokens("ds")', lambda d: write_megatron(d / "ds", split(ONE_WINDOW, [10]), 4),
         lambda d: write_megatron(d / "ds", split(past_vocab(ONE_WINDOW, 12, 1000), [10]), 4),
         "E084", "data file ds holds token id 1000, not below vocab = 256",
-        "data file {d}/ds(.bin)?: id 1000 at byte 48 is not below vocab = 256",
+        "data file {d}/ds.bin: id 1000 at byte 48 is not below vocab = 256",
     ),
     Bad(
-        # a negative id (int32): the script's wording is left open, its file, id and byte not
+        # a negative id (int32)
         "megatron-negative-id", 'tokens("ds")', lambda d: write_megatron(d / "ds", split(ONE_WINDOW, [10]), 4),
         lambda d: write_megatron(d / "ds", split(past_vocab(ONE_WINDOW, 12, -5), [10]), 4),
         "E084", "data file ds holds token id -5, below 0",
-        "data file {d}/ds(.bin)?: id -5 at byte 48 .*",
+        "data file {d}/ds.bin: id -5 at byte 48 is below 0",
     ),
     Bad(
         # 64 uint32 ids below 65,536 read as uint16 (vocab 256: the default): every second is 0
@@ -389,7 +405,7 @@ def test_a_bad_data_file_is_one_diagnostic_and_one_line(tmp_path, case, capsys, 
     [
         (
             'tokens("f.bin", dtype = uint16)', lambda d: write_raw(d / "f.bin", np.arange(64)),
-            "dtype = uint16 holds ids 0–65535 but vocab = 70000: the other rows are never trained",
+            "data file f.bin: dtype = uint16 holds ids 0–65535 but vocab = 70000: the other rows are never trained",
         ),
         (
             'tokens("f.bin")', lambda d: write_llmc(d / "f.bin", np.arange(64)),
@@ -438,7 +454,8 @@ def test_a_blend_draws_rows_in_proportion(tmp_path, run_script, weights):
     assert len(lines) == 1, out.stdout
     shares = re.findall(r"([\d.]+)% (\S+) \(([\d.]+)\)", lines[0])
     total = sum(float(w) for w in weights)
-    assert [n for _, n, _ in shares] == names[: len(weights)], lines[0]
+    # the file the rows came from: a Megatron dataset's .bin
+    assert [n for _, n, _ in shares] == ["a.bin", "b.bin", "c.bin"][: len(weights)], lines[0]
     for (share, name, shown), w in zip(shares, weights):
         want = float(w) / total
         assert math.isclose(float(shown), want, rel_tol=1e-5), lines[0]
@@ -486,9 +503,10 @@ def test_an_untrained_models_validation_loss_is_ln_vocab(tmp_path, run_script):
 
 
 def test_a_bad_id_in_the_validation_data_is_one_line(tmp_path, capsys, run_script):
-    """Lint reads the validation file too (E084); the script checks the validation ids as
-    it reads them, at the evaluation: one line naming val.bin and the id's byte (file
-    order, one window: byte 3 * 2), exit 1, no validation loss logged or dumped."""
+    """Lint reads the validation file too (E084); the script checks the validation
+    batches' ids when it starts (they are the same batches at every evaluation): one line
+    naming val.bin and the id's byte (file order, one window: byte 3 * 2), exit 1, before
+    the first step."""
     write_raw(tmp_path / "train.bin", np.arange(100) % 256)
     write_raw(tmp_path / "val.bin", ONE_WINDOW)
     extra = 'eval { batches = 1; data = tokens("val.bin") }'
@@ -497,6 +515,6 @@ def test_a_bad_id_in_the_validation_data_is_one_line(tmp_path, capsys, run_scrip
     rc, found = lint(tmp_path, capsys, 'tokens("train.bin")', arch="gpt2", extra=extra)
     assert rc == 1 and found == [("error", "E084", "data file val.bin holds token id 999, not below vocab = 256")]
     out = run_script(script, 1, "--steps", 2, "--dump-losses", tmp_path / "l.json")
-    assert out.returncode == 1 and "val loss" not in out.stdout
+    assert out.returncode == 1 and "step" not in out.stdout
     assert error_line(out) == f"data file {tmp_path / 'val.bin'}: id 999 at byte 6 is not below vocab = 256"
     assert not (tmp_path / "l.json").exists()

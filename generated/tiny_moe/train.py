@@ -264,11 +264,11 @@ def memory_map(path, dtype, offset=0, count=-1):
 
 
 def open_raw(path, dtype):
-    """A file of `dtype` ids without a header: (ids, byte of the first id)."""
-    size = os.path.getsize(path)
+    """A file of `dtype` ids without a header: (its path, the ids, byte of the first)."""
+    size, name = os.path.getsize(path), str(dtype).removeprefix("torch.")
     if size % dtype.itemsize or size < (SEQ_LEN + 1) * dtype.itemsize:
-        fail(f"data file {path}: {size} bytes, not {SEQ_LEN + 1} or more {dtype} ids")
-    return memory_map(path, dtype), 0
+        fail(f"data file {path}: {size} bytes, not {SEQ_LEN + 1} or more {name} ids")
+    return path, memory_map(path, dtype), 0
 
 
 class Samples:
@@ -278,10 +278,16 @@ class Samples:
     epoch i // windows, in an order shuffled from the seed and the epoch (training), or in
     the file's order (validation)."""
 
-    def __init__(self, index, path, ids, offset, shuffle):
+    def __init__(self, index, weight, path, ids, offset, shuffle):
         if len(ids) < SEQ_LEN + 1:
             fail(f"data file {path}: {len(ids)} token ids, fewer than {SEQ_LEN + 1}")
-        self.index, self.path, self.ids, self.offset = index, path, ids, offset
+        self.index, self.weight, self.path, self.ids, self.offset = (
+            index,
+            weight,
+            path,
+            ids,
+            offset,
+        )
         self.windows, self.shuffle = (len(ids) - 1) // SEQ_LEN, shuffle
         self.epoch = self.order = None
         self.rows = 0  # drawn so far, for the log
@@ -308,8 +314,10 @@ def open_data(sources, shuffle, override=None):
         path = override or os.path.normpath(os.path.join(here, path))
         if not os.path.isfile(path):
             fail(f"data file not found: {path}")
-        ids, offset = open_raw(path, torch.uint8)  # the file's bytes are the tokens
-        out.append(Samples(index, path, ids, offset, shuffle))
+        path, ids, offset = open_raw(
+            path, torch.uint8
+        )  # the file's bytes are the tokens
+        out.append(Samples(index, weight, path, ids, offset, shuffle))
         total += weight
         edges.append(total)
     return out, edges
