@@ -146,6 +146,22 @@ def test_text_report_has_every_section():
     assert "error[E090]" not in text
 
 
+def test_text_report_says_what_the_plan_reads():
+    """The data line: synthetic, or the plan's files as it writes them, a blend's weights
+    summing to 1, and the validation (issue 17)."""
+    from dslc.ir import Data, Eval
+
+    base = llama_plan()
+    assert "\n  data     synthetic\n" in report.render_text(report.explain(base))
+    a, b = (Data("tokens", f"{n}.bin", f"/d/{n}.bin", None) for n in "ab")
+    val = Data("tokens", "val", "/d/val", None, dtype="uint32")
+    train = replace(base.train, data=Data("blend", None, None, None, parts=((0.75, a), (0.25, b))), eval=Eval(200, 10, val, None))
+    text = report.render_text(report.explain(replace(base, train=train)))
+    want = ('  data     blend 0.75 tokens("a.bin") + 0.25 tokens("b.bin"); validation tokens("val", dtype = uint32),'
+            " 10 global batches every 200 steps and after the last\n")
+    assert want in text
+
+
 def test_text_report_shows_the_memory_error():
     pl = plan(LLAMA3_8B, ("dp", 16, "ib"), zero=0, m=1)
     text = report.render_text(report.explain(pl))

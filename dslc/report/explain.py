@@ -15,7 +15,7 @@ from ..cost.estimate import Estimate, estimate, route_link
 from ..cost.flops import batch_tokens
 from ..cost.time import timing
 from ..diagnostics import Diagnostic
-from ..ir import Plan
+from ..ir import Data, Plan
 from ..units import count, seconds, si, size
 
 HIDDEN = tuple(o for o in OVERLAPS if o != "exposed")  # overlapped with compute
@@ -143,6 +143,9 @@ def render_text(ex: Explanation) -> str:
         + (", sequence parallel" if p.tensor_parallel.sequence_parallel and p.tp > 1 else "")
         + (f", cp {p.context_parallel.method}" if p.cp > 1 else "")
         + f"; {pipe.schedule} (v={pipe.virtual_stages}), {_n(p.microbatches, 'micro-batch')} of {p.train.micro_batch} × {m.seq_len} tokens",
+        f"  data     {_data(p.train.data)}"
+        + (f"; validation {_data(p.train.eval.data)}, {_n(p.train.eval.batches, 'global batch')} "
+           + (f"every {p.train.eval.every} steps and " if p.train.eval.every else "") + "after the last" if p.train.eval else ""),
         "",
         f"Memory per GPU, worst rank of each pipeline stage (device: {size(dev.memory)})",
     ]
@@ -242,6 +245,16 @@ def to_json(ex: Explanation) -> dict:
         "routing": _routing_json(ex.routing),
     }
     return _safe(doc)
+
+
+def _data(d: Data) -> str:
+    """The data as the plan writes it: synthetic, text("f.txt"), tokens("f.bin"), or a
+    blend's parts with their weights summing to 1."""
+    if d.kind == "blend":
+        return "blend " + " + ".join(f"{w:.3g} {_data(s)}" for w, s in d.parts)
+    if d.kind == "synthetic":
+        return d.kind
+    return f'{d.kind}("{d.path}"' + (f", dtype = {d.dtype})" if d.dtype else ")")
 
 
 def _routing_json(r: Routing | None) -> dict | None:
