@@ -502,6 +502,27 @@ def test_an_untrained_models_validation_loss_is_ln_vocab(tmp_path, run_script):
     assert f"step 1/1 | val loss {loss:.4f}" in out.stdout
 
 
+@pytest.mark.parametrize("recompute", ["none", "selective"])
+def test_the_validation_loss_has_no_dropout(tmp_path, run_script, recompute):
+    """Dropout 0.5 in training, none in validation (attention's too, recomputed or not):
+    after one step at lr 1e-9 a model with dropout and the same model without validate
+    alike, while their training losses differ."""
+    write_raw(tmp_path / "t.bin", np.arange(300) * 7 % 256)
+    losses = {}
+    for p in (0.0, 0.5):
+        text = plan_text('tokens("t.bin")', arch="gpt2", lr="1e-9", extra='eval { batches = 2; data = tokens("t.bin") }')
+        text = text.replace("seq_len =", f"dropout = {p}; seq_len =").replace("grad_clip = 0.0", f"grad_clip = 0.0; recompute = {recompute}")
+        res = load_text(text, str(tmp_path / "p.plan"))
+        assert not [d for d in res.diagnostics if d.is_error]
+        script = codegen.write(res.program.plans[0], tmp_path / f"out{p}") / "train.py"
+        out = run_script(script, 1, "--steps", 1, "--dump-losses", tmp_path / f"{p}.json")
+        assert out.returncode == 0, out.stderr
+        losses[p] = json.loads((tmp_path / f"{p}.json").read_text())
+    assert losses[0.0]["loss"] != losses[0.5]["loss"]  # dropout did act in training
+    (_, plain), (_, dropped) = losses[0.0]["val_loss"][0], losses[0.5]["val_loss"][0]
+    assert abs(plain - dropped) <= 1e-6 * plain, (plain, dropped)
+
+
 def test_a_bad_id_in_the_validation_data_is_one_line(tmp_path, capsys, run_script):
     """Lint reads the validation file too (E084); the script checks the validation
     batches' ids when it starts (they are the same batches at every evaluation): one line
