@@ -24,12 +24,15 @@ def rule(fn: Check) -> Check:
     return fn
 
 
-def check_plan(plan: Plan) -> list[Diagnostic]:
+def check_plan(plan: Plan, files: bool = True) -> list[Diagnostic]:
     """Every rule's diagnostics. Whether the plan fits in memory (E090) is decided after
-    the checks, by :mod:`dslc.search`, for plans that pass them."""
+    the checks, by :mod:`dslc.search`, for plans that pass them. ``files=False`` leaves
+    out the rule that reads the data files (search's variants of a checked plan differ
+    from it only in their layout)."""
     out: list[Diagnostic] = []
     for fn in CHECKS:
-        out.extend(fn(plan))
+        if files or fn is not data_file:
+            out.extend(fn(plan))
     return out
 
 
@@ -271,6 +274,7 @@ def training(plan: Plan):
 # -- data ----------------------------------------------------------------------
 
 MAX_DATA_SCAN = 64 * 2**20  # bytes of a file's ids lint reads to check them against the vocab
+MAX_DATA_READ = 256 * 2**20  # bytes of ids and indexes lint reads for all of a plan's files
 
 
 @rule
@@ -278,16 +282,16 @@ def data_file(plan: Plan):
     """Each data file of the plan (training, its blend, the validation data) as the script
     will read it: missing (W083: it may exist where the script runs), not a regular file
     or too small (E085), a header or index that does not match the file (E087: llm.c's
-    magic and count, Megatron's .idx and its .bin), ids the vocab does not hold (E084,
-    in the first MAX_DATA_SCAN bytes; N086 when there are more), or a vocab that 16-bit
-    ids reach only part of (W088)."""
-    m = plan.model
+    magic and count, Megatron's .idx and its .bin), ids the vocab does not hold (E084, in
+    the first MAX_DATA_SCAN bytes, MAX_DATA_READ for all the files together; N086 when
+    there are more), or a vocab that 16-bit ids reach only part of (W088)."""
+    m, budget = plan.model, [MAX_DATA_READ]
     sources = plan.train.data.files + (plan.train.eval.data.files if plan.train.eval else ())
     for d in sources:
-        yield from _data_source(d, m)
+        yield from _data_source(d, m, budget)
 
 
-def _data_source(d, m):
+def _data_source(d, m, budget: list[int]):
     where = d.span
     if d.kind == "text" and m.vocab < 256:
         yield error("E084", where, f"text data is byte-level (ids 0–255) but vocab = {m.vocab}", "set vocab = 256 or more")
@@ -296,7 +300,7 @@ def _data_source(d, m):
     if not d.resolved_path or d.resolved_path.startswith("<"):
         return
     try:
-        lay = tokenfiles.layout(d.resolved_path, d.kind, d.raw_dtype(m.vocab))
+        lay = tokenfiles.layout(d.resolved_path, d.kind, d.raw_dtype(m.vocab), min(tokenfiles.SCAN_INDEX, budget[0]))
     except tokenfiles.Unreadable as e:
         if e.kind == "missing":
             yield warning("W083", where, f"data file {d.path} not found (looked for {d.resolved_path})", "the training script checks again when it starts")
@@ -311,7 +315,9 @@ def _data_source(d, m):
     if lay.count < m.seq_len + 1:
         yield error("E085", where, f"data file {d.path} holds {lay.count} token ids, fewer than seq_len + 1 = {m.seq_len + 1}")
         return
-    lo, hi, halves, whole = tokenfiles.scan(lay, MAX_DATA_SCAN)
+    limit = min(MAX_DATA_SCAN, max(0, budget[0] - lay.index_read))
+    budget[0] -= lay.index_read + min(limit, lay.count * tokenfiles.ITEMSIZE[lay.dtype])
+    lo, hi, halves, whole = tokenfiles.scan(lay, limit)
     if lay.format == "raw" and halves:
         yield error("E087", where, f"data file {d.path}: read as {lay.dtype}, every second id is 0: it looks like 32-bit ids", "write dtype = uint32 (or int32)")
     elif hi >= m.vocab or lo < 0:
@@ -319,5 +325,5 @@ def _data_source(d, m):
         yield error("E084", where, f"data file {d.path} holds token id {bad}, not below vocab = {m.vocab}" if bad >= 0 else f"data file {d.path} holds token id {bad}, below 0",
                     f"the tokens were made with another vocabulary, or the file is not {lay.dtype} token ids")
     elif not whole:
-        yield note("N086", where, f"token ids of {d.path} checked in its first {MAX_DATA_SCAN // 2**20} MiB only", "the script checks the ids of every batch")
+        yield note("N086", where, f"token ids of {d.path} checked in its first {limit / 2**20:g} MiB only", "lint reads at most 64 MiB of a file and 256 MiB for a plan; the script checks the ids of every batch")
 

@@ -61,7 +61,7 @@ def variants(plan: Plan) -> Iterator[Candidate]:
 def candidates(plan: Plan) -> Iterator[Candidate]:
     """:func:`variants` that pass every check a user's plan must pass."""
     for c in variants(plan):
-        if not any(d.is_error for d in check_plan(c.plan)):
+        if not any(d.is_error for d in check_plan(c.plan, files=False)):
             yield c
 
 

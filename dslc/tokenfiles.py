@@ -53,6 +53,7 @@ class Layout:
     dtype: str
     offset: int
     count: int
+    index_read: int = 0  # bytes of a Megatron index read past its header
 
 
 def megatron_pair(path: str) -> tuple[str, str] | None:
@@ -94,13 +95,14 @@ def read_head(path: str, n: int, at: int = 0) -> bytes:
         return f.read(n)
 
 
-def layout(path: str, kind: str, raw_dtype: str) -> Layout:
-    """The layout of the text or tokens file ``path`` (Unreadable: why it cannot be read)."""
+def layout(path: str, kind: str, raw_dtype: str, index_limit: int = SCAN_INDEX) -> Layout:
+    """The layout of the text or tokens file ``path`` (Unreadable: why it cannot be read);
+    a Megatron index of at most ``index_limit`` bytes is checked sequence by sequence."""
     if kind == "text":
         return Layout("bytes", path, "uint8", 0, regular_size(path))
     pair = megatron_pair(path)
     if pair is not None:
-        return _megatron(*pair)
+        return _megatron(*pair, index_limit)
     size = regular_size(path)
     head = read_head(path, LLMC_HEADER)
     magic = struct.unpack("<i", head[:4])[0] if len(head) >= 4 else None
@@ -121,7 +123,9 @@ def layout(path: str, kind: str, raw_dtype: str) -> Layout:
     return Layout("raw", path, raw_dtype, 0, size // item)
 
 
-def _megatron(bin_path: str, idx_path: str) -> Layout:
+def _megatron(bin_path: str, idx_path: str, index_limit: int) -> Layout:
+    if not os.path.lexists(bin_path) and not os.path.lexists(idx_path):
+        raise Unreadable(f"{bin_path} and {os.path.basename(idx_path)} not found", "missing")
     for have, other in ((bin_path, idx_path), (idx_path, bin_path)):
         if not os.path.lexists(have):
             raise Unreadable(f"{other} has no {os.path.basename(have)} beside it: a Megatron dataset is a .bin and its .idx")
@@ -145,11 +149,12 @@ def _megatron(bin_path: str, idx_path: str) -> Layout:
         (length,) = struct.unpack("<i", read_head(idx_path, 4, MEGATRON_FIXED + 4 * (sequences - 1)))
         (pointer,) = struct.unpack("<q", read_head(idx_path, 8, MEGATRON_FIXED + 4 * sequences + 8 * (sequences - 1)))
         end = pointer + length * ITEMSIZE[dtype]
-    if 0 < 12 * sequences <= SCAN_INDEX and not _back_to_back(idx_path, sequences, ITEMSIZE[dtype]):
+    index_read = 12 * sequences if 12 * sequences <= index_limit else 0
+    if index_read and not _back_to_back(idx_path, sequences, ITEMSIZE[dtype]):
         raise Unreadable(f"{idx_path}: its sequences are not stored back to back in {os.path.basename(bin_path)}")
     if end != bin_size:
         raise Unreadable(f"{bin_path} has {bin_size} bytes, but {os.path.basename(idx_path)} indexes {end}")
-    return Layout("megatron", bin_path, dtype, 0, bin_size // ITEMSIZE[dtype])
+    return Layout("megatron", bin_path, dtype, 0, bin_size // ITEMSIZE[dtype], index_read)
 
 
 def _back_to_back(idx_path: str, sequences: int, item: int) -> bool:

@@ -115,7 +115,8 @@ def write_megatron(prefix: Path, sequences, code: int, documents=None) -> None:
     arrays = [np.asarray(s, dtype=dtype) for s in sequences]
     Path(f"{prefix}.bin").write_bytes(b"".join(a.tobytes() for a in arrays))
     lengths = np.array([len(a) for a in arrays], dtype="<i4")
-    pointers = np.concatenate([[0], np.cumsum(lengths.astype(np.int64) * dtype.itemsize)[:-1]]).astype("<i8")
+    sizes = lengths.astype(np.int64) * dtype.itemsize
+    pointers = (np.cumsum(sizes) - sizes).astype("<i8")  # where each sequence starts
     docs = np.arange(len(arrays) + 1) if documents is None else np.asarray(documents)
     assert docs[0] == 0 and docs[-1] == len(arrays)
     head = b"MMIDIDX\x00\x00" + struct.pack("<Q", 1) + struct.pack("<B", code)
@@ -281,6 +282,17 @@ class Bad:
 
 
 BAD = [
+    Bad(
+        # well formed, but empty: a count of 0 (the script used to fail in torch.frombuffer)
+        "llmc-empty", 'tokens("f.bin")', good_llmc, lambda d: write_llmc(d / "f.bin", []),
+        "E085", "data file f.bin holds 0 token ids, fewer than seq_len + 1 = 17",
+        "data file {d}/f.bin: 0 token ids, fewer than 17",
+    ),
+    Bad(
+        "megatron-no-sequences", 'tokens("ds")', good_megatron, lambda d: write_megatron(d / "ds", [], 8),
+        "E085", "data file ds holds 0 token ids, fewer than seq_len + 1 = 17",
+        "data file {d}/ds.bin: 0 bytes, not 17 or more ids",
+    ),
     Bad(
         "megatron-magic", 'tokens("ds")', good_megatron,
         lambda d: patch(d / "ds.idx", 0, b"NOTMEGATR"),
@@ -460,6 +472,51 @@ def test_a_blend_draws_rows_in_proportion(tmp_path, run_script, weights):
         want = float(w) / total
         assert math.isclose(float(shown), want, rel_tol=1e-5), lines[0]
         assert abs(float(share) / 100 - want) <= 0.02 * want, (name, lines[0])
+
+
+def test_each_blend_source_goes_through_its_own_epochs(tmp_path, run_script, initial_weights):
+    """blend(0.5, a, 0.5, b): a raw uint16 file and a Llama-3 llm.c file (uint32: the batch
+    mixes id types) of 8 windows each. 3 steps of 8 rows give each source 12 rows, so each
+    draws its whole first epoch (a source's k-th row takes its k-th sample): exactly the
+    embedding rows of both files' inputs learn. --steps 0 draws nothing and says nothing."""
+    a, b = stream(0), stream(1000)
+    write_raw(tmp_path / "a.bin", a)
+    write_llmc(tmp_path / "b.bin", b, LLMC_LLAMA3)
+    script = compile_plan(tmp_path, 'blend(0.5, tokens("a.bin"), 0.5, tokens("b.bin"))', vocab=2048)
+    if 2048 not in initial_weights:
+        out = run_script(script, 1, "--steps", 0, "--dump-weights", tmp_path / "init.pt")
+        assert out.returncode == 0 and "data blend" not in out.stdout, out.stderr
+        initial_weights[2048] = torch.load(tmp_path / "init.pt")["wte.weight"]
+    out = run_script(script, 1, "--steps", 3, "--dump-weights", tmp_path / "w.pt")
+    assert out.returncode == 0, out.stderr
+    assert "data blend, rows drawn (weight): 50.0% a.bin (0.5), 50.0% b.bin (0.5)" in out.stdout
+    before, after = initial_weights[2048], torch.load(tmp_path / "w.pt")["wte.weight"]
+    changed = set((before != after).any(dim=1).nonzero().flatten().tolist())
+    inputs = set(a[:FIRST].tolist()) | set(b[:FIRST].tolist())
+    assert changed == inputs, (sorted(inputs - changed)[:10], sorted(changed - inputs)[:10])
+
+
+def test_a_missing_megatron_dataset_is_a_warning(tmp_path, capsys):
+    """W083 (it may exist where the script runs) for a dataset named by its prefix, its
+    .bin or its .idx when neither file is there; E087 only when one of the pair is."""
+    for data in ('tokens("ds")', 'tokens("ds.bin")', 'tokens("ds.idx")'):
+        rc, found = lint(tmp_path, capsys, data)
+        assert rc == 0 and [(sev, code) for sev, code, _ in found] == [("warning", "W083")], (data, found)
+
+
+def test_lint_reads_a_bounded_part_of_a_plans_files(tmp_path, capsys):
+    """A hostile plan cannot make lint read without end: a blend has at most 1024 sources
+    (E015), and lint reads at most 64 MiB of each file's ids and 256 MiB for the plan
+    (N086 says how much of each it checked). A 100 MiB sparse file named 5 times: the
+    first four take 64 MiB each, the fifth nothing."""
+    with open(tmp_path / "big.bin", "wb") as f:
+        f.truncate(100 * 2**20)  # zeros: valid uint16 ids, and no disk
+    rc, found = lint(tmp_path, capsys, "blend(" + ", ".join(['1, tokens("big.bin")'] * 5) + ")")
+    assert rc == 0
+    checked = [re.search(r"first ([\d.]+) MiB only", msg).group(1) for _, code, msg in found if code == "N086"]
+    assert checked == ["64", "64", "64", "64", "0"], found
+    rc, found = lint(tmp_path, capsys, "blend(" + ", ".join(['1, tokens("big.bin")'] * 1025) + ")")
+    assert rc == 1 and found[0][1:] == ("E015", "a blend may have at most 1024 sources, got 1025"), found[:2]
 
 
 # ---------------------------------------------------------------------------------

@@ -59,6 +59,7 @@ MAX_RANKS = 2**18  # GPUs in a cluster and ranks in a mesh (the largest runs use
 MAX_SCHEDULE = 2**13  # chunk forwards per step: pp × virtual_stages × microbatches
 
 STEPS = 10**9  # 30 years at one step a second; any integer type holds it
+MAX_BLEND = 1024  # sources of a blend (lint reads each one's header)
 
 # The range (inclusive) of every number a plan may write, by block and key: integers that
 # fit in int64, floats that are finite, and quantities (written as a plan writes them) whose

@@ -14,7 +14,7 @@ from .. import ir
 from ..diagnostics import error
 from ..source import Span
 from . import ast
-from .defaults import BOUNDS, MAX_RANKS, ROUTERS
+from .defaults import BOUNDS, MAX_BLEND, MAX_RANKS, ROUTERS
 from .defaults import DEFAULTS as D
 from .schema import Fields, Reader, as_float, shown
 
@@ -288,6 +288,9 @@ def _blend(r, v: ast.Call, base: str) -> ir.Data | None:
     shape_ok = len(v.args) >= 2 and len(v.args) % 2 == 0 and not v.keywords
     if not shape_ok or not all(isinstance(w, ast.Number) and isinstance(d, ast.Call) and d.name in ("text", "tokens") for w, d in pairs):
         r.diags.append(error("E013", v.span, "blend(…) takes pairs of a weight and a file source, such as blend(0.7, tokens(\"a.bin\"), 0.3, tokens(\"b.bin\"))"))
+        return None
+    if len(pairs) > MAX_BLEND:
+        r.diags.append(error("E015", v.span, f"a blend may have at most {MAX_BLEND} sources, got {len(pairs)}", "see the limits in docs/language.md"))
         return None
     parts, ok = [], True
     for w, d in pairs:

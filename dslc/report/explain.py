@@ -14,7 +14,7 @@ from ..cost.collectives import OVERLAPS, Comm
 from ..cost.estimate import Estimate, estimate, route_link
 from ..cost.flops import batch_tokens
 from ..cost.time import timing
-from ..diagnostics import Diagnostic
+from ..diagnostics import Diagnostic, printable
 from ..ir import Data, Plan
 from ..units import count, seconds, si, size
 
@@ -254,7 +254,7 @@ def _data(d: Data) -> str:
         return "blend " + " + ".join(f"{w:.3g} {_data(s)}" for w, s in d.parts)
     if d.kind == "synthetic":
         return d.kind
-    return f'{d.kind}("{d.path}"' + (f", dtype = {d.dtype})" if d.dtype else ")")
+    return f'{d.kind}("{printable(d.path)}"' + (f", dtype = {d.dtype})" if d.dtype else ")")
 
 
 def _routing_json(r: Routing | None) -> dict | None:

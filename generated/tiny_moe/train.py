@@ -19,6 +19,7 @@ import mmap
 import os
 import sys
 import time
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -257,14 +258,19 @@ def combine(rows, exchange):
 
 
 def memory_map(path, dtype, offset=0, count=-1):
-    """`count` ids of `dtype` from byte `offset` of the file (all: -1), mapped, not read."""
+    """`count` ids of `dtype` from byte `offset` of the file (all: -1), mapped, not read:
+    read-only, so that no memory is committed for it; nothing writes to it."""
     with open(path, "rb") as f:
-        buffer = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-    return torch.frombuffer(buffer, dtype=dtype, offset=offset, count=count)
+        buffer = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    with warnings.catch_warnings():  # torch warns that the buffer is not writable
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.frombuffer(buffer, dtype=dtype, offset=offset, count=count)
 
 
 def open_raw(path, dtype):
     """A file of `dtype` ids without a header: (its path, the ids, byte of the first)."""
+    if not os.path.isfile(path):
+        fail(f"data file not found: {path}")
     size, name = os.path.getsize(path), str(dtype).removeprefix("torch.")
     if size % dtype.itemsize or size < (SEQ_LEN + 1) * dtype.itemsize:
         fail(f"data file {path}: {size} bytes, not {SEQ_LEN + 1} or more {name} ids")
@@ -274,9 +280,9 @@ def open_raw(path, dtype):
 class Samples:
     """One data file's samples, cut as Megatron-LM's GPT dataset cuts them: the ids as one
     stream (documents concatenated), in windows of SEQ_LEN + 1 ids every SEQ_LEN ids (a
-    window's last id is the next one's first). The run's row i takes window i % windows of
-    epoch i // windows, in an order shuffled from the seed and the epoch (training), or in
-    the file's order (validation)."""
+    window's last id is the next one's first). The file's k-th sample is window k % windows
+    of epoch k // windows, in an order shuffled from the seed and the epoch (training), or
+    in the file's order (validation)."""
 
     def __init__(self, index, weight, path, ids, offset, shuffle):
         if len(ids) < SEQ_LEN + 1:
@@ -290,12 +296,10 @@ class Samples:
         )
         self.windows, self.shuffle = (len(ids) - 1) // SEQ_LEN, shuffle
         self.epoch = self.order = None
-        self.rows = 0  # drawn so far, for the log
 
-    def start(self, i):
-        """The first id of row i's window."""
-        self.rows += 1
-        epoch, k = divmod(i, self.windows)
+    def start(self, k):
+        """The first id of the k-th sample's window."""
+        epoch, k = divmod(k, self.windows)
         if not self.shuffle:
             return k * SEQ_LEN
         if epoch != self.epoch:  # one epoch's order at a time
@@ -304,41 +308,60 @@ class Samples:
         return int(self.order[k]) * SEQ_LEN
 
 
+class Blend:
+    """The data files of a plan and their weights. Row i of the run (step s holds rows
+    s * GLOBAL_BATCH on) comes from the source where frac(i * golden ratio) falls among
+    the cumulative weights: that sequence spreads evenly over [0, 1) (Weyl), so n rows
+    follow the weights to within about log(n) / n. A source's k-th row takes its k-th
+    sample (Megatron-LM's BlendedDataset counts the same way): each source goes through
+    its own epochs. The counts are the state; seek() recomputes them for a resumed run.
+    """
+
+    def __init__(self, samples):
+        self.samples, self.row, self.drawn = samples, 0, [0] * len(samples)
+        w = torch.tensor([s.weight for s in samples], dtype=torch.float64)
+        self.edges = (w.cumsum(0) / w.sum())[:-1]  # where each source's share ends
+
+    def sources(self, first, end):
+        """The source of each of rows first … end - 1."""
+        u = torch.arange(first, end, dtype=torch.float64) * 0.6180339887498949 % 1.0
+        return torch.bucketize(u, self.edges, right=True)
+
+    def seek(self, row):
+        """The counts after rows 0 … row - 1, 2^22 rows at a time."""
+        drawn = torch.zeros(len(self.samples), dtype=torch.long)
+        for first in range(0, row, 2**22):
+            drawn += torch.bincount(
+                self.sources(first, min(row, first + 2**22)),
+                minlength=len(self.samples),
+            )
+        self.row, self.drawn = row, drawn.tolist()
+
+    def read(self, first):
+        """The global batch of rows first, first + 1, …: (GLOBAL_BATCH, SEQ_LEN + 1) ids."""
+        if first != self.row:
+            self.seek(first)
+        rows = []
+        for s in self.sources(first, first + GLOBAL_BATCH).tolist():
+            rows.append((self.samples[s], self.samples[s].start(self.drawn[s])))
+            self.drawn[s] += 1
+        self.row = first + GLOBAL_BATCH
+        batch = torch.stack([s.ids[a : a + SEQ_LEN + 1].long() for s, a in rows])
+        return batch
+
+
 def open_data(sources, shuffle, override=None):
-    """Samples of each (weight, format, path, id type) source, checked as they open, and
-    the blend's cumulative weights."""
+    """The Blend of (weight, format, path, id type) sources, each checked as it opens."""
     if override:  # --data: one file, read as the first source
         sources = [(1.0, *sources[0][1:])]
-    out, edges, total = [], [], 0.0
+    samples = []
     for index, (weight, kind, path, dtype) in enumerate(sources):
         path = override or os.path.normpath(os.path.join(here, path))
-        if not os.path.isfile(path):
-            fail(f"data file not found: {path}")
         path, ids, offset = open_raw(
             path, torch.uint8
         )  # the file's bytes are the tokens
-        out.append(Samples(index, weight, path, ids, offset, shuffle))
-        total += weight
-        edges.append(total)
-    return out, edges
-
-
-def source_of(i, edges):
-    """The source of the run's row i: frac(i * golden ratio) is spread evenly over [0, 1)
-    (Weyl), so n rows follow a blend's weights to within about log(n) / n rows."""
-    u = i * 0.6180339887498949 % 1.0
-    return next((s for s, edge in enumerate(edges) if u < edge), len(edges) - 1)
-
-
-def read_rows(data, first):
-    """The global batch of rows first, first + 1, …: (GLOBAL_BATCH, SEQ_LEN + 1) ids."""
-    sources, edges = data
-    rows = []
-    for i in range(first, first + GLOBAL_BATCH):
-        s = sources[source_of(i, edges)]
-        rows.append((s, s.start(i)))
-    batch = torch.stack([s.ids[a : a + SEQ_LEN + 1] for s, a in rows]).long()
-    return batch
+        samples.append(Samples(index, weight, path, ids, offset, shuffle))
+    return Blend(samples)
 
 
 TRAIN = open_data(DATA, shuffle=True, override=args.data)
@@ -746,7 +769,7 @@ def get_batch(step):
     """(MICRO_STEPS, MICRO_BATCH, SEQ_LEN) inputs and targets: data (dp x ep) rank
     r's slice of the step's global batch, drawn the same in every plan from the
     data (rows step * GLOBAL_BATCH on)."""
-    return split(read_rows(TRAIN, step * GLOBAL_BATCH))
+    return split(TRAIN.read(step * GLOBAL_BATCH))
 
 
 def split(batch):
