@@ -30,6 +30,7 @@ LLMC_HEADER = 256 * 4  # bytes
 MEGATRON_MAGIC = b"MMIDIDX\x00\x00"
 MEGATRON_DTYPES = {1: "uint8", 2: "int8", 3: "int16", 4: "int32", 5: "int64", 8: "uint16"}
 MEGATRON_FIXED = len(MEGATRON_MAGIC) + 8 + 1 + 8 + 8  # bytes before the arrays
+HALVES_SCAN = 2**20  # ids of a raw 16-bit file read for "every second id is 0" (lint and script)
 ITEMSIZE = {"uint8": 1, "int8": 1, "int16": 2, "uint16": 2, "int32": 4, "uint32": 4, "int64": 8}
 SCAN_INDEX = 64 * 2**20  # bytes of a Megatron index whose sequences lint checks one by one
 
@@ -179,5 +180,6 @@ def scan(lay: Layout, limit: int) -> tuple[int, int, bool, bool]:
     ids = np.frombuffer(data[: len(data) // item * item], dtype="<" + np.dtype(lay.dtype).str[1:])
     if not len(ids):
         return 0, 0, False, lay.count == 0
-    halves = item == 2 and len(ids) >= 64 and not ids[1::2].any() and ids[::2].any()
+    head = ids[:HALVES_SCAN]
+    halves = item == 2 and len(head) >= 64 and not head[1::2].any() and head[::2].any()
     return int(ids.min()), int(ids.max()), bool(halves), n == lay.count

@@ -17,7 +17,7 @@ import os
 import shlex
 from pathlib import Path
 
-from .. import arch
+from .. import arch, tokenfiles
 from ..check import check_plan
 from ..cost.flops import peak_flops
 from ..cost.memory import expert_capacity, grad_group
@@ -293,6 +293,13 @@ def _data(plan: Plan, out_dir: Path) -> dict:
         "eval_every": ev.every if ev else 0,
         "eval_batches": ev.batches if ev else 0,
         "eval_sources": evals,
+        # the formats' constants, as lint reads them (dslc/tokenfiles.py)
+        "llmc": "{" + ", ".join(f"{magic}: ({version}, torch.{ids})" for magic, (version, ids) in tokenfiles.LLMC.items()) + "}",
+        "llmc_header": tokenfiles.LLMC_HEADER,
+        "megatron_magic": repr(tokenfiles.MEGATRON_MAGIC),
+        "megatron_header": tokenfiles.MEGATRON_FIXED,
+        "megatron_dtypes": "{" + ", ".join(f"{code}: torch.{t}" for code, t in tokenfiles.MEGATRON_DTYPES.items()) + "}",
+        "halves_scan": f"2**{tokenfiles.HALVES_SCAN.bit_length() - 1}",
     }
 
 
