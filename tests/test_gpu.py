@@ -122,7 +122,8 @@ def test_a_megatron_dataset_feeds_the_gpu_as_synthetic_data_does(run_script, tmp
         text = GPT2_124M.format(device=device).replace("data = synthetic", f"data = {data}")
         plan = load_text(text, str(tmp_path / "gpt2.plan")).program.plans[0]
         losses, _, out = run(plan, run_script, tmp_path / data[:6], "cuda")
-        lines[data] = out.strip().splitlines()[-1]
+        times = [float(t) for t in re.findall(r"\| ([\d.]+) ms \|", out)][10:]  # past the warm-up
+        lines[data] = f"mean {sum(times) / len(times):.1f} ms/step over steps 11-30; last: {out.strip().splitlines()[-1]}"
         assert len(losses) == plan.train.steps and "mfu" in lines[data]
     print(f"\n{torch.cuda.get_device_name()}:\n" + "\n".join(f"  {k}: {v}" for k, v in lines.items()))
 
