@@ -496,6 +496,25 @@ def test_each_blend_source_goes_through_its_own_epochs(tmp_path, run_script, ini
     assert changed == inputs, (sorted(inputs - changed)[:10], sorted(changed - inputs)[:10])
 
 
+def test_a_resumed_blend_draws_what_the_whole_run_draws(tmp_path, run_script):
+    """A blend's state is each source's count of rows; --resume recomputes the counts from
+    the step (Blend.seek), so steps 3-5 of a resumed run read the same rows, and give the
+    same losses, as those of an uninterrupted run."""
+    for name, lo in (("a.bin", 0), ("b.bin", 40), ("c.bin", 80)):
+        write_raw(tmp_path / name, (lo + np.arange(200) * 7) % 256)
+    data = 'blend(0.5, tokens("a.bin"), 0.3, tokens("b.bin"), 0.2, tokens("c.bin"))'
+    losses = {}
+    for run in ("whole", "resumed"):
+        ck = tmp_path / f"ck_{run}"
+        script = compile_plan(tmp_path, data, out=run, arch="gpt2", extra=f'checkpoint {{ every = 2; dir = "{ck}" }}')
+        if run == "resumed":
+            assert run_script(script, 1, "--steps", 2).returncode == 0
+        out = run_script(script, 1, "--steps", 5, *(["--resume"] if run == "resumed" else []), "--dump-losses", tmp_path / f"{run}.json")
+        assert out.returncode == 0, out.stderr
+        losses[run] = json.loads((tmp_path / f"{run}.json").read_text())["loss"]
+    assert len(losses["whole"]) == 5 and losses["resumed"] == losses["whole"][2:]
+
+
 def test_a_missing_megatron_dataset_is_a_warning(tmp_path, capsys):
     """W083 (it may exist where the script runs) for a dataset named by its prefix, its
     .bin or its .idx when neither file is there; E087 only when one of the pair is."""
