@@ -285,38 +285,39 @@ def data_file(plan: Plan):
     magic and count, Megatron's .idx and its .bin), ids the vocab does not hold (E084, in
     the first MAX_DATA_SCAN bytes, MAX_DATA_READ for all the files together; N086 when
     there are more), or a vocab that 16-bit ids reach only part of (W088)."""
-    m, budget = plan.model, [MAX_DATA_READ]
+    m, budget = plan.model, MAX_DATA_READ
     sources = plan.train.data.files + (plan.train.eval.data.files if plan.train.eval else ())
     for d in sources:
-        yield from _data_source(d, m, budget)
+        budget -= yield from _data_source(d, m, budget)
 
 
-def _data_source(d, m, budget: list[int]):
+def _data_source(d, m, budget: int):
+    """One file's diagnostics; returns the bytes it read past the headers (of ``budget``)."""
     where = d.span
     if d.kind == "text" and m.vocab < 256:
         yield error("E084", where, f"text data is byte-level (ids 0–255) but vocab = {m.vocab}", "set vocab = 256 or more")
     if d.dtype == "uint16" and m.vocab > 2**16:
         yield warning("W088", where, f"data file {d.path}: dtype = uint16 holds ids 0–65535 but vocab = {m.vocab}: the other rows are never trained", "Llama 3's tokens need uint32")
     if not d.resolved_path or d.resolved_path.startswith("<"):
-        return
+        return 0
     try:
-        lay = tokenfiles.layout(d.resolved_path, d.kind, d.raw_dtype(m.vocab), min(tokenfiles.SCAN_INDEX, budget[0]))
+        lay = tokenfiles.layout(d.resolved_path, d.kind, d.raw_dtype(m.vocab), min(tokenfiles.SCAN_INDEX, budget))
     except tokenfiles.Unreadable as e:
         if e.kind == "missing":
             yield warning("W083", where, f"data file {d.path} not found (looked for {d.resolved_path})", "the training script checks again when it starts")
         else:
             yield error("E085" if e.kind == "file" else "E087", where, f"data file {e}")
-        return
+        return 0
     if lay.format != "raw" and d.dtype and d.dtype != lay.dtype:
         yield error("E087", where, f"data file {d.path}: its {lay.format} header says {lay.dtype} ids but the plan says dtype = {d.dtype}", "leave dtype out: it is for raw files")
-        return
-    if lay.format in ("llm.c", "megatron") and tokenfiles.ITEMSIZE[lay.dtype] == 2 and m.vocab > 2**16:
+        return lay.index_read
+    # a plan's dtype = uint16 was warned about above; a header's 16 bits are said here
+    if not d.dtype and lay.format in ("llm.c", "megatron") and tokenfiles.ITEMSIZE[lay.dtype] == 2 and m.vocab > 2**16:
         yield warning("W088", where, f"data file {d.path} holds {lay.dtype} ids ({lay.format}) but vocab = {m.vocab}: the rows past 65535 are never trained", "tokens for this vocabulary need 32-bit ids")
     if lay.count < m.seq_len + 1:
         yield error("E085", where, f"data file {d.path} holds {lay.count} token ids, fewer than seq_len + 1 = {m.seq_len + 1}")
-        return
-    limit = min(MAX_DATA_SCAN, max(0, budget[0] - lay.index_read))
-    budget[0] -= lay.index_read + min(limit, lay.count * tokenfiles.ITEMSIZE[lay.dtype])
+        return lay.index_read
+    limit = min(MAX_DATA_SCAN, max(0, budget - lay.index_read))
     lo, hi, halves, whole = tokenfiles.scan(lay, limit)
     if lay.format == "raw" and halves:
         yield error("E087", where, f"data file {d.path}: read as {lay.dtype}, every second id is 0: it looks like 32-bit ids", "write dtype = uint32 (or int32)")
@@ -326,4 +327,5 @@ def _data_source(d, m, budget: list[int]):
                     f"the tokens were made with another vocabulary, or the file is not {lay.dtype} token ids")
     elif not whole:
         yield note("N086", where, f"token ids of {d.path} checked in its first {limit / 2**20:g} MiB only", "lint reads at most 64 MiB of a file and 256 MiB for a plan; the script checks the ids of every batch")
+    return lay.index_read + min(limit, lay.count * tokenfiles.ITEMSIZE[lay.dtype])
 

@@ -427,8 +427,13 @@ def test_a_bad_data_file_is_one_diagnostic_and_one_line(tmp_path, case, capsys, 
             'tokens("ds")', lambda d: good_megatron(d, 8),
             "data file ds holds uint16 ids (megatron) but vocab = 70000: the rows past 65535 are never trained",
         ),
+        (
+            # the plan's dtype and the header agree: one warning, not one for each
+            'tokens("f.bin", dtype = uint16)', lambda d: write_llmc(d / "f.bin", np.arange(64)),
+            "data file f.bin: dtype = uint16 holds ids 0–65535 but vocab = 70000: the other rows are never trained",
+        ),
     ],
-    ids=["raw-dtype", "llmc-gpt2", "megatron-uint16"],
+    ids=["raw-dtype", "llmc-gpt2", "megatron-uint16", "llmc-gpt2-and-dtype"],
 )
 def test_16_bit_ids_for_a_larger_vocab_are_a_warning(tmp_path, capsys, data, write, message):
     """W088, a warning (exit 0): the plan's dtype = uint16, or a header's 16-bit ids, for

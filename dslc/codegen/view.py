@@ -53,7 +53,7 @@ def view_model(plan: Plan, root: Path = DEFAULT_ROOT) -> dict:
         **_data(plan, Path(root) / name),
     }
     # schedule.json and the data files (unless absolute) are found from the script's folder
-    view["needs_script_dir"] = view["pipeline_parallel"] or view["data_file"] or bool(view["eval_sources"])
+    view["needs_script_dir"] = view["pipeline_parallel"] or view["reads_files"]
     return view
 
 
@@ -287,8 +287,10 @@ def _data(plan: Plan, out_dir: Path) -> dict:
     evals = sources(ev.data) if ev else []
     return {
         "data_file": bool(train),
+        "reads_files": bool(train or evals),  # the data section, mmap, a folder to look in
+        "token_files": any(s[1] == "tokens" for s in train + evals),  # the formats' readers
+        "data_blend": d.kind == "blend",
         "data_sources": train,
-        "data_kinds": sorted({s[1] for s in train + evals}),
         "eval": ev is not None,
         "eval_every": ev.every if ev else 0,
         "eval_batches": ev.batches if ev else 0,

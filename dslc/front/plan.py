@@ -5,6 +5,7 @@ Defaults are made explicit here (see docs/language.md for the table).
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from dataclasses import replace
@@ -295,8 +296,8 @@ def _blend(r, v: ast.Call, base: str) -> ir.Data | None:
     parts, ok = [], True
     for w, d in pairs:
         weight = as_float(w.value)
-        if not 0 < weight < 1e30:
-            r.diags.append(error("E015", w.span, f"a blend's weight must be above 0, got {shown(w.value)}", "leave the source out instead"))
+        if not (weight > 0 and math.isfinite(weight)):
+            r.diags.append(error("E015", w.span, f"a blend's weight must be a finite number above 0, got {shown(w.value)}", "leave the source out instead"))
             ok = False
         source = _file(r, d, base)
         ok = ok and source is not None
