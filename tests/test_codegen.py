@@ -232,7 +232,7 @@ def test_generated_files_pass_black_ruff_and_bash(tmp_path, golden_plans):
 
 
 def test_scripts_import_only_torch_and_the_standard_library(tmp_path, golden_plans):
-    allowed = {"argparse", "contextlib", "hashlib", "json", "math", "mmap", "os", "sys", "time", "torch", "warnings"}
+    allowed = {"argparse", "contextlib", "hashlib", "json", "math", "mmap", "os", "struct", "sys", "time", "torch", "warnings"}
     for script in _all_rendered(tmp_path, golden_plans):
         tree = ast.parse(script.read_text())
         for node in ast.walk(tree):
