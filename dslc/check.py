@@ -267,8 +267,23 @@ def training(plan: Plan):
     z = plan.data_parallel.zero
     if z not in (0, 1, 2, 3):
         yield error("E081", plan.where("data_parallel.zero"), f"zero must be 0, 1, 2 or 3, got {z}", "0 replicates, 1 shards optimizer state, 2 also gradients, 3 also parameters")
+    yield from _zero(plan, z)
     if t.precision == "fp16" and t.loss_scale == "none":
         yield warning("W082", plan.where("train.loss_scale", "train.precision"), "fp16 without loss scaling: small gradients underflow to zero", "use loss_scale = dynamic, or precision = bf16")
+
+
+def _zero(plan: Plan, z: int):
+    """What the generated script cannot honour of a ZeRO stage, and sharding with no one to
+    shard over (the group: dp × cp × ep, the ranks that hold the same dense weights)."""
+    at = plan.where("data_parallel.zero")
+    if z >= 2 and plan.dp * plan.cp * plan.ep == 1:
+        yield warning("W089", at, f"zero = {z} over a data-parallel group of one rank: nothing is sharded", "ZeRO shards the model state over the dp ranks: add a dp axis, or use zero = 0")
+    if z >= 2 and plan.model.is_moe:
+        yield error("E101", at, f"zero = {z} with experts: the generated script shards the gradients and weights of dense models only", "use zero = 1: it shards the optimizer state of the experts too")
+    if z == 3 and plan.pipeline.schedule == "zb_h1":
+        yield error("E101", at, "zero = 3 with schedule zb_h1: the deferred weight gradients (W) would need each unit gathered a third time per micro-batch", "use 1f1b or interleaved_1f1b, or zero = 2")
+    if z != 3 and "data_parallel.reshard_after_forward" in plan.spans:
+        yield warning("W102", plan.where("data_parallel.reshard_after_forward"), f"reshard_after_forward has no effect with zero = {z}", "only zero = 3 gathers the weights before each unit's forward")
 
 
 # -- data ----------------------------------------------------------------------

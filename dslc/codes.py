@@ -78,9 +78,13 @@ CODES: dict[str, str] = {
     "N086": "data file's ids checked in part at lint time",
     "E087": "data file whose header or index does not match it",
     "W088": "16-bit token ids with a larger vocab",
+    "W089": "ZeRO sharding over a data-parallel group of one rank",
     # -- estimates ----------------------------------------------------------
     "E090": "does not fit in device memory",
     "E091": "the experts of one rank alone do not fit in device memory",
+    "E092": "a gathered ZeRO-3 unit does not fit in device memory",
     # -- code generation ----------------------------------------------------
     "E100": "not supported by code generation",
+    "E101": "a ZeRO stage the code generator cannot combine with the plan",
+    "W102": "reshard_after_forward without zero = 3",
 }

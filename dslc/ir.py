@@ -168,6 +168,9 @@ class TensorParallel:
 class DataParallel:
     zero: int  # 0 replicated | 1 optimizer | 2 + gradients | 3 + parameters
     span: Span | None
+    # zero = 3: free a unit's gathered weights after its forward (FSDP's default) or keep
+    # them until its backward
+    reshard_after_forward: bool = True
 
 
 @dataclass(frozen=True)

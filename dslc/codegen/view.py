@@ -68,11 +68,6 @@ def _refuse_missing_features(plan: Plan) -> None:
     if arch.of(m).moe != m.is_moe:  # the front end sets both; a hand-made IR may not
         kind = "a mixture of experts" if arch.of(m).moe else "dense"
         raise Unsupported(f"arch {m.arch} is {kind}, but the model has experts = {m.experts}")
-    zero = plan.data_parallel.zero
-    if zero > 1:
-        raise Unsupported(
-            f"ZeRO stage {zero} is not supported by the code generator yet (stages 0 and 1 are)"
-        )
     if m.dropout > 0 and plan.tp > 1:
         raise Unsupported(
             f"dropout = {m.dropout} with tp = {plan.tp} is not supported "
@@ -99,8 +94,8 @@ def _parallel(plan: Plan) -> dict:
     parallel = [a for a, s in axes if s > 1]
     world, dp, tp = plan.world_size, plan.dp, plan.tp
     grad_axes = grad_group(plan, expert=False)  # () without data parallelism
-    zero_stage = plan.data_parallel.zero
-    shard_optimizer = zero_stage >= 1 and bool(grad_axes)
+    zero_stage = plan.data_parallel.zero if grad_axes else 0  # nothing to shard over: 0
+    shard_optimizer = zero_stage >= 1
     sp = bool(plan.tensor_parallel.sequence_parallel) and tp > 1
     # one process group over each parallel axis, and one over the gradients' axes
     group_axes = [(a,) for a in parallel]
@@ -141,6 +136,7 @@ def _parallel(plan: Plan) -> dict:
         "multi_node": nnodes > 1,
         "nproc_per_node": world // nnodes,
         "zero_stage": zero_stage,
+        "reshard_after_forward": plan.data_parallel.reshard_after_forward,
         "shard_optimizer": shard_optimizer,
         "uses_all_gather": tp > 1 or shard_optimizer or plan.ep > 1,
         "uses_reduce_scatter": sp or shard_optimizer,

@@ -23,6 +23,7 @@ DEFAULTS: dict[str, object] = {
     "model.z_loss_weight": 0.0,
     "tensor_parallel.sequence_parallel": False,
     "data_parallel.zero": 0,
+    "data_parallel.reshard_after_forward": True,
     "pipeline.schedule": "1f1b",
     "pipeline.virtual_stages": 1,
     "context_parallel.method": "ring",

@@ -51,8 +51,9 @@ def lower_plan(r: Reader, block: ast.Block, resolve: Resolve) -> ir.Plan | None:
     tpf = sub("tensor_parallel", ("sequence_parallel",))
     tp = ir.TensorParallel(r.bool(tpf, "sequence_parallel", D["tensor_parallel.sequence_parallel"]), spans.get("tensor_parallel"))
 
-    dpf = sub("data_parallel", ("zero",))
-    dp = ir.DataParallel(r.int(dpf, "zero", D["data_parallel.zero"]), spans.get("data_parallel"))
+    dpf = sub("data_parallel", ("zero", "reshard_after_forward"))
+    dp = ir.DataParallel(r.int(dpf, "zero", D["data_parallel.zero"]), spans.get("data_parallel"),
+                         r.bool(dpf, "reshard_after_forward", D["data_parallel.reshard_after_forward"]))
 
     cpf = sub("context_parallel", ("method", "load_balance"))
     cp = ir.ContextParallel(r.choice(cpf, "method", ir.CP_METHODS, D["context_parallel.method"]) or D["context_parallel.method"], r.bool(cpf, "load_balance", D["context_parallel.load_balance"]), spans.get("context_parallel"))
