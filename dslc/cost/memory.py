@@ -170,6 +170,61 @@ def zero_state(n_params: int, group: int, zero: int, w: int, g: int, k: int) -> 
     return ((shard if zero >= 3 else n_params) * w, (shard if zero >= 2 else n_params) * g, (shard if zero >= 1 else n_params) * k)
 
 
+BUCKET_BYTES = 25 * 2**20  # the generated script's gradient buckets (DDP's default size)
+
+
+def zero3_units(plan: Plan, stage: int) -> tuple[int, int, int]:
+    """ZeRO-3's units on a rank of ``stage``, as the script builds them: (elements of one
+    block's flat buffer, of the outer unit's — embeddings, final norm, head, none on a middle
+    stage — each padded to a multiple of the group size N, and N)."""
+    n = group_size(plan, grad_group(plan, False))
+    sharded, rep, experts = arch.layer_params(plan.model, plan.tp)
+    block = sharded + rep + experts // plan.ep
+    sp, layers = stage_params(plan)[stage], sum(chunk_layers(plan)[stage])
+    outer = sp.total - layers * block
+    return n * ceil(block / n), n * ceil(outer / n), n
+
+
+def zero3_state(plan: Plan, stage: int, w: int, g: int, k: int) -> tuple[int, int, int]:
+    """(params, grads, optimizer) bytes of the worst rank (rank 0 of the group: the padding
+    falls in the last shard of each unit): every unit's 1/N, padded per unit."""
+    block, outer, n = zero3_units(plan, stage)
+    shard = sum(chunk_layers(plan)[stage]) * block // n + outer // n
+    return shard * w, shard * g, shard * k
+
+
+def transient_bytes(plan: Plan, stage: int) -> int:
+    """The most bytes of unsharded weights and gradients a rank holds at once, beyond its
+    shards (ZeRO-2 and 3; ZeRO-0/1 keep the whole gradient, counted as grads).
+
+    ZeRO-2: the buckets' gradients, while a bucket fills and reduces (two buckets of
+    BUCKET_BYTES at most), or all of them when micro-batches accumulate into them (m > 1,
+    or a tied embedding over pp, whose buckets reduce after the last backward). ZeRO-3,
+    U a block's padded flat buffer, L the stage's blocks, O the outer unit: O's weights
+    and gradient (gathered through the step); the blocks' weights — two gathered at once
+    (the one running and the prefetched one) with reshard_after_forward, all L without —
+    and their gradients — all L when micro-batches accumulate, else the one filling and
+    the one reducing. With m = 1 the peak is the backward: L ≥ 3: 2U weights + 2U grads;
+    L = 2: one unit more of whichever is larger; without resharding L weights + 1 grad."""
+    zero, e = plan.data_parallel.zero, dtype_bytes(plan)
+    n = group_size(plan, grad_group(plan, False))
+    if zero < 2 or n == 1:
+        return 0
+    accumulates = plan.microbatches > 1
+    if zero == 2:
+        full = n * ceil(stage_params(plan)[stage].dense / n) * e
+        return full if accumulates or stage_params(plan)[stage].tied else min(full, 2 * BUCKET_BYTES)
+    block, outer, _ = zero3_units(plan, stage)
+    L, reshard = sum(chunk_layers(plan)[stage]), plan.data_parallel.reshard_after_forward
+    if accumulates:
+        blocks = (min(2, L) if reshard else L) + L
+    elif not reshard:
+        blocks = L + min(1, L)
+    else:
+        blocks = {0: 0, 1: 2, 2: 3}.get(L, 4)
+    return (2 * outer + blocks * block) * e
+
+
 def layer_activation_bytes(plan: Plan, settings: Settings = DEFAULT) -> int:
     """Bytes one layer keeps for backward, per rank per micro-batch (Korthikanti et al. 2022).
 
@@ -232,10 +287,11 @@ class StageMemory:
     activations: int
     inflight: int  # (micro-batch, chunk) activations held at the peak
     layers: int
+    transient: int = 0  # unsharded weights and gradients of ZeRO-2/3 (transient_bytes)
 
     @property
     def total(self) -> int:
-        return self.params + self.grads + self.optimizer + self.activations
+        return self.params + self.grads + self.optimizer + self.activations + self.transient
 
 
 def actions(plan: Plan):
@@ -256,6 +312,8 @@ def memory(plan: Plan, settings: Settings = DEFAULT, peaks: tuple[int, ...] | No
     out = []
     for s, (sp, chunks) in enumerate(zip(stage_params(plan), chunk_layers(plan))):
         dense = zero_state(sp.dense, group_size(plan, grad_group(plan, False)), zero, w, g, k)
+        if zero == 3 and not sp.expert and group_size(plan, grad_group(plan, False)) > 1:
+            dense = zero3_state(plan, s, w, g, k)  # padded per unit
         expert = zero_state(sp.expert, group_size(plan, grad_group(plan, True)), zero, w, g, k)
         held = peaks[s]
         act = round(held * sum(chunks) / v * per_layer)
@@ -263,5 +321,6 @@ def memory(plan: Plan, settings: Settings = DEFAULT, peaks: tuple[int, ...] | No
             act += ceil(held / v) * emb
         if s == plan.pp - 1:
             act += ceil(held / v) * head
-        out.append(StageMemory(s, dense[0] + expert[0], dense[1] + expert[1], dense[2] + expert[2], act, held, sum(chunks)))
+        out.append(StageMemory(s, dense[0] + expert[0], dense[1] + expert[1], dense[2] + expert[2], act, held, sum(chunks),
+                               transient_bytes(plan, s)))
     return tuple(out)

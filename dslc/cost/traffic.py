@@ -40,9 +40,15 @@ all-to-all (n−1)/n·S, send S. Calls per step:
   SP, uniform routing; capacity factor: the padded E·b·C). Dropless, the script also
   all-to-alls E int64 token counts before each dispatch: bookkeeping, not counted.
 * data parallel, once per step: dense grads over dp×cp×ep, expert grads over dp×cp —
-  all-reduce (zero 0), reduce-scatter + all-gather of the updated params (zero 1, 2),
-  reduce-scatter + all-gathers of the params forward and backward (zero 3). Sharded
-  buffers are padded to a multiple of the group size.
+  all-reduce (zero 0), reduce-scatter + all-gather of the updated params (zero 1, 2).
+  Sharded buffers are padded to a multiple of the group size.
+* zero 3 (dense), per unit as the script builds them (:func:`~dslc.cost.memory.zero3_units`):
+  the outer unit (embeddings, final norm, head) is gathered once per step and its grads
+  reduce-scattered once; each block is reduce-scattered once per step and all-gathered at
+  every forward (F) or backward (B) of its chunk that finds it freed — with
+  reshard_after_forward twice per micro-batch, without it once per micro-batch unless
+  the pipeline schedule runs a backward of the chunk between two forwards
+  (:func:`unit_gathers` replays the rank's action list).
 
 Scalar reductions (loss for logging, grad-norm) are not counted.
 """
@@ -58,6 +64,7 @@ from ..ir import Plan
 from .collectives import Comm
 from .memory import (
     StageParams,
+    actions,
     chunk_layers,
     dtype_bytes,
     grad_group,
@@ -65,7 +72,9 @@ from .memory import (
     local_tokens,
     routed_slots,
     stage_params,
+    zero3_units,
 )
+from .schedule import build
 
 
 @dataclass(frozen=True)
@@ -135,6 +144,8 @@ def step_specs(plan: Plan, sp_params: StageParams) -> list[_Spec]:
         if zero == 0:
             out.append(_Spec(axes, "all_reduce", f"{tag} grads", count * e, 0, 1, "backward"))
             continue
+        if zero == 3 and not expert and not sp_params.expert:  # per unit: zero3_specs
+            continue
         out.append(_Spec(axes, "reduce_scatter", f"{tag} grads", padded, 0, 1, "backward"))
         if zero < 3:
             out.append(_Spec(axes, "all_gather", f"{tag} params after the step", padded, 1))
@@ -146,6 +157,39 @@ def step_specs(plan: Plan, sp_params: StageParams) -> list[_Spec]:
         out.append(_Spec(("tp",), "all_reduce", "grads of tp-replicated weights (SP)", replicated * e, 0, 1))
     if sp_params.tied:
         out.append(_Spec(("pp",), "all_reduce", "tied embedding grads", sp_params.tied * e, 0, 1, ends=True))
+    return out
+
+
+def unit_gathers(plan: Plan, stage: int) -> tuple[int, int]:
+    """(forward, backward) all-gathers of block units per step on a rank of ``stage``: the
+    rank's F and B actions replayed (one micro-batch after the other without a pipeline),
+    each gathering the blocks of its chunk when they are freed; F frees them again with
+    reshard_after_forward, B always."""
+    m, v, reshard = plan.microbatches, plan.pipeline.virtual_stages, plan.data_parallel.reshard_after_forward
+    acts = actions(plan)[stage] if plan.pp > 1 else build("1f1b", 1, m, 1)[0]
+    layers, gathered, out = chunk_layers(plan)[stage], [False] * v, {"F": 0, "B": 0}
+    for a in acts:
+        if a.kind in out:
+            if not gathered[a.chunk]:
+                out[a.kind] += layers[a.chunk]
+            gathered[a.chunk] = a.kind == "F" and not reshard
+    return out["F"], out["B"]
+
+
+def zero3_specs(plan: Plan, stage: int) -> list[_Spec]:
+    """The per-step ZeRO-3 collectives of a rank of ``stage`` (dense params)."""
+    axes, e = grad_group(plan, False), dtype_bytes(plan)
+    block, outer, n = zero3_units(plan, stage)
+    if n == 1 or plan.data_parallel.zero != 3 or stage_params(plan)[stage].expert:
+        return []
+    fwd, bwd = unit_gathers(plan, stage)
+    layers = sum(chunk_layers(plan)[stage])
+    out = [_Spec(axes, "all_gather", "block params (forward)", block * e, fwd, 0, "forward"),
+           _Spec(axes, "all_gather", "block params (backward)", block * e, 0, bwd, "backward"),
+           _Spec(axes, "reduce_scatter", "block grads", block * e, 0, layers, "backward")]
+    if outer:
+        out += [_Spec(axes, "all_gather", "outer unit params (embeddings, head)", outer * e, 1),
+                _Spec(axes, "reduce_scatter", "outer unit grads", outer * e, 0, 1)]
     return out
 
 
@@ -180,7 +224,7 @@ def stage_traffic(plan: Plan, stage: int) -> list[Comm]:
         rows += [to_comm(plan, sp, m * (sp.fwd + sp.bwd)) for sp in edge_specs(plan, g == 0, g == p * v - 1)]
     sends = zip(("activations to the next stage", "gradients to the previous stage"), (False, True), pp_sends(plan, stage))
     rows += [Comm("pp", ("pp",), "send", what, m * n, pp_bytes(plan), p, back=back) for what, back, n in sends]
-    rows += [to_comm(plan, sp, sp.fwd + sp.bwd, "step") for sp in step_specs(plan, stage_params(plan)[stage])]
+    rows += [to_comm(plan, sp, sp.fwd + sp.bwd, "step") for sp in step_specs(plan, stage_params(plan)[stage]) + zero3_specs(plan, stage)]
     merged: dict[tuple, Comm] = {}
     for c in rows:
         key = (c.axis, c.kind, c.what)

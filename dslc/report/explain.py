@@ -149,12 +149,17 @@ def render_text(ex: Explanation) -> str:
         "",
         f"Memory per GPU, worst rank of each pipeline stage (device: {size(dev.memory)})",
     ]
-    rows = [[str(s.stage), str(s.layers), size(s.params), size(s.grads), size(s.optimizer), size(s.activations), f"{s.inflight}",
-             size(s.total), "yes" if s.total <= dev.memory else "NO"] for s in ex.memory]
-    out += _table(["stage", "layers", "params", "grads", "optimizer", "activations", "in flight", "total", "fits"], rows, {1, 2, 3, 4, 5, 6, 7})
+    unsharded = any(s.transient for s in ex.memory)  # ZeRO-2/3: gathered weights, unsharded grads
+    rows = [[str(s.stage), str(s.layers), size(s.params), size(s.grads), size(s.optimizer), size(s.activations)]
+            + [size(s.transient)] * unsharded + [f"{s.inflight}", size(s.total), "yes" if s.total <= dev.memory else "NO"] for s in ex.memory]
+    heads = ["stage", "layers", "params", "grads", "optimizer", "activations"] + ["unsharded"] * unsharded + ["in flight", "total", "fits"]
+    out += _table(heads, rows, set(range(1, len(heads) - 1)))
     w, g, k = mem.state_bytes_per_param(p)
     out.append(f"  bytes per parameter {w}+{g}+{k} (weights+grads+optimizer) before ZeRO; activations with "
                + ("the paper's stored attention scores" if ex.settings.attention == "paper" else "fused attention (no s² scores)"))
+    if unsharded:
+        out.append("  unsharded: the most " + ("gathered weights and " if p.data_parallel.zero == 3 else "")
+                   + "unsharded gradients held at once" + (" (accumulated over the micro-batches)" if p.microbatches > 1 else ""))
     for d in ex.diagnostics:
         out += [f"  error[{d.code}]: {d.message}", f"  help: {d.hint}"]
     out += ["", "Traffic per GPU per step (the busiest stage's ranks; payload = tensor bytes, wire = NCCL ring bytes)"]
@@ -225,7 +230,7 @@ def to_json(ex: Explanation) -> dict:
                    "experts_per_layer": pr.experts, "final_norm": pr.final_norm, "head": pr.head},
         "device_memory": p.cluster.device.memory,
         "memory": [{"stage": s.stage, "params": s.params, "grads": s.grads, "optimizer": s.optimizer, "activations": s.activations,
-                    "total": s.total, "layers": s.layers, "inflight": s.inflight, "fits": s.total <= p.cluster.device.memory} for s in ex.memory],
+                    "unsharded": s.transient, "total": s.total, "layers": s.layers, "inflight": s.inflight, "fits": s.total <= p.cluster.device.memory} for s in ex.memory],
         "flops_per_step": ex.flops.model,
         "hardware_flops_per_step": ex.flops.hardware,
         "traffic": [_row(r.comm, r.stage, r.link, r.seconds) for r in ex.rows],
