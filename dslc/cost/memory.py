@@ -199,30 +199,53 @@ def transient_bytes(plan: Plan, stage: int) -> int:
 
     ZeRO-2: the buckets' gradients, while a bucket fills and reduces (two buckets of
     BUCKET_BYTES at most), or all of them when micro-batches accumulate into them (m > 1,
-    or a tied embedding over pp, whose buckets reduce after the last backward). ZeRO-3,
-    U a block's padded flat buffer, L the stage's blocks, O the outer unit: O's weights
-    and gradient (gathered through the step); the blocks' weights — two gathered at once
-    (the one running and the prefetched one) with reshard_after_forward, all L without —
-    and their gradients — all L when micro-batches accumulate, else the one filling and
-    the one reducing. With m = 1 the peak is the backward: L ≥ 3: 2U weights + 2U grads;
-    L = 2: one unit more of whichever is larger; without resharding L weights + 1 grad."""
+    or a tied embedding over pp, whose buckets reduce after the last backward). ZeRO-3:
+    the outer unit's weights and gradient (held through the step) and
+    :func:`zero3_peak_units` block units."""
     zero, e = plan.data_parallel.zero, dtype_bytes(plan)
     n = group_size(plan, grad_group(plan, False))
     if zero < 2 or n == 1:
         return 0
-    accumulates = plan.microbatches > 1
     if zero == 2:
         full = n * ceil(stage_params(plan)[stage].dense / n) * e
-        return full if accumulates or stage_params(plan)[stage].tied else min(full, 2 * BUCKET_BYTES)
+        accumulates = plan.microbatches > 1 or stage_params(plan)[stage].tied
+        return full if accumulates else min(full, 2 * BUCKET_BYTES)
     block, outer, _ = zero3_units(plan, stage)
-    L, reshard = sum(chunk_layers(plan)[stage]), plan.data_parallel.reshard_after_forward
-    if accumulates:
-        blocks = (min(2, L) if reshard else L) + L
-    elif not reshard:
-        blocks = L + min(1, L)
-    else:
-        blocks = {0: 0, 1: 2, 2: 3}.get(L, 4)
-    return (2 * outer + blocks * block) * e
+    return (2 * outer + zero3_peak_units(plan, stage) * block) * e
+
+
+def zero3_peak_units(plan: Plan, stage: int) -> int:
+    """Block units (weights or gradients, each one unit's flat buffer) held at once at the
+    peak, replaying the rank's F and B actions (as :func:`dslc.cost.traffic.unit_gathers`).
+    Within a chunk of L blocks: a forward holds two gathered (the running one and the
+    prefetched one; all L without resharding, by its end); a backward holds the weights
+    of the block running and the prefetched one (all L still gathered without
+    resharding) and the gradients accumulated by earlier micro-batches (all L), or, in the
+    first backward, the gradient filling and the one reducing. Between actions a chunk
+    keeps its weights when reshard_after_forward is false and a forward gathered them,
+    and its gradients (all L) until its last backward reduces them (one left in flight)."""
+    reshard, m = plan.data_parallel.reshard_after_forward, plan.microbatches
+    acts = [a for a in (actions(plan)[stage] if plan.pp > 1 else sched.build("1f1b", 1, m, 1)[0]) if a.kind in ("F", "B")]
+    layers = chunk_layers(plan)[stage]
+    last = {a.chunk: i for i, a in enumerate(acts) if a.kind == "B"}
+    gathered, grads, peak = [0] * len(layers), [0] * len(layers), 0
+    for i, a in enumerate(acts):
+        c, L = a.chunk, layers[a.chunk]
+        others = sum(gathered) + sum(grads) - gathered[c] - grads[c]
+        if a.kind == "F":
+            during = (min(2, L) if reshard else L) + grads[c]
+            gathered[c] = 0 if reshard else L
+        else:
+            if grads[c]:
+                during = (gathered[c] or min(2, L)) + L
+            else:
+                during = L + 1 if gathered[c] else {0: 0, 1: 2, 2: 3}.get(L, 4)
+            gathered[c] = 0
+            grads[c] = min(1, L) if i == last[c] else L
+            if i == last[c]:  # reducing this chunk waited for the one left in flight before
+                grads = [g if x == c or x not in last or last[x] > i else 0 for x, g in enumerate(grads)]
+        peak = max(peak, others + during)
+    return peak
 
 
 def layer_activation_bytes(plan: Plan, settings: Settings = DEFAULT) -> int:
