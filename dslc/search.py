@@ -109,7 +109,8 @@ def fit_diagnostics(plan: Plan, settings: mem.Settings = mem.DEFAULT,
         return []
     msg = (f"pipeline stage {worst.stage} needs {gib(worst.total)} per GPU but {dev} has {gib(cap)}: params "
            f"{gib(worst.params)}, grads {gib(worst.grads)}, optimizer {gib(worst.optimizer)}, activations "
-           f"{gib(worst.activations)} ({worst.inflight} micro-batch chunks in flight × {worst.layers} layers)")
+           f"{gib(worst.activations)} ({worst.inflight} micro-batch chunks in flight × {worst.layers} layers)"
+           + (f", unsharded {gib(worst.transient)}" if worst.transient else ""))
     found = fixes(plan, settings)
     if found.fits:
         hint = "it fits with any one of: " + ", ".join(f"{c.label} ({gib(need)})" for c, need in found.fits)
@@ -117,7 +118,24 @@ def fit_diagnostics(plan: Plan, settings: mem.Settings = mem.DEFAULT,
         close = found.closest
         hint = ("no single change of zero, recompute, micro_batch, tp or pp fits"
                 + (f"; closest: {close[0].label} ({gib(close[1])})" if close else "") + "; combine them or add GPUs")
-    return [error("E090", plan.span, msg, hint), *expert_fit(plan)]
+    return [error("E090", plan.span, msg, hint), *expert_fit(plan), *unit_fit(plan)]
+
+
+def unit_fit(plan: Plan) -> list[Diagnostic]:
+    """E092, beside E090, when ZeRO-3 cannot hold one unit gathered with its gradient:
+    sharding does not help there, only splitting the unit (tp, or pp for the outer one)."""
+    if plan.data_parallel.zero != 3 or mem.group_size(plan, mem.grad_group(plan, False)) == 1:
+        return []
+    cap, e = plan.cluster.device.memory, mem.dtype_bytes(plan)
+    for stage in range(plan.pp):
+        block, outer, _ = mem.zero3_units(plan, stage)
+        name, numel = max((("a block", block), ("the embeddings and head", outer)), key=lambda u: u[1])
+        if 2 * numel * e > cap:
+            return [error("E092", plan.where("data_parallel.zero"),
+                          f"zero = 3 gathers {name} whole on every rank: {gib(numel * e)} of weights and as much gradient "
+                          f"(stage {stage}), more than the {gib(cap)} of {plan.cluster.device.name}",
+                          "a larger tp splits every unit (a larger pp spreads the embeddings and head over two stages)")]
+    return []
 
 
 def expert_state(plan: Plan, ep: int) -> int:

@@ -314,8 +314,17 @@ def test_zero_shards_are_padded_to_the_group():
     p = plan(mdl, ("dp", 8, "ib"), zero=1)
     got = traffic.rank_payload(p, 0)
     assert got[("dp", "reduce_scatter")] == got[("dp", "all_gather")] == 8 * ceil(P / 8) * 2
+    # zero 3: per unit (a block, or the rest: embeddings, final norm), each padded; every
+    # block gathered in each micro-batch's forward and again in its backward, the rest once
     p3 = plan(mdl, ("dp", 8, "ib"), zero=3)
-    assert traffic.rank_payload(p3, 0)[("dp", "all_gather")] == 2 * 8 * ceil(P / 8) * 2
+    block = sum(arch.layer_params(mdl))
+    m, rest = p3.microbatches, P - 2 * block
+    got = traffic.rank_payload(p3, 0)
+    assert got[("dp", "all_gather")] == (m * 2 * 2 * 8 * ceil(block / 8) + 8 * ceil(rest / 8)) * 2
+    assert got[("dp", "reduce_scatter")] == (2 * 8 * ceil(block / 8) + 8 * ceil(rest / 8)) * 2
+    kept = plan(mdl, ("dp", 8, "ib"), zero=3)
+    kept = replace(kept, data_parallel=replace(kept.data_parallel, reshard_after_forward=False))
+    assert traffic.rank_payload(kept, 0)[("dp", "all_gather")] == (m * 2 * 8 * ceil(block / 8) + 8 * ceil(rest / 8)) * 2
 
 
 def test_ulysses_all_to_alls_and_grads_over_dp_and_cp():
@@ -479,3 +488,65 @@ def test_memory_error_when_nothing_single_fits():
     (d,) = search.fit_diagnostics(p)
     # 16 bytes × 175 B params need 2.6 TB: even sharded 8 ways (zero 3, or tp 8) it is > 300 GiB
     assert "no single change" in d.hint and "closest: " in d.hint and "add GPUs" in d.hint
+
+
+# torchtitan's Llama 3.1 405B run on 512 H100s: FSDP 8 x TP 8 x PP 8 (interleaved)
+TITAN_405B = """
+cluster h100_64x8 {
+    nodes = 64; gpus_per_node = 8; device = h100_sxm
+    link nvlink { scope = node; bandwidth = 450 GB/s; latency = 2 us }
+    link ib { scope = cluster; bandwidth = 50 GB/s; latency = 8 us }
+}
+plan llama31_405b {
+    model llama {
+        layers = 126; hidden = 16384; heads = 128; kv_heads = 8
+        ffn = 53248; vocab = 128256; seq_len = 8192; rope_theta = 500000
+    }
+    cluster = h100_64x8
+    mesh { dp = 8 on ib; pp = 8 on ib; tp = 8 on nvlink }
+    tensor_parallel { sequence_parallel = true }
+    data_parallel { zero = 3; reshard_after_forward = RESHARD }
+    pipeline { schedule = SCHEDULE; virtual_stages = V; microbatches = 16 }
+    train { micro_batch = 1; global_batch = 128; precision = bf16; recompute = full }
+}
+"""
+
+
+def _titan(schedule="interleaved_1f1b", v=2, reshard="true"):
+    from dslc.driver import load_text
+
+    text = TITAN_405B.replace("SCHEDULE", schedule).replace("RESHARD", reshard).replace("= V;", f"= {v};")
+    res = load_text(text, "titan.plan")
+    assert not [d for d in res.diagnostics if d.is_error]
+    return res.program.plans[0]
+
+
+@pytest.mark.parametrize("schedule, v", [("interleaved_1f1b", 2), ("1f1b", 1)])
+def test_zero3_pipeline_gathers_every_block_per_micro_batch_and_chunk(schedule, v):
+    """The published FSDP x TP x PP layout: each rank gathers each of its blocks in every
+    micro-batch's forward and again in its backward (16 micro-batches, v chunks of
+    126 / (8 v) layers), its embeddings or head once; and reduces each unit once."""
+    p = _titan(schedule, v)
+    e, n, m = 2, 8, 16
+    sharded, rep, _ = arch.layer_params(p.model, 8)
+    block = n * ceil((sharded + rep) / n) * e  # a block's flat buffer, padded to the group
+    for stage in range(8):
+        layers = sum(p.stage_layers()[c * 8 + stage] for c in range(v))
+        rows = {(c.kind, c.what): c for c in traffic.stage_traffic(p, stage) if c.axis == "dp"}
+        fwd, bwd = rows["all_gather", "block params (forward)"], rows["all_gather", "block params (backward)"]
+        assert fwd.calls == bwd.calls == m * layers and fwd.bytes_per_call == block
+        assert rows["reduce_scatter", "block grads"].calls == layers
+        outer = rows.get(("all_gather", "outer unit params (embeddings, head)"))
+        assert (outer is not None and outer.calls == 1) == (stage in (0, 7))
+
+
+def test_zero3_pipeline_without_resharding_follows_the_schedule():
+    """reshard_after_forward = false: a chunk stays gathered from a forward until the next
+    backward of the chunk frees it (16 blocks a stage). 1f1b on stage 7 (no warm-up) runs
+    F B F B ...: one gather per micro-batch, in its forward. Stage 0 runs F0..F7 (F0
+    gathers), then B0 F8 B1 F9 ... B7 F15 (each B frees, each F gathers again; B1..B7
+    find the blocks gathered), then B8..B15: B8 finds them gathered by F15, B9..B15
+    gather each. Forward 9, backward 7 gathers of every block."""
+    p = _titan("1f1b", 1, "false")
+    assert traffic.unit_gathers(p, 7) == (16 * 15, 0)
+    assert traffic.unit_gathers(p, 0) == (9 * 16, 7 * 16)

@@ -189,16 +189,16 @@ def all_reduce(x, axis, op=dist.ReduceOp.SUM, async_op=False, scalar=False):
     return dist.all_reduce(x, op=op, group=GROUPS[axis], async_op=async_op)
 
 
-def all_gather(x, axis, dim, out=None):
+def all_gather(x, axis, dim, out=None, async_op=False):
     """The group's tensors concatenated along dim, in rank order (into `out` if given:
-    dim 0 of a contiguous buffer)."""
+    dim 0 of a contiguous buffer; with async_op, the work handle instead)."""
     group = GROUPS[axis]
     n = dist.get_world_size(group)
     if METER:  # the payload is the gathered output
         METER.count(axis, "all_gather", x.nbytes * n)
     if out is not None:
-        dist.all_gather(list(out.chunk(n)), x, group=group)
-        return out
+        work = dist.all_gather_into_tensor(out, x, group=group, async_op=async_op)
+        return work if async_op else out
     parts = [torch.empty_like(x) for _ in range(n)]
     dist.all_gather(parts, x.contiguous(), group=group)
     return torch.cat(parts, dim=dim)
@@ -882,8 +882,12 @@ class Meter:  # what this rank sends, holds and saves: what `dslc explain` predi
         self.step = None  # the step being measured; None outside the steps
         self.comm, self.scalar_comm = {}, {}  # step -> {(group, kind): (calls, bytes)}
         self.saved, self.state = [], None  # per micro-batch; after the first step
-        held = [*params, *model.buffers()]  # saved by autograd, yet not activations
-        self.skip = {t.untyped_storage().data_ptr() for t in held}
+        self.skip = self.held()
+
+    def held(
+        self,
+    ):  # storages autograd saves that are not activations: weights, buffers
+        return {t.untyped_storage().data_ptr() for t in [*params, *model.buffers()]}
 
     def count(self, axis, kind, nbytes, scalar=False):
         table = (self.scalar_comm if scalar else self.comm).setdefault(self.step, {})

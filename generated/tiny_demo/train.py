@@ -750,8 +750,12 @@ class Meter:  # what this rank sends, holds and saves: what `dslc explain` predi
         self.step = None  # the step being measured; None outside the steps
         self.comm, self.scalar_comm = {}, {}  # step -> {(group, kind): (calls, bytes)}
         self.saved, self.state = [], None  # per micro-batch; after the first step
-        held = [*params, *model.buffers()]  # saved by autograd, yet not activations
-        self.skip = {t.untyped_storage().data_ptr() for t in held}
+        self.skip = self.held()
+
+    def held(
+        self,
+    ):  # storages autograd saves that are not activations: weights, buffers
+        return {t.untyped_storage().data_ptr() for t in [*params, *model.buffers()]}
 
     def count(self, axis, kind, nbytes, scalar=False):
         table = (self.scalar_comm if scalar else self.comm).setdefault(self.step, {})
