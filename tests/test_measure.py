@@ -282,11 +282,12 @@ def test_saved_activation_bytes_are_within_10_percent(case):
         want = sum(layers[stage]) * per_layer
         want += embedding if stage == 0 else 0
         want += head if stage == plan.pp - 1 else 0
-        saved = record["saved_per_microbatch"]
-        assert len(saved) == plan.microbatches and len(set(saved)) == 1, saved
-        assert (
-            abs(saved[0] - want) <= ACTIVATION_RTOL * want
-        ), f"{plan.name} rank {rank}: {saved[0]} vs {want}"
+        saved = record["saved_per_microbatch"]  # one per forward: micro-batch and chunk
+        assert len(saved) == plan.microbatches * plan.pipeline.virtual_stages, saved
+        if plan.pipeline.virtual_stages == 1:
+            assert len(set(saved)) == 1, saved
+        got = sum(saved) / plan.microbatches  # every chunk of the rank, per micro-batch
+        assert abs(got - want) <= ACTIVATION_RTOL * want, f"{plan.name} rank {rank}: {got} vs {want}"
 
 
 def test_params_total_is_the_generated_models_parameter_count(case):

@@ -136,6 +136,7 @@ def _parallel(plan: Plan) -> dict:
         "multi_node": nnodes > 1,
         "nproc_per_node": world // nnodes,
         "zero_stage": zero_stage,
+        "zero3": zero_stage == 3,
         "reshard_after_forward": plan.data_parallel.reshard_after_forward,
         "shard_optimizer": shard_optimizer,
         "uses_all_gather": tp > 1 or shard_optimizer or plan.ep > 1,

@@ -421,7 +421,10 @@ class Transformer(nn.Module):
     def __init__(self):
         super().__init__()
         self.wte = VocabParallelEmbedding()
-        self.blocks = nn.ModuleList([Block() for _ in range(N_LAYER)])
+        with torch.device(
+            "meta"
+        ):  # ZeRO-3: each block built, drawn and sharded in turn
+            self.blocks = nn.ModuleList([Block() for _ in range(N_LAYER)])
         self.norm = RMSNorm()
         self.lm_head = param(VOCAB_PER_RANK, N_EMBD, tp_dim=0, vocab_rows=True)
         cos, sin = rope_tables()
@@ -446,10 +449,12 @@ class Transformer(nn.Module):
 
 
 @torch.no_grad()
-def init_weights(model):
+def init_weights(named_parameters):
     """Each rank keeps its slice of a *global* tensor drawn by name: every plan of a
     model and seed holds the same weights, so the serial plan is the reference."""
-    for name, p in model.named_parameters():
+    for name, p in named_parameters:
+        if p.is_meta:  # a ZeRO-3 block: drawn when FullyShardedUnits shards it
+            continue
         if p.init != "normal":
             p.fill_(1.0 if p.init == "ones" else 0.0)
             continue
@@ -515,9 +520,8 @@ class Unit:
             self.full[offset : offset + p.numel()].copy_(p.data.view(-1))
             p.data = self.full[offset : offset + p.numel()].view_as(p)
             p.grad = self.grad[offset : offset + p.numel()].view_as(p)
-            p.register_hook(
-                self.grad_arriving
-            )  # before autograd accumulates into .grad
+            # before autograd accumulates into .grad:
+            p.register_hook(self.grad_arriving)
             if on_backward:
                 p.register_post_accumulate_grad_hook(self._accumulated)
             offset += p.numel()
@@ -579,9 +583,27 @@ class FullyShardedUnits:
     there are none: a middle pipeline stage)."""
 
     def __init__(self, model):
-        blocks = list(model.blocks)
-        last = [k == len(blocks) - 1 for k in range(len(blocks))]
-        self.units = [Unit(list(b.parameters()), self._backward_done) for b in blocks]
+        named = list(model.blocks.named_children())  # (layer, block) in layer order
+        ends = {N_LAYER}
+        last = [
+            int(layer) + 1 in ends for layer, _ in named
+        ]  # a chunk's last: no prefetch
+        blocks, self.units = [b for _, b in named], []
+        for (
+            layer,
+            block,
+        ) in named:  # built on the meta device: one whole block at a time
+            marks = {
+                n: vars(p) for n, p in block.named_parameters()
+            }  # tp_dim, init, ...
+            block.to_empty(device=device)  # new parameters: they take the marks over
+            for n, p in block.named_parameters():
+                p.__dict__.update(marks[n])
+            init_weights(
+                (f"blocks.{layer}.{n}", p) for n, p in block.named_parameters()
+            )
+            block.to(PARAM_DTYPE)
+            self.units.append(Unit(list(block.parameters()), self._backward_done))
         in_blocks = {p for b in blocks for p in b.parameters()}
         rest = [p for p in model.parameters() if p not in in_blocks]
         self.outer = Unit(rest) if rest else None
@@ -707,10 +729,12 @@ def grad_norm(grads, sharded):
 # -----------------------------------------------------------------------------
 # Training
 model = Transformer()
-init_weights(model)
-model.to(device, dtype=PARAM_DTYPE)
-params = list(model.parameters())
+init_weights(model.named_parameters())
+blocks, model.blocks = model.blocks, nn.ModuleList()  # (on the meta device)
+model.to(device, dtype=PARAM_DTYPE)  # all but the blocks
+model.blocks = blocks
 grad_buckets = FullyShardedUnits(model)  # from here on the weights live as shards
+params = list(model.parameters())
 # ZeRO-3: the optimizer holds this rank's shard only, cut at parameter boundaries
 pieces = grad_buckets.shard_pieces()
 owners = [p for p, _, _ in pieces]  # the parameter each piece belongs to

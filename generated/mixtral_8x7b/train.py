@@ -652,10 +652,10 @@ class Transformer(nn.Module):
 
 
 @torch.no_grad()
-def init_weights(model):
+def init_weights(named_parameters):
     """Each rank keeps its slice of a *global* tensor drawn by name: every plan of a
     model and seed holds the same weights, so the serial plan is the reference."""
-    for name, p in model.named_parameters():
+    for name, p in named_parameters:
         if p.init != "normal":
             p.fill_(1.0 if p.init == "ones" else 0.0)
             continue
@@ -806,7 +806,7 @@ def grad_norm(grads, sharded, experts):
 # -----------------------------------------------------------------------------
 # Training
 model = Transformer()
-init_weights(model)
+init_weights(model.named_parameters())
 model.to(device, dtype=PARAM_DTYPE)
 params = list(model.parameters())
 grad_buckets = GradientBuckets(params, BUCKET_BYTES)
