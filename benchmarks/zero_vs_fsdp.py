@@ -94,7 +94,7 @@ def generated(script: Path, dp: int, steps: int, warmup: int) -> tuple[float, in
     out = run(dp, __file__, "--generated-worker", str(script), "--", "--steps", str(steps), "--device", "cpu")
     times = [float(m) for m in re.findall(r"\| ([\d.]+) ms \|", out)]
     assert len(times) == steps, out
-    return statistics.median(times[warmup:]), max(int(b) for b in re.findall(r"^RSS \d+ (\d+)$", out, re.M))
+    return statistics.median(times[warmup:]), max(int(b) for b in re.findall(r"RSS \d+ (\d+)\b", out))
 
 
 def main() -> None:
@@ -126,7 +126,7 @@ def main() -> None:
                 best[f"zero{z}"] = min(best[f"zero{z}"], (ms, rss))
             out = run(args.dp, __file__, "--fsdp-worker", "--steps", str(args.steps), "--warmup", str(args.warmup))
             ms = float(re.search(r"^MS ([\d.]+)$", out, re.M).group(1))
-            rss = max(int(b) for b in re.findall(r"^RSS \d+ (\d+)$", out, re.M))
+            rss = max(int(b) for b in re.findall(r"RSS \d+ (\d+)\b", out))
             best["fsdp"] = min(best["fsdp"], (ms, rss))
     (z3, m3), (fs, mf) = best["zero3"], best["fsdp"]
     (z2, _), (z0, _) = best["zero2"], best["zero0"]

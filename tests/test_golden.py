@@ -9,7 +9,7 @@ below — not a new harness. The families: gpt2 and llama (dp, tp, sp, ZeRO-1, r
 gpt2pp and llamapp (4-layer models: gpt2 with tied embeddings, llama untied) for the
 pipeline schedules alone and with dp and tp, mixtral and mixtralcap (experts), tokens
 (a 70,000-id vocabulary on uint32 files, blended, with a validation loss compared
-too). One serial run per family is shared; all
+too). ZeRO-2 and ZeRO-3 plans sit in the gpt2, llama and pipeline families (REQUIRED_ZERO). One serial run per family is shared; all
 tests here share one xdist group so multi-process runs never overlap on a small machine.
 """
 
@@ -68,6 +68,17 @@ REQUIRED_MOE = {
 }
 
 
+# sharded data parallel: (schedule, dp, pp, tp, sequence parallel, zero)
+REQUIRED_ZERO = {
+    "gpt2": {("1f1b", 2, 1, 1, False, 2), ("1f1b", 2, 1, 1, False, 3), ("1f1b", 4, 1, 1, False, 3),
+             ("1f1b", 2, 1, 2, True, 3)},
+    "llama": {("1f1b", 4, 1, 1, False, 2), ("1f1b", 2, 1, 2, True, 2), ("1f1b", 2, 1, 1, False, 3),
+              ("1f1b", 4, 1, 1, False, 3)},
+    "gpt2pp": {("1f1b", 2, 2, 1, False, 2), ("1f1b", 2, 2, 1, False, 3)},
+    "llamapp": {("1f1b", 2, 2, 1, False, 3), ("interleaved_1f1b", 2, 2, 1, False, 3), ("1f1b", 2, 2, 2, True, 2)},
+}
+
+
 def test_matrix_is_complete(golden_plans):
     """Every layout each family must cover is in the table, and every plan in the table
     has its serial reference with the same model and global batch."""
@@ -78,6 +89,14 @@ def test_matrix_is_complete(golden_plans):
         plans = [golden_plans[n] for n in PARALLEL if n.startswith(family + "_")]
         have = {layout(p) + (p.ep, p.data_parallel.zero) for p in plans}
         assert layouts <= have, (family, layouts - have)
+    for family, layouts in REQUIRED_ZERO.items():
+        plans = [golden_plans[n] for n in PARALLEL if n.startswith(family + "_")]
+        have = {layout(p) + (p.data_parallel.zero,) for p in plans}
+        assert layouts <= have, (family, layouts - have)
+    zero3 = [golden_plans[n] for n in PARALLEL if golden_plans[n].data_parallel.zero == 3]
+    assert any(p.microbatches > 1 for p in zero3) and any(p.microbatches == 1 for p in zero3)
+    assert any(not p.data_parallel.reshard_after_forward for p in zero3)
+    assert any(p.train.recompute == "full" for p in zero3)
     assert golden_plans["mixtralcap_serial"].model.capacity_factor > 0
     assert golden_plans["mixtralcap_pp2_ep2_zero1_full"].train.recompute == "full"
     assert not golden_plans["mixtral_serial"].model.capacity_factor
@@ -191,12 +210,14 @@ def test_bundled_text_loss_falls(demo, run_script, tmp_path):
 @pytest.mark.parametrize("family", ["llama", "mixtral"])
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_mixed_precision_tracks_fp32(precision, family, golden_plans, trained):
-    """16-bit working weights with fp32 master weights: the serial plan and a sharded
-    parallel one (llama: dp2 x tp2 + sp, mixtral: dp2 x ep2, both ZeRO-1) stay within
-    16-bit rounding of the fp32 serial run."""
-    parallel = {"llama": "llama_dp2_tp2_sp_zero1", "mixtral": "mixtral_dp2_ep2_zero1"}[family]
+    """16-bit working weights with fp32 master weights: the serial plan and sharded
+    parallel ones (llama: dp2 x tp2 + sp with ZeRO-1, dp4 with ZeRO-2, dp2 with ZeRO-3
+    and 16-bit gathers; mixtral: dp2 x ep2, ZeRO-1) stay within 16-bit rounding of the
+    fp32 serial run."""
+    parallel = {"llama": ("llama_dp2_tp2_sp_zero1", "llama_dp4_zero2", "llama_dp2_zero3_full"),
+                "mixtral": ("mixtral_dp2_ep2_zero1",)}[family]
     ref_losses = trained(golden_plans[f"{family}_serial"])[0]
-    for name in (f"{family}_serial", parallel):
+    for name in (f"{family}_serial", *parallel):
         plan = golden_plans[name]
         plan = dataclasses.replace(
             plan,
