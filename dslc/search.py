@@ -129,7 +129,8 @@ def unit_fit(plan: Plan) -> list[Diagnostic]:
     cap, e = plan.cluster.device.memory, mem.dtype_bytes(plan)
     for stage in range(plan.pp):
         block, outer, _ = mem.zero3_units(plan, stage)
-        name, numel = max((("a block", block), ("the embeddings and head", outer)), key=lambda u: u[1])
+        rest = ("the embeddings" if stage == 0 else "") + (" and " if plan.pp == 1 else "") + ("the final norm and head" if stage == plan.pp - 1 else "")
+        name, numel = max((("a block", block), (rest, outer)), key=lambda u: u[1])
         if 2 * numel * e > cap:
             return [error("E092", plan.where("data_parallel.zero"),
                           f"zero = 3 gathers {name} whole on every rank: {gib(numel * e)} of weights and as much gradient "

@@ -20,6 +20,7 @@ from pathlib import Path
 from .. import arch, tokenfiles
 from ..check import check_plan
 from ..cost.flops import peak_flops
+from ..cost import memory as mem
 from ..cost.memory import expert_capacity, grad_group
 from ..ir import Plan
 from .errors import Unsupported
@@ -28,7 +29,7 @@ from .pipeline import pipeline_view
 
 DEFAULT_ROOT = Path("generated")
 SUPPORTED_AXES = ("dp", "tp", "pp", "ep")
-BUCKET_BYTES = "25 * 2**20"  # DDP's default bucket size
+BUCKET_BYTES = f"{mem.BUCKET_BYTES // 2**20} * 2**20"  # DDP's default bucket size, as dslc explain
 _DTYPES = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}
 _NOT_YET = {
     "cp": "context parallel (cp) is not supported by the code generator yet",

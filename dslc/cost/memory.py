@@ -186,8 +186,9 @@ def zero3_units(plan: Plan, stage: int) -> tuple[int, int, int]:
 
 
 def zero3_state(plan: Plan, stage: int, w: int, g: int, k: int) -> tuple[int, int, int]:
-    """(params, grads, optimizer) bytes of the worst rank (rank 0 of the group: the padding
-    falls in the last shard of each unit): every unit's 1/N, padded per unit."""
+    """(params, grads, optimizer) bytes of the worst rank: every unit's 1/N, padded per unit
+    (the shards of weights and gradients are padded on every rank; the optimizer's
+    pieces are not, so rank 0, whose shards hold no padding, is the worst)."""
     block, outer, n = zero3_units(plan, stage)
     shard = sum(chunk_layers(plan)[stage]) * block // n + outer // n
     return shard * w, shard * g, shard * k
@@ -197,9 +198,11 @@ def transient_bytes(plan: Plan, stage: int) -> int:
     """The most bytes of unsharded weights and gradients a rank holds at once, beyond its
     shards (ZeRO-2 and 3; ZeRO-0/1 keep the whole gradient, counted as grads).
 
-    ZeRO-2: the buckets' gradients, while a bucket fills and reduces (two buckets of
-    BUCKET_BYTES at most), or all of them when micro-batches accumulate into them (m > 1,
-    or a tied embedding over pp, whose buckets reduce after the last backward). ZeRO-3:
+    ZeRO-2: the buckets' gradients, while a bucket fills and the one before reduces (a
+    bucket closes at BUCKET_BYTES, so it can exceed it by its last parameter: bounded by
+    two of BUCKET_BYTES + the largest parameter), or all of them when micro-batches
+    accumulate into them (m > 1, or a tied embedding over pp, whose buckets reduce after
+    the last backward). ZeRO-3:
     the outer unit's weights and gradient (held through the step) and
     :func:`zero3_peak_units` block units."""
     zero, e = plan.data_parallel.zero, dtype_bytes(plan)
@@ -209,7 +212,8 @@ def transient_bytes(plan: Plan, stage: int) -> int:
     if zero == 2:
         full = n * ceil(stage_params(plan)[stage].dense / n) * e
         accumulates = plan.microbatches > 1 or stage_params(plan)[stage].tied
-        return full if accumulates else min(full, 2 * BUCKET_BYTES)
+        largest = max(w.numel for w in arch.weights(plan.model, plan.tp)) * e
+        return full if accumulates else min(full, 2 * (BUCKET_BYTES + largest))
     block, outer, _ = zero3_units(plan, stage)
     return (2 * outer + zero3_peak_units(plan, stage) * block) * e
 

@@ -185,8 +185,11 @@ def reduce_scatter(x, axis, dim, out=None, async_op=False):
     if METER:  # the payload is the full input
         METER.count(axis, "reduce_scatter", x.nbytes)
     group = GROUPS[axis]
+    if out is not None:  # dim 0 of a contiguous buffer: one call, no copy
+        work = dist.reduce_scatter_tensor(out, x, group=group, async_op=async_op)
+        return work if async_op else out
     parts = [p.contiguous() for p in x.chunk(dist.get_world_size(group), dim=dim)]
-    out = torch.empty_like(parts[0]) if out is None else out
+    out = torch.empty_like(parts[0])
     work = dist.reduce_scatter(out, parts, group=group, async_op=async_op)
     return work if async_op else out
 
@@ -542,9 +545,14 @@ def gather_weights():
     """The full weights as fp32 CPU tensors by name."""
     out = {}
     for name, p in model.named_parameters():
-        w = p.detach()
-        out[name] = w.float().cpu()
+        out[name] = full_weight(p)
     return out
+
+
+def full_weight(p):
+    """Parameter p whole, as an fp32 CPU tensor."""
+    w = p.detach()
+    return w.float().cpu()
 
 
 def main():

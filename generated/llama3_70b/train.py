@@ -210,8 +210,11 @@ def reduce_scatter(x, axis, dim, out=None, async_op=False):
     if METER:  # the payload is the full input
         METER.count(axis, "reduce_scatter", x.nbytes)
     group = GROUPS[axis]
+    if out is not None:  # dim 0 of a contiguous buffer: one call, no copy
+        work = dist.reduce_scatter_tensor(out, x, group=group, async_op=async_op)
+        return work if async_op else out
     parts = [p.contiguous() for p in x.chunk(dist.get_world_size(group), dim=dim)]
-    out = torch.empty_like(parts[0]) if out is None else out
+    out = torch.empty_like(parts[0])
     work = dist.reduce_scatter(out, parts, group=group, async_op=async_op)
     return work if async_op else out
 
@@ -804,17 +807,22 @@ def gather_weights():
     pipeline's first rank, which gathers every stage's part."""
     out = {}
     for name, p in model.named_parameters():
-        w = p.detach()
-        if p.tp_dim is not None:
-            w = all_gather(w, "tp", dim=p.tp_dim)
-        if p.vocab_rows:
-            w = w[:VOCAB]
-        out[name] = w.float().cpu()
+        out[name] = full_weight(p)
     stages = [None] * PP if PP_RANK == 0 else None  # each stage holds its own layers
     dist.gather_object(out, stages, dst=PP_PEERS[0], group=GROUPS["pp"])
     if PP_RANK == 0:
         out = {k: v for stage in stages for k, v in stage.items()}
     return out
+
+
+def full_weight(p):
+    """Parameter p whole, as an fp32 CPU tensor."""
+    w = p.detach()
+    if p.tp_dim is not None:
+        w = all_gather(w, "tp", dim=p.tp_dim)
+    if p.vocab_rows:
+        w = w[:VOCAB]
+    return w.float().cpu()
 
 
 def main():

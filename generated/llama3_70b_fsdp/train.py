@@ -188,8 +188,11 @@ def reduce_scatter(x, axis, dim, out=None, async_op=False):
     if METER:  # the payload is the full input
         METER.count(axis, "reduce_scatter", x.nbytes)
     group = GROUPS[axis]
+    if out is not None:  # dim 0 of a contiguous buffer: one call, no copy
+        work = dist.reduce_scatter_tensor(out, x, group=group, async_op=async_op)
+        return work if async_op else out
     parts = [p.contiguous() for p in x.chunk(dist.get_world_size(group), dim=dim)]
-    out = torch.empty_like(parts[0]) if out is None else out
+    out = torch.empty_like(parts[0])
     work = dist.reduce_scatter(out, parts, group=group, async_op=async_op)
     return work if async_op else out
 
@@ -474,13 +477,16 @@ def init_weights(named_parameters):
 GRAD_GROUP = "dp"  # the gradients are summed over these mesh axes
 
 
-def hold(t, on):
-    """Allocates (on) or frees the storage under the flat buffer t, as FSDP does: its views
-    (parameters, their .grad) stay valid."""
+def hold(t, on, zeroed=False):
+    """Allocates (on; zeroed: filled with zeros) or frees the storage under the flat buffer
+    t, unless it already is, as FSDP does: its views (parameters, their .grad) stay valid.
+    """
     nbytes = t.numel() * t.element_size()
     if (t.untyped_storage().nbytes() > 0) == on:
         return
     t.untyped_storage().resize_(nbytes if on else 0)
+    if on and zeroed:
+        t.zero_()
     HELD["now"] += nbytes if on else -nbytes
     HELD["peak"] = max(HELD["peak"], HELD["now"])
 
@@ -498,7 +504,8 @@ SHARD = dist.get_rank(GROUPS[GRAD_GROUP])  # this rank's shard
 # prefetching the block before it, in reverse order; once every gradient of the block
 # has accumulated, the weights are freed and, in the step's last micro-batch, the
 # unsharded gradient is reduce-scattered into this rank's shard (earlier micro-batches
-# accumulate into it: reduced once per step) and freed when that completes. The outer
+# accumulate into it: reduced once per step) and freed when the next unit's
+# reduce-scatter starts (after waiting for this one) or the step ends. The outer
 # unit is gathered once per step and reduced after the last backward.
 RESHARD_AFTER_FORWARD = True
 
@@ -520,7 +527,7 @@ class Unit:
             self.full[offset : offset + p.numel()].copy_(p.data.view(-1))
             p.data = self.full[offset : offset + p.numel()].view_as(p)
             p.grad = self.grad[offset : offset + p.numel()].view_as(p)
-            # before autograd accumulates into .grad:
+            # a tensor hook runs before autograd accumulates into .grad
             p.register_hook(self.grad_arriving)
             if on_backward:
                 p.register_post_accumulate_grad_hook(self._accumulated)
@@ -555,9 +562,7 @@ class Unit:
         hold(self.full, False)
 
     def grad_arriving(self, grad):
-        if self.grad.untyped_storage().nbytes() == 0:
-            hold(self.grad, True)
-            self.grad.zero_()
+        hold(self.grad, True, zeroed=True)
 
     def _accumulated(self, p):
         self.ready += 1
@@ -785,7 +790,7 @@ def train_step(step):
         # each is 1 / (MICRO_STEPS * DP) of the global batch: the grads sum to its mean
         (micro_loss * (1.0 / (MICRO_STEPS * DP))).backward()
         loss += micro_loss.detach()
-    grad_buckets.finish()  # wait for the bucketed reduce-scatters
+    grad_buckets.finish()  # wait for the units' reduce-scatters, reduce the outer unit
     grads = shard_grads  # one per entry of `owners`
     all_reduce(loss, "dp", scalar=True)  # the log's mean over the global batch
     loss /= MICRO_STEPS * DP
@@ -803,7 +808,7 @@ def train_step(step):
             w.copy_(q)  # round the updated master weights to the working precision
             q.grad = None
     if METER and METER.state is None:
-        METER.state = METER.model_state()  # while the gradients exist
+        METER.state = METER.model_state()  # while the gradient shards exist
     # the unsharded gradients were freed after their reduce-scatter; they come back zeroed
     return loss.item(), lr, norm.item()
 
@@ -841,19 +846,23 @@ def load_checkpoint():
 def gather_weights():
     """The full weights as fp32 CPU tensors by name (tp shards all-gathered)."""
     out = {}
-    for unit in grad_buckets.all:  # every unit gathered, freed again below
+    name_of = {p: name for name, p in model.named_parameters()}
+    for unit in grad_buckets.all:  # one unit gathered at a time
         unit.gather()
-    for name, p in model.named_parameters():
-        w = p.detach()
-        if p.tp_dim is not None:
-            w = all_gather(w, "tp", dim=p.tp_dim)
-        if p.vocab_rows:
-            w = w[:VOCAB]
-        out[name] = (
-            w.float().cpu().clone()
-        )  # a copy: the gathered units are freed below
-    grad_buckets.end()
+        for p in unit.params:
+            out[name_of[p]] = full_weight(p).clone()  # a copy: the unit is freed next
+        unit.free()
     return out
+
+
+def full_weight(p):
+    """Parameter p whole, as an fp32 CPU tensor."""
+    w = p.detach()
+    if p.tp_dim is not None:
+        w = all_gather(w, "tp", dim=p.tp_dim)
+    if p.vocab_rows:
+        w = w[:VOCAB]
+    return w.float().cpu()
 
 
 def main():
@@ -914,7 +923,7 @@ class Meter:  # what this rank sends, holds and saves: what `dslc explain` predi
     def held(
         self,
     ):  # storages autograd saves that are not activations: weights, buffers
-        # (a unit's gathered weights get new storage at each gather: looked up every time)
+        # (a unit's storage gets a new address at each gather: looked up every time)
         return {t.untyped_storage().data_ptr() for t in [*params, *model.buffers()]}
 
     def count(self, axis, kind, nbytes, scalar=False):

@@ -690,13 +690,18 @@ def gather_weights():
     """The full weights as fp32 CPU tensors by name (tp shards all-gathered)."""
     out = {}
     for name, p in model.named_parameters():
-        w = p.detach()
-        if p.tp_dim is not None:
-            w = all_gather(w, "tp", dim=p.tp_dim)
-        if p.vocab_rows:
-            w = w[:VOCAB]
-        out[name] = w.float().cpu()
+        out[name] = full_weight(p)
     return out
+
+
+def full_weight(p):
+    """Parameter p whole, as an fp32 CPU tensor."""
+    w = p.detach()
+    if p.tp_dim is not None:
+        w = all_gather(w, "tp", dim=p.tp_dim)
+    if p.vocab_rows:
+        w = w[:VOCAB]
+    return w.float().cpu()
 
 
 def main():

@@ -820,11 +820,16 @@ def gather_weights():
     """The full weights as fp32 CPU tensors by name."""
     out = {}
     for name, p in model.named_parameters():
-        w = p.detach()
-        if p.expert:  # every rank's experts, in order
-            w = all_gather(w, "ep", dim=0)
-        out[name] = w.float().cpu()
+        out[name] = full_weight(p)
     return out
+
+
+def full_weight(p):
+    """Parameter p whole, as an fp32 CPU tensor."""
+    w = p.detach()
+    if p.expert:  # every rank's experts, in order
+        w = all_gather(w, "ep", dim=0)
+    return w.float().cpu()
 
 
 def main():
