@@ -19,8 +19,8 @@ from pathlib import Path
 
 from .. import arch, tokenfiles
 from ..check import check_plan
-from ..cost.flops import peak_flops
 from ..cost import memory as mem
+from ..cost.flops import peak_flops
 from ..cost.memory import expert_capacity, grad_group
 from ..ir import Plan
 from .errors import Unsupported
