@@ -202,9 +202,8 @@ def transient_bytes(plan: Plan, stage: int) -> int:
     bucket closes at BUCKET_BYTES, so it can exceed it by its last parameter: bounded by
     two of BUCKET_BYTES + the largest parameter), or all of them when micro-batches
     accumulate into them (m > 1, or a tied embedding over pp, whose buckets reduce after
-    the last backward). ZeRO-3:
-    the outer unit's weights and gradient (held through the step) and
-    :func:`zero3_peak_units` block units."""
+    the last backward). ZeRO-3: the outer unit's weights and gradient (held through the
+    step) and :func:`zero3_peak_units` block units."""
     zero, e = plan.data_parallel.zero, dtype_bytes(plan)
     n = group_size(plan, grad_group(plan, False))
     if zero < 2 or n == 1:
@@ -328,7 +327,8 @@ def actions(plan: Plan):
 
 def memory(plan: Plan, settings: Settings = DEFAULT, peaks: tuple[int, ...] | None = None) -> tuple[StageMemory, ...]:
     """Per stage: ZeRO model states of dense params over dp×cp×ep and expert params over
-    dp×cp, plus activations × the schedule's peak in-flight count (1f1b: p on the first
+    dp×cp (ZeRO-3 padded per unit), the unsharded bytes of ZeRO-2/3 (:func:`transient_bytes`),
+    plus activations × the schedule's peak in-flight count (1f1b: p on the first
     stage; gpipe: m; interleaved: p·v + p − 1 chunks on the first, i.e. ×(1 + (p−1)/(p·v)))."""
     w, g, k = state_bytes_per_param(plan)
     zero, v = plan.data_parallel.zero, plan.pipeline.virtual_stages
