@@ -202,10 +202,17 @@ def sequence_context(plan: Plan):
         if s % chunks:
             why = f"2·cp={chunks} chunks (ring with load balancing)" if chunks != cp else f"cp={cp}"
             yield error("E062", plan.where("mesh.cp"), f"seq_len={s} is not divisible by {why}")
-        if cpo.method == "ulysses":
-            m = plan.model
-            if m.heads % cp or m.kv_heads % cp:
-                yield error("E045", plan.where("mesh.cp"), f"Ulysses all-to-all splits heads over cp, but heads={m.heads}, kv_heads={m.kv_heads} are not both divisible by cp={cp}", "use method = ring")
+        m, method = plan.model, cpo.method
+        if method not in arch.of(m).cp_methods:
+            yield error("E065", plan.where("context_parallel.method", "mesh.cp"), f"context parallel ({method}) cannot run arch {m.arch}: {arch.of(m).cp_why}", "remove the cp axis")
+        if method == "ulysses":
+            heads, kv = m.heads // tp, m.kv_heads // tp if m.kv_heads % tp == 0 else m.kv_heads
+            if heads % cp or kv % cp:
+                per = f" per tp rank (tp={tp})" if tp > 1 else ""
+                yield error("E045", plan.where("mesh.cp"), f"Ulysses all-to-all splits heads over cp, but heads={heads}, kv_heads={kv}{per} are not both divisible by cp={cp}", "use method = ring")
+            link = plan.cluster.link(plan.mesh.axis("cp").link)
+            if link is not None and link.scope == "cluster":
+                yield warning("W064", plan.mesh.axis("cp").span, f"Ulysses cp={cp} is placed on {link.name} (scope: cluster): it all-to-alls q, k, v and the attention output of every layer, forward and backward, across nodes, with nothing to hide them behind", "use method = ring (its K/V passes overlap the attention), or put cp on a node-scope link")
     elif "context_parallel" in plan.spans:
         yield warning("W063", plan.where("context_parallel"), "context_parallel options have no effect: the mesh has no cp axis")
 

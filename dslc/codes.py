@@ -42,7 +42,7 @@ CODES: dict[str, str] = {
     "E042": "kv_heads incompatible with heads or tp",
     "E043": "ffn not divisible by tp",
     "W044": "vocab padded to a multiple of tp",
-    "E045": "heads not divisible by cp (Ulysses)",
+    "E045": "heads (per tp rank) not divisible by cp (Ulysses)",
     "E046": "RoPE with an odd head dim",
     "E047": "vocab too small to split over tp",
     # -- pipeline -----------------------------------------------------------
@@ -60,6 +60,8 @@ CODES: dict[str, str] = {
     "E061": "seq_len not divisible by tp under sequence parallel",
     "E062": "seq_len not divisible by the context-parallel chunks",
     "W063": "context_parallel options without a cp axis",
+    "W064": "Ulysses context parallel over a cluster-scope link",
+    "E065": "context-parallel method the architecture cannot run",
     # -- experts ------------------------------------------------------------
     "E070": "experts not divisible by ep",
     "E071": "top_k larger than the number of experts",

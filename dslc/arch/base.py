@@ -25,6 +25,9 @@ class Arch:
     mlp: str  # "gelu" (up, down) | "swiglu" (gate, up, down)
     tie_embeddings: bool  # default: the head reuses the token embedding
     moe: bool  # the MLP is a mixture of experts
+    # context-parallel methods the generated model can run, and why not the others
+    cp_methods: tuple[str, ...] = ("ring", "ulysses")
+    cp_why: str = ""
 
     def default_ffn(self, hidden: int) -> int:
         """GELU: 4h. SwiGLU: 2/3 of 4h (same parameters), rounded up to a multiple of 256."""

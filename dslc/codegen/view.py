@@ -28,12 +28,9 @@ from .literals import comment_safe, identifier, number
 from .pipeline import pipeline_view
 
 DEFAULT_ROOT = Path("generated")
-SUPPORTED_AXES = ("dp", "tp", "pp", "ep")
+SUPPORTED_AXES = ("dp", "tp", "pp", "cp", "ep")
 BUCKET_BYTES = f"{mem.BUCKET_BYTES // 2**20} * 2**20"  # DDP's default bucket size, as dslc explain
 _DTYPES = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}
-_NOT_YET = {
-    "cp": "context parallel (cp) is not supported by the code generator yet",
-}
 
 
 def view_model(plan: Plan, root: Path = DEFAULT_ROOT) -> dict:
@@ -50,6 +47,7 @@ def view_model(plan: Plan, root: Path = DEFAULT_ROOT) -> dict:
         **pipeline_view(plan),
         **_model(plan),
         **_experts(plan),
+        **_context(plan),
         **_training(plan),
         **_data(plan, Path(root) / name),
     }
@@ -62,7 +60,7 @@ def _refuse_missing_features(plan: Plan) -> None:
     """What a valid plan may ask for that the generator cannot emit yet."""
     for a in plan.mesh.axes:
         if a.name not in SUPPORTED_AXES and a.size > 1:
-            raise Unsupported(_NOT_YET.get(a.name, f"mesh axis {a.name!r} is unknown"))
+            raise Unsupported(f"mesh axis {a.name!r} is unknown")
     m = plan.model
     if m.arch not in arch.ARCHS:
         raise Unsupported(f"model architecture {m.arch!r} is unknown")
@@ -109,6 +107,7 @@ def _parallel(plan: Plan) -> dict:
     data = tuple(a for a in ("dp", "ep") if plan.mesh.size(a) > 1)
     layout = " x ".join(f"{a}{s}" for a, s in axes if s > 1) or "serial, one process"
     layout += " with sequence parallel" * sp + f", ZeRO-{zero_stage}" * shard_optimizer
+    layout += f", {plan.context_parallel.method} attention" * (plan.cp > 1)
     gpn = plan.cluster.gpus_per_node
     if world > gpn and world % gpn:
         raise Unsupported(
@@ -128,6 +127,8 @@ def _parallel(plan: Plan) -> dict:
         **_expert_grad_group(plan),
         "world_group": "+".join(parallel),
         "data_ranks": _data_ranks(plan),
+        "loss_ranks": _loss_ranks(plan),
+        "splits_rows": bool(data),  # dp (and ep) ranks take their own rows of the batch
         "data_rank": {("ep",): "EP_RANK", ("dp", "ep"): "(DP_RANK * EP + EP_RANK)"}.get(data, "DP_RANK"),
         "bucket_shards": "self.shards" if plan.model.is_moe else "SHARDS",  # a group per bucket
         "tensor_parallel": tp > 1,
@@ -141,6 +142,7 @@ def _parallel(plan: Plan) -> dict:
         "reshard_after_forward": plan.data_parallel.reshard_after_forward,
         "shard_optimizer": shard_optimizer,
         "uses_all_gather": tp > 1 or shard_optimizer or plan.ep > 1,
+        "uses_all_to_all": plan.ep > 1 or (plan.cp > 1 and plan.context_parallel.method == "ulysses"),
         "uses_reduce_scatter": sp or shard_optimizer,
         # a MoE under SP all-gathers its tp slices' expert counts: bookkeeping, not predicted
         "gathers_bookkeeping": sp and plan.model.is_moe,
@@ -194,6 +196,26 @@ def _data_ranks(plan: Plan) -> str:
     return "DATA_RANKS" if plan.ep > 1 else "DP"
 
 
+def _loss_ranks(plan: Plan) -> str:
+    """The ranks whose mean losses average to the global batch's: the data ranks, and
+    the cp ranks, each of which holds an equal share of every sequence's tokens."""
+    return _data_ranks(plan) + " * CP" * (plan.cp > 1)
+
+
+def _context(plan: Plan) -> dict:
+    """Context parallel: how the sequence is split over cp and how attention sees it whole."""
+    cp, c = plan.cp, plan.context_parallel
+    ring = cp > 1 and c.method == "ring"
+    return {
+        "context_parallel": cp > 1,
+        "cp": cp,
+        "ring": ring,
+        "ulysses": cp > 1 and c.method == "ulysses",
+        # ring: 2·cp chunks, rank r holding r and 2·cp − 1 − r (every rank the same causal work)
+        "load_balance": ring and c.load_balance,
+    }
+
+
 def _expert_grad_group(plan: Plan) -> dict:
     """The experts' gradient group as a literal for the script, and why it is that."""
     axes = grad_group(plan, expert=True)
@@ -245,7 +267,7 @@ def _training(plan: Plan) -> dict:
         "param_dtype": _DTYPES.get(t.precision, "torch.float32"),
         "loss_scaling": scaling,
         # what each micro-batch's loss is multiplied by before backward
-        "loss_grad_scale": f"{'scaler.scale' if scaling else '1.0'} / (MICRO_STEPS * {_data_ranks(plan)})",
+        "loss_grad_scale": f"{'scaler.scale' if scaling else '1.0'} / (MICRO_STEPS * {_loss_ranks(plan)})",
         "recompute": t.recompute,
         "recomputes": t.recompute != "none",
         "seed": t.seed,
