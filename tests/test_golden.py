@@ -9,7 +9,8 @@ below — not a new harness. The families: gpt2 and llama (dp, tp, sp, ZeRO-1, r
 gpt2pp and llamapp (4-layer models: gpt2 with tied embeddings, llama untied) for the
 pipeline schedules alone and with dp and tp, mixtral and mixtralcap (experts), tokens
 (a 70,000-id vocabulary on uint32 files, blended, with a validation loss compared
-too). ZeRO-2 and ZeRO-3 plans sit in the gpt2, llama and pipeline families (REQUIRED_ZERO). One serial run per family is shared; all
+too). ZeRO-2 and ZeRO-3 plans sit in the gpt2, llama and pipeline families (REQUIRED_ZERO),
+context-parallel ones too (REQUIRED_CP). One serial run per family is shared; all
 tests here share one xdist group so multi-process runs never overlap on a small machine.
 """
 
@@ -93,6 +94,15 @@ def test_matrix_is_complete(golden_plans):
         plans = [golden_plans[n] for n in PARALLEL if n.startswith(family + "_")]
         have = {layout(p) + (p.data_parallel.zero,) for p in plans}
         assert layouts <= have, (family, layouts - have)
+    for family, layouts in REQUIRED_CP.items():
+        plans = [golden_plans[n] for n in PARALLEL if n.startswith(family + "_")]
+        have = {layout(p) + (p.cp, p.context_parallel.method) for p in plans if p.cp > 1}
+        assert layouts <= have, (family, layouts - have)
+    cp = [golden_plans[n] for n in PARALLEL if golden_plans[n].cp > 1]  # both ring layouts, recompute
+    assert {p.context_parallel.load_balance for p in cp if p.context_parallel.method == "ring"} == {True, False}
+    assert {p.train.recompute for p in cp} >= {"full", "selective", "none"}
+    assert any(p.world_size == 8 and p.dp == p.cp == p.tp == 2 for p in cp)
+    assert any(p.data_parallel.zero == 3 for p in cp) and any(p.data_parallel.zero == 1 for p in cp)
     zero3 = [golden_plans[n] for n in PARALLEL if golden_plans[n].data_parallel.zero == 3]
     assert any(p.microbatches > 1 for p in zero3) and any(p.microbatches == 1 for p in zero3)
     assert any(not p.data_parallel.reshard_after_forward for p in zero3)
@@ -119,6 +129,17 @@ def test_matrix_is_complete(golden_plans):
     assert {d.kind for d in tokens.train.data.files} == {"tokens"} and tokens.train.eval.every
     assert golden_plans["gpt2pp_serial"].model.tie_embeddings
     assert not golden_plans["llamapp_serial"].model.tie_embeddings
+
+
+# context parallel: (schedule, dp, pp, tp, sequence parallel, cp, method)
+REQUIRED_CP = {
+    "llama": {("1f1b", 1, 1, 1, False, 2, "ring"), ("1f1b", 1, 1, 1, False, 2, "ulysses"), ("1f1b", 1, 1, 1, False, 4, "ring"),
+              ("1f1b", 2, 1, 1, False, 2, "ring"), ("1f1b", 1, 1, 2, True, 2, "ring"), ("1f1b", 2, 1, 2, True, 2, "ring")},
+    "gpt2": {("1f1b", 1, 1, 1, False, 2, "ring"), ("1f1b", 1, 1, 1, False, 2, "ulysses"), ("1f1b", 1, 1, 1, False, 4, "ring"),
+             ("1f1b", 1, 1, 2, True, 2, "ring")},
+    "llamapp": {("1f1b", 1, 2, 1, False, 2, "ring")},
+    "gpt2pp": {("1f1b", 1, 2, 1, False, 2, "ring"), ("1f1b", 1, 2, 2, True, 2, "ulysses")},
+}
 
 
 @pytest.mark.parametrize("name", PARALLEL)
