@@ -66,6 +66,17 @@ PLANS = {
     "dp2_zero3_full": ("llama_dp2_zero3_full", {}),
     "dp2_pp2_zero3_tied": ("gpt2pp_dp2_pp2_zero3", {}),
     "dp2_pp2_interleaved_zero3": ("llamapp_dp2_pp2_interleaved_zero3", {}),
+    # context parallel: ring passes in bf16 (the dK, dV accumulators travel in fp32), cp4 with
+    # full recompute (the ring runs again), Ulysses with and without selective recompute,
+    # with tp + sp (and selective recompute, which leaves the ring alone), in a pipeline,
+    # and under ZeRO-3 over the cp ranks
+    "cp2_ring": ("llama_cp2", {"precision": "bf16"}),
+    "cp4_ring_full": ("llama_cp4", {"recompute": "full"}),
+    "cp2_ulysses_selective": ("llama_cp2_ulysses", {}),
+    "cp2_ulysses": ("gpt2_cp2_ulysses", {"precision": "bf16"}),
+    "cp2_tp2_sp_selective": ("llama_cp2_tp2_sp", {"recompute": "selective"}),
+    "cp2_pp2": ("gpt2pp_cp2_pp2", {}),
+    "cp2_zero3": ("gpt2_cp2_zero3", {}),
 }
 
 # Pipeline plans, written out here. zb_h1 with tp: its W pass must not run the tp
@@ -243,13 +254,13 @@ def test_model_state_bytes_equal_the_prediction(case):
             assert max(got) == getattr(want, key), f"{plan.name} stage {stage} {key}: {got}"
     stage_params = est.stage_params(plan)
     k = est.state_bytes_per_param(plan)[2]
-    groups = {}  # the dp ranks of one (stage, tp rank): same params, sharded optimizer state
+    groups = {}  # the dp (cp) ranks of one (stage, tp rank): same params, sharded optimizer state
     for r in records:
         key = (_stage(plan, r["rank"]), r["coords"].get("tp", 0))
         groups.setdefault(key, []).append(r["state"])
     for (stage, _), states in groups.items():
         held = [s["optimizer"] for s in states]
-        if plan.data_parallel.zero and plan.data_parallel_size > 1:  # the shards add up to
+        if plan.data_parallel.zero and est.group_size(plan, est.grad_group(plan, False)) > 1:  # the shards add up to
             # the whole, unpadded (each ep rank's own experts)
             sp = stage_params[stage]
             assert sum(held) == (sp.dense + sp.expert * plan.ep) * k, held

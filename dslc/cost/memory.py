@@ -261,7 +261,9 @@ def layer_activation_bytes(plan: Plan, settings: Settings = DEFAULT) -> int:
     a/t·s·T·(e + dropout (1 + e)); out-projection input T·q/t·e; MLP input T·h·e·r'; GELU input and output 2·T·f/t·e
     (SwiGLU: gate, up, silu(gate), product 4·T·f/t·e); 2 dropout masks T·h·r. SDPA keeps no
     scores, only a fp32 log-sum-exp (a/t·T·4; none under selective recompute, which
-    re-runs the kernel). MoE (experts whole on every tp rank, the MoE block outside the tp
+    re-runs the kernel). Context parallel: ring attention saves as SDPA does, and keeps
+    its log-sum-exp under selective recompute too (its K/V passes are not re-run); Ulysses
+    also keeps the attention output laid out by heads for SDPA's backward, T·q/t·e. MoE (experts whole on every tp rank, the MoE block outside the tp
     regions): its input is the router's, T·h·e·r whatever ``sp_inputs``; fp32 router
     logits T·E·4·r; per routed slot (:func:`routed_slots`) the experts' input and SwiGLU
     (h + 4f)·e with the full f; per choice (T·top_k/r) the expert output it weighs, h·e.
@@ -278,10 +280,13 @@ def layer_activation_bytes(plan: Plan, settings: Settings = DEFAULT) -> int:
     mlp_in = T * h * e // (r if m.is_moe else r_in)  # the MoE routes this rank's tokens, no all-gather
     rep = 2 * T * h * e // r + T * h * e // r_in + mlp_in + 2 * T * h * mask // r  # norms, qkv in, mlp in, masks
     attn = T * (q + 2 * kv) * e + T * q * e
+    cp = plan.context_parallel.method if plan.cp > 1 else None
     if settings.attention == "paper" and rec == "none":
         attn += heads * m.seq_len * T * (e + mask * (1 + e))
-    elif settings.attention != "paper" and rec == "none":
+    elif settings.attention != "paper" and (rec == "none" or cp == "ring"):
         attn += heads * T * 4
+    if cp == "ulysses" and rec == "none":
+        attn += T * q * e  # the attention output twice: by heads (SDPA's), by sequence (o_proj's)
     if m.is_moe:
         slots, choices = routed_slots(plan, settings.imbalance), routed_tokens(plan) * m.top_k
         mlp = routed_tokens(plan) * m.experts * 4 + slots * (h + 4 * m.ffn) * e + choices * h * e

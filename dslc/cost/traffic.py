@@ -34,7 +34,9 @@ all-to-all (n−1)/n·S, send S. Calls per step:
   and last stage once per step.
 * cp, per layer per micro-batch: Ulysses (Jacobs et al. 2023) all-to-alls of q, k, v and
   the attention output, same backward; ring attention (Liu et al. 2023) (cp−1) sends of
-  the K and V blocks forward, (cp−1) of K, V and cp of dK, dV backward.
+  the K and V blocks forward, (cp−1) of K, V and cp of dK, dV backward (fp32: the
+  accumulators of every rank's contribution travel with their block). Full recompute
+  runs the forward's again.
 * ep, per MoE layer per micro-batch: dispatch and combine all-to-alls of R·h·e, the same
   two backward, R = :func:`~dslc.cost.memory.routed_slots` (dropless: T·top_k, T/t under
   SP, uniform routing; capacity factor: the padded E·b·C). Dropless, the script also
@@ -111,7 +113,7 @@ def layer_specs(plan: Plan) -> list[_Spec]:
                 _Spec(("cp",), "all_to_all", "k and v", T * kv * e, 2 * fp, 2)]
     elif cp > 1:
         out += [_Spec(("cp",), "send", "K, V blocks (ring)", T * kv * e, 2 * (cp - 1) * fp, 2 * (cp - 1), "attention"),
-                _Spec(("cp",), "send", "dK, dV blocks (ring)", T * kv * e, 0, 2 * cp, "attention")]
+                _Spec(("cp",), "send", "dK, dV blocks (ring, fp32 accumulators)", T * kv * 4, 0, 2 * cp, "attention")]
     if plan.ep > 1 and m.is_moe:
         out.append(_Spec(("ep",), "all_to_all", "token dispatch and combine", routed_slots(plan) * m.hidden * e, 2 * fp, 2))
     return out
