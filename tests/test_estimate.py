@@ -340,8 +340,9 @@ def test_ring_attention_passes_kv_blocks():
     m, b, s, l, cp = 1, 1, 64, 4, 4
     p = plan(_llama(), ("cp", cp, "nvlink"), m=m, b=b, cp="ring")
     block = b * s // cp * 128 * 2  # K or V of the local sequence: kv_heads·head_dim = 128
-    fwd, bwd = 2 * (cp - 1), 2 * (cp - 1) + 2 * cp
-    assert traffic.rank_payload(p, 0)[("cp", "send")] == m * l * (fwd + bwd) * block
+    # forward K, V (cp − 1 passes each); backward K, V again and dK, dV home (cp passes, fp32)
+    fwd, bwd = 2 * (cp - 1) * block, 2 * (cp - 1) * block + 2 * cp * 2 * block
+    assert traffic.rank_payload(p, 0)[("cp", "send")] == m * l * (fwd + bwd)
 
 
 def test_expert_all_to_all_per_moe_layer():

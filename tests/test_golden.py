@@ -228,6 +228,31 @@ def test_bundled_text_loss_falls(demo, run_script, tmp_path):
         assert len(imbalance) == 6 and imbalance[-1] < 2.0, imbalance
 
 
+def test_long_context_example_holds_a_quarter_of_the_activations(run_script, tmp_path):
+    """plans/long_context.plan: 2,048-token windows of the bundled text, on one process and
+    split over cp = 4 by ring attention. The two learn the same (losses within 1e-5), and
+    each cp rank saves a quarter of the serial plan's activations, as dslc explain says."""
+    from dslc.cost import memory as est
+    from dslc.driver import load_paths
+
+    plans = {p.name: p for p in load_paths([ROOT / "plans" / "long_context.plan"]).program.plans}
+    runs = {}
+    for name, plan in plans.items():
+        script = codegen.write(plan, tmp_path) / "train.py"
+        dump, measure = tmp_path / f"{name}.json", tmp_path / f"{name}.measure.json"
+        out = run_script(script, plan.world_size, "--steps", "20", "--dump-losses", dump, "--measure", measure)
+        assert out.returncode == 0, out.stderr[-3000:]
+        files = [measure] if plan.world_size == 1 else [tmp_path / f"{name}.measure.rank{r}.json" for r in range(plan.world_size)]
+        saved = [json.loads(f.read_text())["saved_per_microbatch"][0] for f in files]
+        runs[name] = (json.loads(dump.read_text())["loss"], saved, plan)
+    (serial, (whole,), _), (losses, per_rank, cp4) = runs["long_context_serial"], runs["long_context_cp4"]
+    assert serial[-1] < 0.6 * serial[0]
+    assert losses == pytest.approx(serial, rel=RTOL)
+    predicted = 2 * est.layer_activation_bytes(cp4) + sum(est.edge_activation_bytes(cp4))
+    for saved in per_rank:
+        assert abs(saved - whole / 4) <= 0.1 * whole / 4 and abs(saved - predicted) <= 0.1 * predicted
+
+
 @pytest.mark.parametrize("family", ["llama", "mixtral"])
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_mixed_precision_tracks_fp32(precision, family, golden_plans, trained):
