@@ -1,0 +1,158 @@
+"""Generated ring attention vs the other ways to train a long sequence on N ranks; CPU + gloo.
+
+    .venv/bin/python benchmarks/context_parallel.py [--cp 4] [--seq 4096] [--steps 8] [--repeats 2]
+
+The same Llama (GQA), fp32, AdamW, and the same global batch of N sequences of --seq
+tokens on N processes on every side, so every side trains the same tokens per step:
+- ring: the script dslc emits for `mesh { cp = N }`, `context_parallel { method = ring }`
+  (load-balanced chunks, K/V passed around the ring while the block in hand is attended);
+- ulysses: the same with `method = ulysses` (all-to-all to whole sequences of N / cp heads);
+- all-gather KV: the ring script with its attention replaced by the context parallelism
+  of the Llama 3 paper (§3.3.2): every rank all-gathers the whole K and V (reduce-scatters
+  their gradients) and attends its own queries under a causal mask by position;
+- no cp: `mesh { dp = N }`, each rank a whole sequence (what a user pays without cp).
+The time is the median ms per step after warm-up, best of --repeats; the ratio ring /
+peer has the target <= 1.0 against all-gather KV. The activation bytes are what autograd
+saves per micro-batch on the busiest rank (`train.py --measure`, one step): cp's point
+is that they fall as 1/N. PyTorch's own context parallel
+(torch.distributed.tensor.experimental.context_parallel) refuses CPU attention, so it
+is not a side here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from common import ENV, compile_plan, run
+
+CONFIG = {"layers": 2, "hidden": 256, "heads": 8, "kv_heads": 4, "vocab": 1024}
+PLAN = """
+cluster cpus {{ nodes = 1; gpus_per_node = {n}; device = cpu
+    link shm {{ scope = node; bandwidth = 10 GB/s; latency = 10 us }} }}
+plan bench_{name} {{
+    model llama {{
+        layers = {layers}; hidden = {hidden}; heads = {heads}; kv_heads = {kv_heads}; vocab = {vocab}; seq_len = {seq}
+    }}
+    cluster = cpus
+    mesh {{ {mesh} }}
+    {options}
+    train {{
+        steps = 100; micro_batch = 1; global_batch = {n}; precision = fp32
+        grad_clip = 0; optimizer adamw {{ lr = 3e-4 }}; lr_schedule constant {{ warmup = 0 }}
+        data = synthetic
+    }}
+}}
+"""
+SIDES = {  # name -> (mesh, options)
+    "ring": ("cp = {n} on shm", "context_parallel {{ method = ring }}"),
+    "ulysses": ("cp = {n} on shm", "context_parallel {{ method = ulysses }}"),
+    "allgather": ("cp = {n} on shm", "context_parallel {{ method = ring }}"),
+    "nocp": ("dp = {n} on shm", ""),
+}
+
+
+def allgather_attention(ns: dict):
+    """The Llama 3 paper's context parallel, on the generated script's layout: K and V
+    all-gathered over cp in rank order, each rank's queries attending the keys at or
+    before their positions."""
+    torch, dist, F = ns["torch"], ns["dist"], ns["F"]
+    cp, group = ns["CP"], ns["GROUPS"]["cp"]
+    chunk = ns["CHUNK"]
+    everyone = torch.cat([torch.arange(c * chunk, (c + 1) * chunk) for r in range(cp) for c in ns["cp_chunks"](r)])
+    allowed = everyone[None, :] <= ns["POSITIONS"][:, None]  # (T, cp·T)
+
+    class Gather(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):  # (B, n, T, hs) -> (B, n, cp·T, hs), the ranks' tokens in rank order
+            B, n, T, hs = x.shape
+            out = x.new_empty(cp * B, n, T, hs)  # rank-major, as the tensor form gathers
+            dist.all_gather_into_tensor(out, x.contiguous(), group=group)
+            return out.view(cp, B, n, T, hs).permute(1, 2, 0, 3, 4).reshape(B, n, cp * T, hs)
+
+        @staticmethod
+        def backward(ctx, grad):
+            B, n, S, hs = grad.shape
+            parts = grad.reshape(B, n, cp, S // cp, hs).permute(2, 0, 1, 3, 4).reshape(cp * B, n, S // cp, hs)
+            out = grad.new_empty(B, n, S // cp, hs)
+            dist.reduce_scatter_tensor(out, parts, group=group)
+            return out
+
+    def attention(q, k, v):
+        k, v = Gather.apply(k), Gather.apply(v)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=q.size(1) != k.size(1))
+
+    return attention
+
+
+def worker(script: str, peer: bool) -> None:
+    """Runs a generated train.py in this process; with `peer`, on all-gather-KV attention."""
+    sys.argv = [script, *sys.argv[sys.argv.index("--") + 1 :]]
+    ns = {"__name__": "bench", "__file__": script}
+    exec(compile(Path(script).read_text(), script, "exec"), ns)  # noqa: S102 - dslc's own output
+    if peer:
+        ns["context_attention"] = allgather_attention(ns)
+    ns["main"]()
+
+
+def side(script: Path, n: int, peer: bool, steps: int, warmup: int, tmp: Path) -> tuple[float, int, list[float]]:
+    """(median ms per step, the largest saved activation bytes per micro-batch, losses)."""
+    flags = ["--worker", str(script)] + ["--peer"] * peer + ["--"]
+    out = run(n, __file__, *flags, "--steps", str(steps), "--device", "cpu")
+    times = [float(m) for m in re.findall(r"\| ([\d.]+) ms \|", out)]
+    losses = [float(m) for m in re.findall(r"\| loss ([\d.]+) \|", out)]
+    assert len(times) == steps, out
+    measure = tmp / f"{script.parent.name}{'_peer' * peer}.json"
+    run(n, __file__, *flags, "--steps", "1", "--device", "cpu", "--measure", str(measure))
+    saved = max(max(json.loads(f.read_text())["saved_per_microbatch"]) for f in tmp.glob(f"{measure.stem}.rank*.json"))
+    return statistics.median(times[warmup:]), saved, losses
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cp", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=4096)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--peer", action="store_true", help=argparse.SUPPRESS)
+    args, _ = ap.parse_known_args()
+    if args.worker:
+        worker(args.worker, args.peer)
+        return
+
+    n = args.cp
+    print(f"{n} processes, CPU, gloo, fp32, OMP_NUM_THREADS={ENV['OMP_NUM_THREADS']}")
+    print(f"llama {CONFIG}, {n} sequences of {args.seq} tokens per step on every side")
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        scripts = {}
+        for name, (mesh, options) in SIDES.items():
+            text = PLAN.format(name=name, n=n, seq=args.seq, mesh=mesh.format(n=n), options=options.format(), **CONFIG)
+            scripts[name] = compile_plan(text, tmp / name)
+        best = {name: (math.inf, 0, []) for name in SIDES}
+        for _ in range(args.repeats):
+            for name, script in scripts.items():
+                got = side(script, n, name == "allgather", args.steps, args.warmup, tmp)
+                best[name] = min(best[name], got, key=lambda r: r[0])
+    ring, gather = best["ring"], best["allgather"]
+    drift = max(abs(a - b) / b for a, b in zip(ring[2], gather[2]))
+    print(f"{'side':<14}{'ms/step':>10}{'saved activations per rank':>30}")
+    for name, label in (("ring", "ring"), ("ulysses", "ulysses"), ("allgather", "all-gather KV"), ("nocp", "no cp (dp)")):
+        ms, saved, _ = best[name]
+        print(f"{label:<14}{ms:>10.1f}{saved / 2**20:>26.2f} MiB")
+    print(f"ring / all-gather KV = {ring[0] / gather[0]:.3f} (target <= 1.0); "
+          f"activations {ring[1] / gather[1]:.3f}; losses agree within {drift:.1e}")
+    print(f"ring / ulysses = {ring[0] / best['ulysses'][0]:.3f}; ring / no cp = {ring[0] / best['nocp'][0]:.3f} "
+          f"(time at equal tokens), activations {ring[1] / best['nocp'][1]:.3f} (1/{n} = {1 / n:.3f})")
+
+
+if __name__ == "__main__":
+    main()
