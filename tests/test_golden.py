@@ -258,9 +258,9 @@ def test_long_context_example_holds_a_quarter_of_the_activations(run_script, tmp
 def test_mixed_precision_tracks_fp32(precision, family, golden_plans, trained):
     """16-bit working weights with fp32 master weights: the serial plan and sharded
     parallel ones (llama: dp2 x tp2 + sp with ZeRO-1, dp4 with ZeRO-2, dp2 with ZeRO-3
-    and 16-bit gathers; mixtral: dp2 x ep2, ZeRO-1) stay within 16-bit rounding of the
-    fp32 serial run."""
-    parallel = {"llama": ("llama_dp2_tp2_sp_zero1", "llama_dp4_zero2", "llama_dp2_zero3_full"),
+    and 16-bit gathers, cp2 ring attention with 16-bit K/V passes; mixtral: dp2 x ep2,
+    ZeRO-1) stay within 16-bit rounding of the fp32 serial run."""
+    parallel = {"llama": ("llama_dp2_tp2_sp_zero1", "llama_dp4_zero2", "llama_dp2_zero3_full", "llama_cp2"),
                 "mixtral": ("mixtral_dp2_ep2_zero1",)}[family]
     ref_losses = trained(golden_plans[f"{family}_serial"])[0]
     for name in (f"{family}_serial", *parallel):

@@ -343,25 +343,56 @@ def wait(works):
         work.wait()
 
 
-def block_pairs(source):
-    """(query chunk slot, key chunk slot, causal) of the blocks this rank's queries take
-    from the keys of cp rank `source`: a key chunk before the query chunk is seen whole,
-    the same chunk through the causal mask, a later one not at all (skipped)."""
+def visible_keys(source):
+    """(query chunk slot a, m, causal) for each of this rank's query chunks that sees keys
+    of cp rank `source`: a key chunk before the query chunk is seen whole, the same chunk
+    through the causal mask, a later one not at all (skipped). A rank holds its chunks in
+    ascending order, so the seen ones are its first m; the last is masked if `causal`.
+    """
     mine, theirs = cp_chunks(CP_RANK), cp_chunks(source)
-    return [
-        (a, b, cq == ck)
-        for a, cq in enumerate(mine)
-        for b, ck in enumerate(theirs)
-        if ck <= cq
+    seen = [
+        (a, sum(ck <= cq for ck in theirs), cq in theirs) for a, cq in enumerate(mine)
     ]
+    return [(a, m, causal) for a, m, causal in seen if m]
 
 
-def chunk(x, i):  # the tokens of chunk slot i: x (..., T, hs) -> (..., CHUNK, hs)
-    return x[..., i * CHUNK : (i + 1) * CHUNK, :]
+def key_mask(m, g):  # g query rows per token against m key chunks, the last its own
+    mask = torch.cat(
+        [torch.zeros(CHUNK, (m - 1) * CHUNK, dtype=torch.bool, device=device), CAUSAL],
+        1,
+    )
+    return mask.repeat_interleave(g, dim=0)  # True: masked
 
 
-def rows(x, i):  # the same for a value per token: x (..., T) -> (..., CHUNK)
-    return x[..., i * CHUNK : (i + 1) * CHUNK]
+def to_rows(x, nkv):  # (B, nh, T, hs) -> fp32 (B, nkv, T * g, hs), row t * g + i
+    B, nh, T, hs = (
+        x.shape
+    )  # the g = nh / nkv query heads that share a kv head, token-major
+    return (
+        x.float()
+        .reshape(B, nkv, nh // nkv, T, hs)
+        .transpose(2, 3)
+        .reshape(B, nkv, -1, hs)
+    )
+
+
+def from_rows(x, nh):  # the inverse: (B, nkv, T * g, hs) -> (B, T, nh, hs)
+    B, nkv, rows, hs = x.shape
+    return (
+        x.view(B, nkv, rows * nkv // nh, nh // nkv, hs)
+        .permute(0, 2, 1, 3, 4)
+        .reshape(B, -1, nh, hs)
+    )
+
+
+def chunk(
+    x, i, per=1
+):  # chunk slot i along dim -2 of (..., T * per, hs): per rows a token
+    return x[..., i * CHUNK * per : (i + 1) * CHUNK * per, :]
+
+
+def rows(x, i, per):  # the same for one value per row: (..., T * per)
+    return x[..., i * CHUNK * per : (i + 1) * CHUNK * per]
 
 
 class RingAttention(torch.autograd.Function):
@@ -369,9 +400,10 @@ class RingAttention(torch.autograd.Function):
     blocks travel around the cp ring: the next block's transfer runs while the block in
     hand is attended. Blocks merge by their log-sum-exp (the online softmax of flash
     attention), so the result is softmax(q k^T / sqrt(hs)) v over every key before each
-    query. Only the kv heads travel (GQA: a group of query heads shares each).
-    Saved: q, k, v, the output and its log-sum-exp, as a fused attention kernel saves;
-    backward passes K, V around again, the other way, with the dK, dV accumulators."""
+    query. Only the kv heads travel: the query heads that share one (GQA) are rows of one
+    product with it. Saved: q, k, v, the output and its log-sum-exp, as a fused attention
+    kernel saves; backward passes K, V around again, the other way, with the dK, dV
+    accumulators."""
 
     @staticmethod
     def forward(
@@ -379,12 +411,12 @@ class RingAttention(torch.autograd.Function):
     ):  # q (B, nh, T, hs), k and v (B, nkv, T, hs), T this rank's
         B, nh, T, hs = q.shape
         nkv = k.size(1)
-        group = (B, nkv, nh // nkv, T, hs)  # the query heads that share each kv head
-        qg = q.float().reshape(group) * hs**-0.5
-        out = torch.zeros(group, device=q.device)
+        g = nh // nkv
+        qr = to_rows(q, nkv) * hs**-0.5
+        out = torch.zeros_like(qr)
         lse = torch.full(
-            group[:-1], -math.inf, device=q.device
-        )  # of each query's scores
+            qr.shape[:-1], -math.inf, device=q.device
+        )  # of each row's scores
         kv = [k.contiguous(), v.contiguous()]
         for step in range(CP):
             source = (CP_RANK - step) % CP  # whose block is in hand
@@ -392,30 +424,33 @@ class RingAttention(torch.autograd.Function):
                 incoming, works = ring_pass(
                     kv, +1
                 )  # the next block, while this one computes
-            for a, b, causal in block_pairs(source):
-                kb, vb = (chunk(t.float(), b).unsqueeze(2) for t in kv)
-                scores = chunk(qg, a) @ kb.transpose(
+            for a, m, causal in visible_keys(source):
+                kb, vb = (t[..., : m * CHUNK, :].float() for t in kv)
+                scores = chunk(qr, a, g) @ kb.transpose(
                     -1, -2
-                )  # (B, nkv, g, CHUNK, CHUNK)
+                )  # (B, nkv, CHUNK * g, m * CHUNK)
                 if causal:
-                    scores.masked_fill_(CAUSAL, -math.inf)
-                block_lse = scores.logsumexp(dim=-1)
-                block_out = torch.exp(scores - block_lse.unsqueeze(-1)) @ vb
+                    scores.masked_fill_(key_mask(m, g), -math.inf)
+                top = scores.amax(dim=-1, keepdim=True)  # finite: every row sees a key
+                weights = scores.sub_(
+                    top
+                ).exp_()  # in place: the tile is the big tensor
+                total = weights.sum(dim=-1, keepdim=True)
+                block_out = (weights @ vb).div_(total)
+                block_lse = (top + total.log()).squeeze(-1)
                 # online softmax: both parts reweighted to the merged log-sum-exp
-                merged = torch.logaddexp(rows(lse, a), block_lse)
-                chunk(out, a).mul_(torch.exp(rows(lse, a) - merged).unsqueeze(-1))
-                chunk(out, a).add_(
+                merged = torch.logaddexp(rows(lse, a, g), block_lse)
+                chunk(out, a, g).mul_(torch.exp(rows(lse, a, g) - merged).unsqueeze(-1))
+                chunk(out, a, g).add_(
                     block_out * torch.exp(block_lse - merged).unsqueeze(-1)
                 )
-                rows(lse, a).copy_(merged)
+                rows(lse, a, g).copy_(merged)
             if step < CP - 1:
                 wait(works)
                 kv = incoming
         # laid out (B, T, nh, hs), as a fused kernel returns it: the output projection's
         # input is then a view of it, not a second copy
-        y = torch.empty(B, T, nh, hs, dtype=q.dtype, device=q.device)
-        y.view(B, T, nkv, nh // nkv, hs).copy_(out.permute(0, 3, 1, 2, 4))
-        y = y.transpose(1, 2)
+        y = from_rows(out, nh).to(q.dtype).transpose(1, 2)
         ctx.save_for_backward(q, k, v, y, lse)
         return y
 
@@ -424,12 +459,10 @@ class RingAttention(torch.autograd.Function):
         q, k, v, y, lse = ctx.saved_tensors
         B, nh, T, hs = q.shape
         nkv, scale = k.size(1), hs**-0.5
-        group = (B, nkv, nh // nkv, T, hs)
-        qg, dy = q.float().reshape(group), grad_y.float().reshape(group)
-        delta = (dy * y.float().reshape(group)).sum(
-            dim=-1
-        )  # rowsum(dy * y), (B, nkv, g, T)
-        dq = torch.zeros_like(qg)
+        g = nh // nkv
+        qr, dy = to_rows(q, nkv), to_rows(grad_y, nkv)
+        delta = (dy * to_rows(y, nkv)).sum(dim=-1)  # rowsum(dy * y)
+        dq = torch.zeros_like(qr)
         kv, travelling = [k.contiguous(), v.contiguous()], None
         for step in range(CP):
             source = (CP_RANK + step) % CP  # the other way round
@@ -439,23 +472,30 @@ class RingAttention(torch.autograd.Function):
             dk, dv = torch.zeros_like(kf), torch.zeros_like(
                 vf
             )  # from this rank's queries
-            for a, b, causal in block_pairs(source):
-                kb, vb = chunk(kf, b).unsqueeze(2), chunk(vf, b).unsqueeze(2)
-                scores = chunk(qg, a) @ kb.transpose(-1, -2) * scale
-                if causal:
-                    scores.masked_fill_(CAUSAL, -math.inf)
-                p = torch.exp(
-                    scores - rows(lse, a).unsqueeze(-1)
-                )  # the forward's softmax
-                dya = chunk(dy, a)
-                ds = p * (dya @ vb.transpose(-1, -2) - rows(delta, a).unsqueeze(-1))
-                chunk(dq, a).add_(ds @ kb * scale)
-                chunk(dk, b).add_(
-                    (ds.transpose(-1, -2) @ chunk(qg, a)).sum(dim=2) * scale
+            for a, m, causal in visible_keys(source):
+                seen = slice(0, m * CHUNK)  # the block's first m chunks
+                kb, vb, qa, dya = (
+                    kf[..., seen, :],
+                    vf[..., seen, :],
+                    chunk(qr, a, g),
+                    chunk(dy, a, g),
                 )
-                chunk(dv, b).add_(
-                    (p.transpose(-1, -2) @ dya).sum(dim=2)
-                )  # summed over the group
+                scores = qa @ kb.transpose(-1, -2) * scale
+                if causal:
+                    scores.masked_fill_(key_mask(m, g), -math.inf)
+                p = scores.sub_(
+                    rows(lse, a, g).unsqueeze(-1)
+                ).exp_()  # the forward's softmax
+                ds = (
+                    (dya @ vb.transpose(-1, -2))
+                    .sub_(rows(delta, a, g).unsqueeze(-1))
+                    .mul_(p)
+                )
+                chunk(dq, a, g).add_(ds @ kb * scale)
+                dk[..., seen, :] += (
+                    ds.transpose(-1, -2) @ qa * scale
+                )  # summed over the rows
+                dv[..., seen, :] += p.transpose(-1, -2) @ dya
             if (
                 travelling is not None
             ):  # the block's dK, dV from the ranks it visited before
@@ -471,7 +511,11 @@ class RingAttention(torch.autograd.Function):
                 kv = incoming
         (dk, dv), sent = travelling
         wait(sent)  # this rank's own block's dK, dV, from every rank's queries (fp32)
-        return dq.reshape(B, nh, T, hs).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+        return (
+            from_rows(dq, nh).transpose(1, 2).to(q.dtype),
+            dk.to(k.dtype),
+            dv.to(v.dtype),
+        )
 
 
 def context_attention(
