@@ -67,15 +67,13 @@ PLANS = {
     "dp2_pp2_zero3_tied": ("gpt2pp_dp2_pp2_zero3", {}),
     "dp2_pp2_interleaved_zero3": ("llamapp_dp2_pp2_interleaved_zero3", {}),
     # context parallel: ring passes in bf16 (the dK, dV accumulators travel in fp32), cp4 with
-    # full recompute (the ring runs again), Ulysses with and without selective recompute,
-    # with tp + sp (and selective recompute, which leaves the ring alone), in a pipeline,
-    # and under ZeRO-3 over the cp ranks
+    # full recompute (the ring runs again), Ulysses, with tp + sp and selective recompute
+    # (which leaves the ring alone), in a pipeline, and under ZeRO-3 over the cp ranks
     "cp2_ring": ("llama_cp2", {"precision": "bf16"}),
     "cp4_ring_full": ("llama_cp4", {"recompute": "full"}),
-    "cp2_ulysses_selective": ("llama_cp2_ulysses", {}),
     "cp2_ulysses": ("gpt2_cp2_ulysses", {"precision": "bf16"}),
     "cp2_tp2_sp_selective": ("llama_cp2_tp2_sp", {"recompute": "selective"}),
-    "cp2_pp2": ("gpt2pp_cp2_pp2", {}),
+    "cp2_pp2": ("llamapp_cp2_pp2", {}),
     "cp2_zero3": ("gpt2_cp2_zero3", {}),
 }
 

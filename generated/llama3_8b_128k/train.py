@@ -324,10 +324,14 @@ CAUSAL = (
 )  # a chunk against itself
 
 
-def ring_pass(tensors, step):
-    """Starts sending `tensors` `step` places along the cp ring (+1: to the next rank) and
-    receiving the same shapes from the other side; returns (received, work handles)."""
-    to, source = CP_PEERS[(CP_RANK + step) % CP], CP_PEERS[(CP_RANK - step) % CP]
+def ring_pass(tensors, direction):
+    """Starts sending `tensors` to the neighbour on the cp ring in `direction` (+1: the
+    next rank, -1: the previous) and receiving the same shapes from the other neighbour;
+    returns (received, work handles)."""
+    to, source = (
+        CP_PEERS[(CP_RANK + direction) % CP],
+        CP_PEERS[(CP_RANK - direction) % CP],
+    )
     ops, received = [], []
     for t in tensors:
         if METER:
@@ -377,9 +381,9 @@ def to_rows(x, nkv):  # (B, nh, T, hs) -> fp32 (B, nkv, T * g, hs), row t * g + 
 
 
 def from_rows(x, nh):  # the inverse: (B, nkv, T * g, hs) -> (B, T, nh, hs)
-    B, nkv, rows, hs = x.shape
+    B, nkv, n, hs = x.shape
     return (
-        x.view(B, nkv, rows * nkv // nh, nh // nkv, hs)
+        x.view(B, nkv, n * nkv // nh, nh // nkv, hs)
         .permute(0, 2, 1, 3, 4)
         .reshape(B, -1, nh, hs)
     )
