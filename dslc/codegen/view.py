@@ -209,8 +209,7 @@ def _context(plan: Plan) -> dict:
     return {
         "context_parallel": cp > 1,
         "cp": cp,
-        "ring": ring,
-        "ulysses": cp > 1 and c.method == "ulysses",
+        "ring": ring,  # otherwise Ulysses
         # ring: 2·cp chunks, rank r holding r and 2·cp − 1 − r (every rank the same causal work)
         "load_balance": ring and c.load_balance,
     }
