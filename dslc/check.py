@@ -206,7 +206,7 @@ def sequence_context(plan: Plan):
         if method not in arch.of(m).cp_methods:
             yield error("E065", plan.where("context_parallel.method", "mesh.cp"), f"context parallel ({method}) cannot run arch {m.arch}: {arch.of(m).cp_why}", "remove the cp axis")
         if method == "ulysses":
-            heads, kv = m.heads // tp, m.kv_heads // tp if m.kv_heads % tp == 0 else m.kv_heads
+            heads, kv = (w // m.head_dim for w in arch.widths(m, tp)[:2])  # on one tp rank
             if heads % cp or kv % cp:
                 per = f" per tp rank (tp={tp})" if tp > 1 else ""
                 yield error("E045", plan.where("mesh.cp"), f"Ulysses all-to-all splits heads over cp, but heads={heads}, kv_heads={kv}{per} are not both divisible by cp={cp}", "use method = ring")

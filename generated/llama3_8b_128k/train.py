@@ -360,12 +360,23 @@ def visible_keys(source):
     return [(a, m, causal) for a, m, causal in seen if m]
 
 
-def key_mask(m, g):  # g query rows per token against m key chunks, the last its own
-    mask = torch.cat(
+# a query chunk against its first m key chunks, the last its own (True: masked), by m
+KEY_MASKS = {
+    m: torch.cat(
         [torch.zeros(CHUNK, (m - 1) * CHUNK, dtype=torch.bool, device=device), CAUSAL],
         1,
     )
-    return mask.repeat_interleave(g, dim=0)  # True: masked
+    for m in range(1, len(cp_chunks(0)) + 1)
+}
+
+
+def mask_(
+    scores, m, g
+):  # scores (B, nkv, CHUNK * g, m * CHUNK): g rows per query token
+    B, nkv = scores.shape[:2]
+    scores.view(B, nkv, CHUNK, g, m * CHUNK).masked_fill_(
+        KEY_MASKS[m][:, None], -math.inf
+    )
 
 
 def to_rows(x, nkv):  # (B, nh, T, hs) -> fp32 (B, nkv, T * g, hs), row t * g + i
@@ -434,7 +445,7 @@ class RingAttention(torch.autograd.Function):
                     -1, -2
                 )  # (B, nkv, CHUNK * g, m * CHUNK)
                 if causal:
-                    scores.masked_fill_(key_mask(m, g), -math.inf)
+                    mask_(scores, m, g)
                 top = scores.amax(dim=-1, keepdim=True)  # finite: every row sees a key
                 weights = scores.sub_(
                     top
@@ -486,7 +497,7 @@ class RingAttention(torch.autograd.Function):
                 )
                 scores = qa @ kb.transpose(-1, -2) * scale
                 if causal:
-                    scores.masked_fill_(key_mask(m, g), -math.inf)
+                    mask_(scores, m, g)
                 p = scores.sub_(
                     rows(lse, a, g).unsqueeze(-1)
                 ).exp_()  # the forward's softmax
