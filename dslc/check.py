@@ -293,6 +293,18 @@ def _zero(plan: Plan, z: int):
         yield warning("W102", plan.where("data_parallel.reshard_after_forward"), f"reshard_after_forward has no effect with zero = {z}", "only zero = 3 gathers the weights before each unit's forward")
 
 
+@rule
+def init_checkpoint(plan: Plan):
+    """The Hugging Face checkpoint a plan starts from (``init = hf("DIR")``): a folder with
+    weights and a config.json (E048) of this model (E049: the first key that differs)."""
+    init = plan.train.init
+    found = init and arch.hf.problem(arch.of(plan.model), plan.model, init.resolved_path)
+    if found:
+        kind, message = found
+        yield error("E048" if kind == "read" else "E049", init.span, message,
+                    "write its folder relative to the plan file" if kind == "read" else "start from a checkpoint of this model, or change the model to match it")
+
+
 # -- data ----------------------------------------------------------------------
 
 MAX_DATA_SCAN = 64 * 2**20  # bytes of a file's ids lint reads to check them against the vocab

@@ -45,6 +45,8 @@ CODES: dict[str, str] = {
     "E045": "heads (per tp rank) not divisible by cp (Ulysses)",
     "E046": "RoPE with an odd head dim",
     "E047": "vocab too small to split over tp",
+    "E048": "Hugging Face checkpoint (init) missing or unreadable",
+    "E049": "Hugging Face checkpoint (init) of another model",
     # -- pipeline -----------------------------------------------------------
     "E050": "layers do not split over the pipeline",
     "E051": "per-stage layers do not sum to the model's layers",

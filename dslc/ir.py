@@ -250,6 +250,19 @@ class Checkpoint:
     every: int  # steps
     dir: str
     span: Span | None
+    keep: int = 0  # the newest checkpoints kept; 0: all
+    async_save: bool = False  # written in the background while training goes on
+    max_restarts: int = 0  # torchrun restarts the job this often; it resumes by itself
+
+
+@dataclass(frozen=True)
+class Init:
+    """``init = hf("DIR")``: the weights start from a Hugging Face checkpoint."""
+
+    kind: str  # hf
+    path: str  # as written in the plan
+    resolved_path: str  # relative to the plan file's directory
+    span: Span | None
 
 
 @dataclass(frozen=True)
@@ -268,6 +281,8 @@ class Train:
     checkpoint: Checkpoint | None
     span: Span | None
     eval: Eval | None = None
+    timeout: float = 600.0  # seconds a collective waits for its peers
+    init: Init | None = None  # where the weights start: None draws them from the seed
 
 
 @dataclass(frozen=True)

@@ -35,13 +35,13 @@ def golden_plans():
 
 @pytest.fixture(scope="session")
 def run_script():
-    """run(train_py, nproc, *args, env=...) -> CompletedProcess: one process with python
-    (no torchrun variables unless ``env`` sets them), more with torchrun --standalone
-    (a free port each time, so runs may overlap)."""
+    """run(train_py, nproc, *args, env=..., torchrun=...) -> CompletedProcess: one process
+    with python (no torchrun variables unless ``env`` sets them), more with torchrun
+    --standalone (a free port each time, so runs may overlap) and its extra flags."""
 
-    def run(train_py: Path, nproc: int, *args: str, timeout: float = 600, cwd=None, env=None):
+    def run(train_py: Path, nproc: int, *args: str, timeout: float = 600, cwd=None, env=None, torchrun=()):
         if nproc > 1:
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", *map(str, torchrun)]
             cmd += [f"--nproc-per-node={nproc}", str(train_py)]
         else:
             cmd = [sys.executable, str(train_py)]

@@ -232,9 +232,11 @@ def test_generated_files_pass_black_ruff_and_bash(tmp_path, golden_plans):
 
 
 def test_scripts_import_only_torch_and_the_standard_library(tmp_path, golden_plans):
-    allowed = {"argparse", "contextlib", "hashlib", "json", "math", "mmap", "os", "struct", "sys", "time", "torch", "warnings"}
+    allowed = {"argparse", "contextlib", "datetime", "hashlib", "json", "math", "mmap", "os", "pickle", "shutil", "struct", "sys", "time", "torch", "warnings"}
+    lazy = {"safetensors"}  # imported inside a function, by Hugging Face checkpoints only
     for script in _all_rendered(tmp_path, golden_plans):
         tree = ast.parse(script.read_text())
+        inner = {id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) for n in ast.walk(f)}
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 roots = {a.name.split(".")[0] for a in node.names}
@@ -242,7 +244,7 @@ def test_scripts_import_only_torch_and_the_standard_library(tmp_path, golden_pla
                 roots = {node.module.split(".")[0]}
             else:
                 continue
-            assert roots <= allowed, (script.parent.name, roots)
+            assert roots <= allowed | (lazy if id(node) in inner else set()), (script.parent.name, roots)
 
 
 HOSTILE = "x'''\"\"\"\n__import__('os').system('pwned') #\u2028\r\\{}"
@@ -426,11 +428,11 @@ def test_process_groups_follow_the_mesh_layout(golden_plans):
         for rank in range(mesh.world_size):
             created: list[tuple[int, ...]] = []
 
-            def new_group(ranks, created=created):
+            def new_group(ranks, timeout=None, created=created):
                 created.append(tuple(ranks))
                 return tuple(ranks)
 
-            ns = {"math": math, "dist": SimpleNamespace(new_group=new_group), "RANK": rank}
+            ns = {"math": math, "dist": SimpleNamespace(new_group=new_group), "RANK": rank, "TIMEOUT": None}
             ns.update(WORLD_SIZE=mesh.world_size, MESH=tuple((a.name, a.size) for a in mesh.axes))
             ns.update(GROUP_AXES=group_axes)
             exec(code, ns)  # noqa: S102 - the function dslc generated, on a fake torch.distributed
@@ -566,10 +568,12 @@ def test_every_example_plan_compiles_on_a_token_file(name, tmp_path):
     assert "def evaluate():" in script
 
 
-@pytest.mark.parametrize(("name", "limit"), [("llama3_70b", 1000), ("tiny_demo", 850)])
+@pytest.mark.parametrize(("name", "limit"), [("llama3_70b", 1600), ("tiny_demo", 1000)])
 def test_generated_scripts_stay_short(name, limit):
     """Issue 9: the script reads as long as it is; the schedule lives in schedule.json.
-    (tiny_demo was below 700 lines until issue 17 gave it a data reader.)"""
+    (tiny_demo was below 700 lines until issue 17 gave it a data reader; issue 12 added
+    the Hugging Face export every script has, about 100 lines, and the restart and
+    failure handling; llama3_70b also carries the checkpoint section, about 230.)"""
     lines = (ROOT / "generated" / name / "train.py").read_text().count("\n")
     assert lines < limit, f"generated/{name}/train.py has {lines} lines (limit {limit})"
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from dslc import codegen
-from dslc.ir import Checkpoint, Data
+from dslc.ir import Data
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("golden")]
 
@@ -272,21 +272,6 @@ def test_mixed_precision_tracks_fp32(precision, family, golden_plans, trained):
         for got, want in zip(losses, ref_losses):
             assert abs(got - want) <= 1e-3 * want, (plan.name, losses, ref_losses)
         assert losses != ref_losses  # it really ran in 16 bits
-
-
-def test_checkpoint_resume_continues_the_same_run(golden_plans, trained, tmp_path):
-    plan = golden_plans["gpt2_dp2_zero1"]
-    ck = Checkpoint(every=2, dir=str(tmp_path / "ck"), span=None)
-    plan = dataclasses.replace(
-        plan, name="gpt2_ckpt", train=dataclasses.replace(plan.train, checkpoint=ck)
-    )
-    full = trained(plan, "--steps", "4")[0]
-    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["step0000002", "step0000004"]
-    for f in (tmp_path / "ck" / "step0000004").iterdir():
-        f.unlink()
-    (tmp_path / "ck" / "step0000004").rmdir()
-    resumed = trained(plan, "--steps", "4", "--resume")[0]
-    assert resumed == pytest.approx(full[2:], rel=1e-6)
 
 
 def test_tokens_file_sgd_dropout_fp16_smoke(golden_plans, trained, tmp_path):

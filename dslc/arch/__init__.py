@@ -9,12 +9,12 @@ take a model and use its architecture.
 from __future__ import annotations
 
 from ..ir import Model
-from . import base, gpt2, llama, mixtral
+from . import base, gpt2, hf, llama, mixtral
 from .base import Arch, Params, Weight, attention_matmul_flops, sc21_params, vocab_per_rank, widths
 
 ARCHS: dict[str, Arch] = {a.name: a for a in (gpt2.ARCH, llama.ARCH, mixtral.ARCH)}
 
-__all__ = ["ARCHS", "Arch", "Params", "Weight", "attention_matmul_flops", "layer_flops", "layer_params", "model_flops_per_token",
+__all__ = ["ARCHS", "Arch", "Params", "Weight", "attention_matmul_flops", "hf", "layer_flops", "layer_params", "model_flops_per_token",
            "of", "params", "sc21_params", "vocab_per_rank", "weights", "widths"]
 
 

@@ -16,6 +16,25 @@ from ..ir import Model
 
 
 @dataclass(frozen=True)
+class HFName:
+    """Our module (or parameter) ``ours`` is their ``theirs`` (``{i}`` the layer, ``{e}``
+    an expert). ``conv1d``: their weight is stored transposed; ``piece``: we hold piece k
+    of n equal parts of their outputs (a fused projection)."""
+
+    ours: str
+    theirs: str
+    conv1d: bool = False
+    piece: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class HFFormat:
+    architecture: str  # the transformers class: GPT2LMHeadModel, LlamaForCausalLM, ...
+    model_type: str
+    names: tuple[HFName, ...]
+
+
+@dataclass(frozen=True)
 class Arch:
     name: str
     title: str  # for a person: what the block is made of
@@ -28,6 +47,7 @@ class Arch:
     # context-parallel methods the generated model can run, and why not the others
     cp_methods: tuple[str, ...] = ("ring", "ulysses")
     cp_why: str = ""
+    hf: HFFormat | None = None  # its Hugging Face checkpoints' names (dslc.arch.hf)
 
     def default_ffn(self, hidden: int) -> int:
         """GELU: 4h. SwiGLU: 2/3 of 4h (same parameters), rounded up to a multiple of 256."""

@@ -2,7 +2,18 @@
 (Su et al. 2021), a SwiGLU MLP (Shazeer 2020), grouped-query attention, no biases and
 an untied head."""
 
-from .base import Arch
+from .base import Arch, HFFormat, HFName
+
+# LlamaForCausalLM: the same matrices under other names (HF's RoPE rotates halves, as ours)
+HF = HFFormat("LlamaForCausalLM", "llama", (
+    HFName("wte", "model.embed_tokens"),
+    HFName("blocks.{i}.attn_norm", "model.layers.{i}.input_layernorm"),
+    HFName("blocks.{i}.attn", "model.layers.{i}.self_attn"),  # q_proj, k_proj, v_proj, o_proj
+    HFName("blocks.{i}.mlp_norm", "model.layers.{i}.post_attention_layernorm"),
+    HFName("blocks.{i}.mlp", "model.layers.{i}.mlp"),  # gate_proj, up_proj, down_proj
+    HFName("norm", "model.norm"),
+    HFName("lm_head", "lm_head.weight"),
+))
 
 ARCH = Arch(
     name="llama",
@@ -13,4 +24,5 @@ ARCH = Arch(
     mlp="swiglu",
     tie_embeddings=False,
     moe=False,
+    hf=HF,
 )

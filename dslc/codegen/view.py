@@ -24,6 +24,7 @@ from ..cost.flops import peak_flops
 from ..cost.memory import expert_capacity, grad_group
 from ..ir import Plan
 from .errors import Unsupported
+from .hf import hf_view
 from .literals import comment_safe, identifier, number
 from .pipeline import pipeline_view
 
@@ -49,10 +50,12 @@ def view_model(plan: Plan, root: Path = DEFAULT_ROOT) -> dict:
         **_experts(plan),
         **_context(plan),
         **_training(plan),
+        **_checkpoint(plan),
         **_data(plan, Path(root) / name),
+        **hf_view(plan, _script_path(plan.train.init, Path(root) / name) if plan.train.init else None),
     }
-    # schedule.json and the data files (unless absolute) are found from the script's folder
-    view["needs_script_dir"] = view["pipeline_parallel"] or view["reads_files"]
+    # schedule.json, the data files and init's checkpoint (unless absolute) are found from the script's folder
+    view["needs_script_dir"] = view["pipeline_parallel"] or view["reads_files"] or view["hf_init"]
     return view
 
 
@@ -252,7 +255,6 @@ def _experts(plan: Plan) -> dict:
 
 def _training(plan: Plan) -> dict:
     t, o, s = plan.train, plan.train.optimizer, plan.train.lr_schedule
-    ck = t.checkpoint
     decays = s.name != "constant"
     scaling = t.precision == "fp16" and t.loss_scale == "dynamic"
     warmup = f" with {s.warmup} warmup step{'s' * (s.warmup > 1)}" if s.warmup else ""
@@ -286,9 +288,33 @@ def _training(plan: Plan) -> dict:
         "warmup_constant": s.warmup > 0 or decays,  # get_lr reads WARMUP
         "min_lr": number(s.min_lr, "min_lr"),
         "decay_steps": s.decay_steps,
+        "timeout": number(t.timeout, "timeout"),
+    }
+
+
+# what the optimizer keeps per parameter, besides the step
+_MOMENTS = {"adamw": ("exp_avg", "exp_avg_sq"), "adam": ("exp_avg", "exp_avg_sq"), "sgd": ("momentum_buffer",)}
+
+
+def _checkpoint(plan: Plan) -> dict:
+    """The checkpoint's settings, and the fingerprint a checkpoint carries: what must
+    match for another run to resume from it (every layout of the same model and data)."""
+    ck, m, t = plan.train.checkpoint, plan.model, plan.train
+    model = {k: getattr(m, k) for k in ("arch", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "norm_eps", "rope_theta", "tie_embeddings", "experts", "top_k", "router")}
+    sources = [[w, s.kind, os.path.basename(s.path)] for w, s in (t.data.parts or ((1.0, t.data),)) if s.path]
+    data = {"sources": sources or "synthetic", "seq_len": m.seq_len, "global_batch": t.global_batch}
+    if not sources:
+        data["seed"] = t.seed  # the random tokens are drawn from it
+    moments = _MOMENTS[t.optimizer.name] if t.optimizer.name != "sgd" or t.optimizer.momentum else ()
+    return {
         "checkpoint": ck is not None,
         "checkpoint_every": ck.every if ck else 0,
         "checkpoint_dir": repr(ck.dir) if ck else "None",
+        "checkpoint_keep": ck.keep if ck else 0,
+        "checkpoint_async": bool(ck and ck.async_save),
+        "max_restarts": ck.max_restarts if ck else 0,
+        "moments": list(moments),
+        "fingerprint": repr({"model": model, "data": data}),
     }
 
 

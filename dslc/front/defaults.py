@@ -37,6 +37,7 @@ DEFAULTS: dict[str, object] = {
     "train.data": "synthetic",
     "train.optimizer": "adamw",
     "train.lr_schedule": "cosine",
+    "train.timeout": 600.0,  # seconds, as NCCL's default: a collective waits this long for its peers
     "optimizer.lr": 3e-4,
     "optimizer.betas": (0.9, 0.95),
     "optimizer.eps": 1e-8,
@@ -109,6 +110,9 @@ BOUNDS: dict[str, tuple[object, object]] = {
     "lr_schedule.min_lr": (0.0, 1e30),
     "lr_schedule.decay_steps": (1, STEPS),
     "checkpoint.every": (1, STEPS),
+    "checkpoint.keep": (0, 2**20),
+    "checkpoint.max_restarts": (0, 1000),
+    "train.timeout": ("1 s", "168 h"),
     "eval.every": (0, STEPS),
     "eval.batches": (1, 2**20),
 }

@@ -83,7 +83,7 @@ def lower_plan(r: Reader, block: ast.Block, resolve: Resolve) -> ir.Plan | None:
         r.diags.append(error("E012", spans.get("model", block.span), "a mixtral model needs its number of experts", "set `experts = 8` in the model, or `experts { count = 8 }` in the plan"))
         model = None
 
-    tf = sub("train", ("steps", "micro_batch", "global_batch", "precision", "recompute", "grad_clip", "seed", "loss_scale", "data"), blocks=("optimizer", "lr_schedule", "checkpoint", "eval"))
+    tf = sub("train", ("steps", "micro_batch", "global_batch", "precision", "recompute", "grad_clip", "seed", "loss_scale", "data", "timeout", "init"), blocks=("optimizer", "lr_schedule", "checkpoint", "eval"))
     ppf = sub("pipeline", ("schedule", "virtual_stages", "microbatches", "layers_per_stage"))
     micro_batch = r.int(tf, "micro_batch", D["train.micro_batch"])
     global_batch = r.int(tf, "global_batch", None)
@@ -216,14 +216,30 @@ def _train(r: Reader, f: Fields, plan_block, cluster, micro_batch, global_batch,
     checkpoint = None
     if ck_block is not None:
         spans["train.checkpoint"] = ck_block.kind_span
-        cf = r.fields(ck_block, ("every", "dir"))
+        cf = r.fields(ck_block, ("every", "dir", "keep", "async", "max_restarts"))
         every, cdir = r.int(cf, "every", required=True), r.string(cf, "dir", required=True)
         if every is not None and cdir is not None:
-            checkpoint = ir.Checkpoint(every, cdir, ck_block.span)
+            keep, restarts = r.int(cf, "keep", 0), r.int(cf, "max_restarts", 0)
+            checkpoint = ir.Checkpoint(every, cdir, ck_block.span, keep, r.bool(cf, "async", False), restarts)
     evaluation = _eval(r, f, plan_block, spans)
     if None in (steps, grad_clip, seed, lr, data, micro_batch) or ("eval" in f.blocks and evaluation is None):
         return None
-    return ir.Train(steps, micro_batch, global_batch, precision, recompute, grad_clip, seed, loss_scale, optimizer, lr_schedule, data, checkpoint, spans.get("train"), evaluation)
+    timeout = r.quantity(f, "timeout", "time", D["train.timeout"])
+    return ir.Train(steps, micro_batch, global_batch, precision, recompute, grad_clip, seed, loss_scale, optimizer, lr_schedule, data, checkpoint, spans.get("train"), evaluation, timeout, _init(r, f, plan_block))
+
+
+def _init(r, f: Fields, plan_block) -> ir.Init | None:
+    """``init = hf("DIR")``: a Hugging Face checkpoint folder, relative to the plan file."""
+    a = f.assigns.get("init")
+    if a is None:
+        return None
+    v = a.value
+    if not (isinstance(v, ast.Call) and v.name == "hf" and len(v.args) == 1 and isinstance(v.args[0], ast.String) and not v.keywords):
+        r.diags.append(error("E013", v.span, 'init takes a Hugging Face checkpoint folder, such as hf("checkpoints/llama")', "leave init out to draw the weights from the seed"))
+        return None
+    base = os.path.dirname(plan_block.span.file) if not plan_block.span.file.startswith("<") else ""
+    path = v.args[0].value
+    return ir.Init("hf", path, os.path.normpath(os.path.join(base, path)), v.span)
 
 
 def _betas(r, of: Fields) -> tuple[float, float]:

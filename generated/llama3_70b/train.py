@@ -13,10 +13,13 @@
 
 import argparse
 import contextlib
+import datetime
 import hashlib
 import json
 import math
 import os
+import pickle
+import shutil
 import sys
 import time
 
@@ -24,6 +27,23 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.metadata import (
+    ChunkStorageMetadata,
+    MetadataIndex,
+    StorageMeta,
+    TensorProperties,
+)
+from torch.distributed.checkpoint.planner import (
+    LoadPlan,
+    SavePlan,
+    TensorWriteData,
+    WriteItem,
+    WriteItemType,
+)
+from torch.distributed.checkpoint.planner_helpers import (
+    create_read_items_for_chunk_list,
+)
 from torch.utils.checkpoint import checkpoint
 
 # -----------------------------------------------------------------------------
@@ -69,6 +89,9 @@ MIN_LR = 1.5e-5
 DECAY_STEPS = 2000
 CHECKPOINT_EVERY = 250  # steps
 CHECKPOINT_DIR = "checkpoints/llama3_70b"  # relative to the working directory
+TIMEOUT = datetime.timedelta(
+    seconds=600.0
+)  # a collective waits this long for its peers
 BUCKET_BYTES = 25 * 2**20  # gradient bucket size, as DDP's
 MODEL_FLOPS_PER_TOKEN = 481_434_796_032  # forward and backward, as dslc explain counts
 PEAK_FLOPS = 989e12  # per device (h100_sxm, bf16), for MFU
@@ -80,6 +103,17 @@ PEAK_FLOPS = 989e12  # per device (h100_sxm, bf16), for MFU
 def fail(message):  # one line on stderr, not a traceback
     sys.stderr.write(f"{os.path.basename(__file__)}: error: {message}\n")  # one write
     sys.exit(1)
+
+
+def import_safetensors():
+    """safetensors, which only Hugging Face checkpoints need: imported when one is used."""
+    try:
+        import safetensors.torch
+    except ImportError:
+        fail(
+            "Hugging Face checkpoints need the safetensors package: pip install safetensors"
+        )
+    return safetensors
 
 
 parser = argparse.ArgumentParser(description="Train plan llama3_70b.")
@@ -96,6 +130,11 @@ outputs = {  # written after training, so refused now if they cannot be
 }
 for flag, what in outputs.items():
     parser.add_argument(flag, metavar="FILE", help="write " + what)
+parser.add_argument(
+    "--export-hf",
+    metavar="DIR",
+    help="write the full weights into DIR as a Hugging Face checkpoint (model.safetensors, config.json)",
+)
 args = parser.parse_args()
 args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
 for flag in outputs:
@@ -105,6 +144,14 @@ for flag in outputs:
         fail(f"{flag} {path}: cannot write into {folder}")
     if path and os.path.isdir(path):
         fail(f"{flag} {path}: is a directory, not a file")
+if args.export_hf:
+    folder = os.path.abspath(args.export_hf)
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        fail(f"--export-hf {args.export_hf}: is a file, not a directory")
+    parent = folder if os.path.isdir(folder) else os.path.dirname(folder)
+    if not (os.path.isdir(parent) and os.access(parent, os.W_OK)):
+        fail(f"--export-hf {args.export_hf}: cannot write into {parent}")
+    import_safetensors()  # now, not after training
 if os.path.exists(CHECKPOINT_DIR) and not os.path.isdir(CHECKPOINT_DIR):
     fail(f"checkpoints go into {CHECKPOINT_DIR}, which is a file, not a directory")
 here = os.path.dirname(os.path.abspath(__file__))
@@ -142,7 +189,25 @@ if args.device == "cuda":
     torch.cuda.set_device(LOCAL_RANK)
     torch.set_float32_matmul_precision("high")  # tf32 matmuls for fp32 work
     device = torch.device("cuda", LOCAL_RANK)
-dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
+backend = "nccl" if args.device == "cuda" else "gloo"
+attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+if attempt == "0":
+    dist.init_process_group(backend, timeout=TIMEOUT)
+else:  # torchrun restarted the job: its store still holds the failed attempt's addresses
+    agent = (
+        os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    )  # else rank 0 hosts it
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        WORLD_SIZE,
+        is_master=not agent and RANK == 0,
+        timeout=TIMEOUT,
+    )
+    store = dist.PrefixStore(f"attempt{attempt}", store)
+    dist.init_process_group(
+        backend, store=store, rank=RANK, world_size=WORLD_SIZE, timeout=TIMEOUT
+    )
 master = RANK == 0  # logs and writes files
 
 
@@ -169,7 +234,7 @@ def build_process_groups():
             rest = tuple(r // stride[a] % n for a, n in MESH if a not in axes)
             members.setdefault(rest, []).append(r)
         for ranks in members.values():
-            group = dist.new_group(ranks)
+            group = dist.new_group(ranks, timeout=TIMEOUT)
             if RANK in ranks:
                 groups["+".join(axes)] = group
     return groups, coords
@@ -179,11 +244,14 @@ GROUPS, COORDS = build_process_groups()
 DP_RANK, PP_RANK, TP_RANK = COORDS["dp"], COORDS["pp"], COORDS["tp"]
 
 # Every collective goes through these, so that --measure counts what is sent by group
-# and kind in one place (scalar=True: the logged loss and grad norm, not predicted).
+# and kind in one place (scalar=True: the logged loss and grad norm, not predicted), and
+# a failed one is named: CALLING holds what this rank last entered.
+CALLING = ["the process groups' set-up"]
 
 
 def all_reduce(x, axis, op=dist.ReduceOp.SUM, async_op=False, scalar=False):
     """In place: x becomes the reduction of x over the group."""
+    CALLING[0] = f"all_reduce over {axis}"
     if METER:
         METER.count(axis, "all_reduce", x.nbytes, scalar)
     return dist.all_reduce(x, op=op, group=GROUPS[axis], async_op=async_op)
@@ -194,6 +262,7 @@ def all_gather(x, axis, dim, out=None, async_op=False):
     dim 0 of a contiguous buffer; with async_op, the work handle instead)."""
     group = GROUPS[axis]
     n = dist.get_world_size(group)
+    CALLING[0] = f"all_gather over {axis}"
     if METER:  # the payload is the gathered output
         METER.count(axis, "all_gather", x.nbytes * n)
     if out is not None:
@@ -207,6 +276,7 @@ def all_gather(x, axis, dim, out=None, async_op=False):
 def reduce_scatter(x, axis, dim, out=None, async_op=False):
     """x summed over the group, of which this rank keeps its chunk along dim (into `out`
     if given); with async_op, the work handle instead."""
+    CALLING[0] = f"reduce_scatter over {axis}"
     if METER:  # the payload is the full input
         METER.count(axis, "reduce_scatter", x.nbytes)
     group = GROUPS[axis]
@@ -352,6 +422,7 @@ ACTIVATION_DTYPE = torch.bfloat16
 def p2p(ops):
     """Posts [("send" | "recv", tensor, pp rank)] as one batch, and waits for it."""
     begin, batch = time.perf_counter(), []
+    CALLING[0] = "send/recv over pp"
     for kind, tensor, peer in ops:
         if kind == "send":
             if METER:
@@ -652,7 +723,9 @@ class GradientBuckets:
             handle.wait()
         self.ready, self.handles = [0] * len(self.buckets), []
 
-    def shard_pieces(self):  # (param, its weights, its reduced grad) in this shard
+    def shard_pieces(
+        self,
+    ):  # (param, its weights, its reduced grad, their start in param) in this shard
         pieces = []
         for b in self.buckets:
             n = b.shard_grad.numel()
@@ -660,7 +733,9 @@ class GradientBuckets:
             for p, start in zip(b.params, b.offsets):
                 a, z = max(start, lo), min(start + p.numel(), hi)
                 if a < z:
-                    pieces.append((p, b.param[a:z], b.shard_grad[a - lo : z - lo]))
+                    pieces.append(
+                        (p, b.param[a:z], b.shard_grad[a - lo : z - lo], a - start)
+                    )
         return pieces
 
     def gather_params(self):
@@ -698,6 +773,86 @@ def grad_norm(grads, sharded):
 
 
 # -----------------------------------------------------------------------------
+# Hugging Face checkpoints: model.safetensors and config.json
+# (our name, theirs, stored transposed, (piece k, of n) of their outputs, one per expert):
+# {i} is a layer, {e} an expert
+# fmt: off
+HF_TENSORS = [
+    ("wte.weight", "model.embed_tokens.weight", False, None, False),
+    ("blocks.{i}.attn_norm.weight", "model.layers.{i}.input_layernorm.weight", False, None, False),
+    ("blocks.{i}.attn.q_proj.weight", "model.layers.{i}.self_attn.q_proj.weight", False, None, False),
+    ("blocks.{i}.attn.k_proj.weight", "model.layers.{i}.self_attn.k_proj.weight", False, None, False),
+    ("blocks.{i}.attn.v_proj.weight", "model.layers.{i}.self_attn.v_proj.weight", False, None, False),
+    ("blocks.{i}.attn.o_proj.weight", "model.layers.{i}.self_attn.o_proj.weight", False, None, False),
+    ("blocks.{i}.mlp_norm.weight", "model.layers.{i}.post_attention_layernorm.weight", False, None, False),
+    ("blocks.{i}.mlp.gate_proj.weight", "model.layers.{i}.mlp.gate_proj.weight", False, None, False),
+    ("blocks.{i}.mlp.up_proj.weight", "model.layers.{i}.mlp.up_proj.weight", False, None, False),
+    ("blocks.{i}.mlp.down_proj.weight", "model.layers.{i}.mlp.down_proj.weight", False, None, False),
+    ("norm.weight", "model.norm.weight", False, None, False),
+    ("lm_head", "lm_head.weight", False, None, False),
+]
+# fmt: on
+HF_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 128256,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float32",
+    "dtype": "float32",
+    "hidden_size": 8192,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "intermediate_size": 28672,
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-05,
+    "hidden_act": "silu",
+    "rope_theta": 500000.0,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0},
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "mlp_bias": False,
+}
+
+
+def hf_rows():
+    """(our name, their name, transposed, piece, expert or None) of every tensor."""
+    for ours, theirs, transposed, piece, expert in HF_TENSORS:
+        for i in range(N_LAYER) if "{i}" in ours else [0]:
+            for e in [None]:
+                yield ours.format(i=i), theirs.format(i=i, e=e), transposed, piece, e
+
+
+def export_hf(weights, folder):
+    """Writes the full weights (ours, by name) into `folder` as a Hugging Face checkpoint
+    in fp32, each file under a temporary name and then renamed: a crash leaves no
+    half-written file."""
+    safetensors = import_safetensors()
+    parts = {}  # their name: [(piece, tensor in their layout, the dim of its outputs)]
+    for ours, theirs, transposed, piece, e in hf_rows():
+        w = weights[ours] if e is None else weights[ours][e]
+        # a fused tensor's pieces join along the outputs: the last dim of a Conv1D weight
+        parts.setdefault(theirs, []).append(
+            ((piece or (0, 1))[0], w.t() if transposed else w, -1 if transposed else 0)
+        )
+    tensors = {}
+    for theirs, pieces in parts.items():
+        pieces.sort(key=lambda p: p[0])
+        tensors[theirs] = torch.cat(
+            [w for _, w, _ in pieces], dim=pieces[0][2]
+        ).contiguous()
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".model.safetensors.tmp{os.getpid()}")
+    safetensors.torch.save_file(tensors, tmp, metadata={"format": "pt"})
+    os.replace(tmp, os.path.join(folder, "model.safetensors"))
+    tmp = os.path.join(folder, f".config.json.tmp{os.getpid()}")
+    with open(tmp, "w") as f:
+        json.dump(HF_CONFIG, f, indent=2)
+    os.replace(tmp, os.path.join(folder, "config.json"))
+
+
+# -----------------------------------------------------------------------------
 # Training
 model = Transformer()
 init_weights(model.named_parameters())
@@ -706,9 +861,10 @@ params = list(model.parameters())
 grad_buckets = GradientBuckets(params, BUCKET_BYTES)
 # ZeRO-1: the optimizer holds this rank's shard only, cut at parameter boundaries
 pieces = grad_buckets.shard_pieces()
-owners = [p for p, _, _ in pieces]  # the parameter each piece belongs to
-weights = [w for _, w, _ in pieces]  # views into the weight buckets
-shard_grads = [g for _, _, g in pieces]  # views into the reduced-gradient shards
+owners = [p for p, _, _, _ in pieces]  # the parameter each piece belongs to
+weights = [w for _, w, _, _ in pieces]  # views into the weight buckets
+shard_grads = [g for _, _, g, _ in pieces]  # views into the reduced-gradient shards
+starts = [s for _, _, _, s in pieces]  # where each starts in its parameter, flattened
 sharded = [p.tp_dim is not None for p in owners]
 # mixed precision as in the ZeRO paper: bf16 weights and gradients in the model
 # (2 + 2 bytes per parameter), fp32 master weights and moments in the optimizer
@@ -773,35 +929,6 @@ def train_step(step):
     return loss.item(), lr, norm.item()
 
 
-def save_checkpoint(step):
-    """Every rank writes its own part: CHECKPOINT_DIR/step<N>/rank<R>.pt."""
-    path = os.path.join(CHECKPOINT_DIR, f"step{step:07d}")
-    os.makedirs(path, exist_ok=True)
-    state = {
-        "step": step,
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-    }
-    state["master"] = master_params
-    torch.save(state, os.path.join(path, f"rank{RANK:05d}.pt"))
-
-
-def load_checkpoint():
-    """Loads this layout's latest checkpoint; returns the step after it (0: none)."""
-    found = sorted(os.listdir(CHECKPOINT_DIR)) if os.path.isdir(CHECKPOINT_DIR) else []
-    found = [d for d in found if d.startswith("step")]
-    if not found:
-        return 0
-    path = os.path.join(CHECKPOINT_DIR, found[-1], f"rank{RANK:05d}.pt")
-    state = torch.load(path, map_location=device)
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    with torch.no_grad():
-        for q, saved in zip(master_params, state["master"]):
-            q.copy_(saved)
-    return state["step"]
-
-
 def gather_weights():
     """The full weights as fp32 CPU tensors by name (tp shards all-gathered), on the
     pipeline's first rank, which gathers every stage's part."""
@@ -834,7 +961,10 @@ def main():
     n_params = torch.tensor(float(sum(sizes)), device=device)
     all_reduce(n_params, "pp", scalar=True)
     n_params = int(n_params.item())
-    start = load_checkpoint() if args.resume else 0
+    restarted = (
+        int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    )  # by torchrun, after a failure
+    start = load_checkpoint() if args.resume or restarted else 0
     tokens_per_step = GLOBAL_BATCH * SEQ_LEN
     if master:
         print(f"plan llama3_70b: {n_params / 1e6:.2f}M parameters", end=", ")
@@ -870,16 +1000,409 @@ def main():
         METER.dump(n_params)
     if args.trace:
         TIMELINE.dump(args.trace)  # every rank takes part in the gather
-    if args.dump_weights:
+    if args.dump_weights or args.export_hf:
         full_weights = gather_weights()  # every rank takes part in the gathers
-        if master:
+        if master and args.dump_weights:
             torch.save(full_weights, args.dump_weights)
+        if master and args.export_hf:
+            export_hf(full_weights, args.export_hf)
     if master and args.dump_losses:
         with open(args.dump_losses, "w") as f:
-            json.dump({"loss": losses, "val_loss": validation}, f, allow_nan=False)
+            json.dump(
+                {"loss": losses, "val_loss": validation, "first_step": start},
+                f,
+                allow_nan=False,
+            )
     GROUPS.clear()  # the last references: tear the groups down now, not at exit
     dist.destroy_process_group()
 
+
+# -----------------------------------------------------------------------------
+# Checkpoints: torch.distributed.checkpoint, readable by any layout
+# A checkpoint holds the serial model's tensors by name: the weights (the fp32 master weights), the
+# optimizer's exp_avg and exp_avg_sq. Each rank writes the pieces it holds
+# with their offsets in the global tensor (DCP's sharded metadata): a tp shard is a block,
+# a ZeRO shard of a flattened parameter is up to 2 * dims - 1 blocks, a replicated piece
+# is written once. Loading, each rank reads the blocks that overlap its own, so any
+# layout of the same model resumes any other's checkpoint.
+#
+# CHECKPOINT_DIR/step<N>.partial is written first; once every rank has written its part
+# (DCP's metadata is written last, after all of them), the master writes COMMIT.json
+# (the step and the fingerprint of the model and the data) and renames the folder to
+# step<N>. --resume takes the newest step<N> with a COMMIT.json: a crash in a save leaves
+# the one before as the latest.
+CHECKPOINT_KEEP = 0  # the newest kept; 0: all
+FINGERPRINT = {
+    "model": {
+        "arch": "llama",
+        "layers": 80,
+        "hidden": 8192,
+        "heads": 64,
+        "kv_heads": 8,
+        "ffn": 28672,
+        "vocab": 128256,
+        "norm_eps": 1e-05,
+        "rope_theta": 500000.0,
+        "tie_embeddings": False,
+        "experts": 0,
+        "top_k": 0,
+        "router": "",
+    },
+    "data": {"sources": "synthetic", "seq_len": 8192, "global_batch": 64, "seed": 1234},
+}
+SAFE_CLASSES = {  # what DCP's metadata pickle may name: nothing that runs code
+    "torch": {"Size"}
+    | {
+        n
+        for n in dir(torch)
+        if isinstance(
+            getattr(torch, n, None), (torch.dtype, torch.layout, torch.memory_format)
+        )
+    },
+    "torch.serialization": {"_get_layout"},  # a layout by its name
+    "collections": {"OrderedDict"},
+    "pathlib": {"PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath", "Path"},
+    "copyreg": {"_reconstructor"},
+    "builtins": {"object", "set", "frozenset", "slice"},
+}
+
+
+def flat_boxes(shape, start, end):
+    """Elements start ... end - 1 of a tensor of `shape`, flattened, as the boxes they fill,
+    in order: [(offsets, sizes)], each contiguous in memory."""
+    if start >= end:
+        return []
+    inner = math.prod(shape[1:])
+    (a, b), (c, d) = divmod(start, inner), divmod(end, inner)
+    if a == c:  # within one slice of dim 0
+        return [((a, *o), (1, *s)) for o, s in flat_boxes(shape[1:], b, d)]
+    head = [((a, *o), (1, *s)) for o, s in flat_boxes(shape[1:], b, inner)] if b else []
+    first = a + (b > 0)
+    body = (
+        [((first,) + (0,) * (len(shape) - 1), (c - first, *shape[1:]))]
+        if c > first
+        else []
+    )
+    tail = [((c, *o), (1, *s)) for o, s in flat_boxes(shape[1:], 0, d)] if d else []
+    return head + body + tail
+
+
+def global_block(p):
+    """(the global tensor's shape, the offsets of this rank's block of it) of parameter p."""
+    shape, origin = list(p.shape), [0] * p.dim()
+    if p.tp_dim is not None:
+        origin[p.tp_dim] = TP_RANK * shape[p.tp_dim]
+        shape[p.tp_dim] *= TP
+    if p.vocab_rows:
+        shape[0] = VOCAB  # the padding rows are not saved
+    return shape, origin
+
+
+def checkpoint_boxes(saving):
+    """Per entry i of `owners` (the optimizer's tensors): (name, global shape, offsets, the
+    box as a view of a tensor shaped as the entry's), for every box of it on this rank.
+    """
+    name_of = {p: name for name, p in model.named_parameters()}
+    out = []
+    for i, p in enumerate(owners):
+        shape, origin = global_block(p)
+        first = starts[i]  # the piece's start in the flattened parameter
+        strides = [math.prod(p.shape[d + 1 :]) for d in range(p.dim())]
+        for offsets, sizes in flat_boxes(
+            list(p.shape), first, first + opt_params[i].numel()
+        ):
+            at = sum(o * s for o, s in zip(offsets, strides)) - first
+            offsets = [o + g for o, g in zip(offsets, origin)]
+            rows = min(
+                sizes[0], shape[0] - offsets[0]
+            )  # without the vocabulary's padding
+            if rows > 0:
+                box = (at, sizes, rows)
+                out.append((i, name_of[p], shape, tuple(offsets), box))
+    return out
+
+
+def box_view(t, box):
+    at, sizes, rows = box
+    return t.view(-1)[at : at + math.prod(sizes)].view(sizes)[:rows]
+
+
+def checkpoint_tensors(saving):
+    """{(key, offsets): (global shape, view)}: what this rank saves, or loads into."""
+    tensors = {}
+    for i, name, shape, offsets, box in checkpoint_boxes(saving):
+        q = opt_params[i]  # the fp32 weights the optimizer steps
+        tensors[f"model.{name}", offsets] = (shape, box_view(q, box))
+        tensors[f"optimizer.{name}.exp_avg", offsets] = (
+            shape,
+            box_view(optimizer.state[q]["exp_avg"], box),
+        )
+        tensors[f"optimizer.{name}.exp_avg_sq", offsets] = (
+            shape,
+            box_view(optimizer.state[q]["exp_avg_sq"], box),
+        )
+    tensors["optimizer.step", (0,)] = ([1], STEP_COUNT)
+    return tensors
+
+
+class SavePieces(dcp.DefaultSavePlanner):
+    """Writes this rank's pieces with their offsets in the global tensors."""
+
+    def __init__(self, tensors):
+        super().__init__(flatten_state_dict=False)
+        self.tensors = tensors
+
+    def create_local_plan(self):
+        items = []
+        for (key, offsets), (shape, t) in self.tensors.items():
+            chunk = ChunkStorageMetadata(torch.Size(offsets), t.size())
+            data = TensorWriteData(
+                chunk, TensorProperties.create_from_tensor(t), torch.Size(shape)
+            )
+            items.append(
+                WriteItem(
+                    MetadataIndex(key, offsets), WriteItemType.SHARD, tensor_data=data
+                )
+            )
+        self.plan = SavePlan(items)
+        return self.plan
+
+    def resolve_data(self, item):
+        return self.tensors[item.index.fqn, tuple(item.index.offset)][1]
+
+
+class LoadPieces(dcp.DefaultLoadPlanner):
+    """Reads, into each of this rank's pieces, the saved blocks that overlap it."""
+
+    def __init__(self, tensors):
+        super().__init__(flatten_state_dict=False)
+        self.tensors = tensors
+
+    def create_local_plan(self):
+        items = []
+        for (key, offsets), (_, t) in self.tensors.items():
+            chunk = ChunkStorageMetadata(torch.Size(offsets), t.size())
+            items += create_read_items_for_chunk_list(
+                key, self.metadata.state_dict_metadata[key], [chunk]
+            )
+        return LoadPlan(items)
+
+    def resolve_tensor(self, item):
+        t = self.tensors[item.dest_index.fqn, tuple(item.dest_index.offset)][1]
+        for dim, (start, length) in enumerate(zip(item.dest_offsets, item.lengths)):
+            t = t.narrow(dim, start, length)
+        return t
+
+
+class MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        if name in SAFE_CLASSES.get(module, ()) or (
+            module.startswith("torch.distributed.checkpoint.")
+            and isinstance(getattr(sys.modules.get(module), name, None), type)
+        ):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(
+            f"{module}.{name} is not part of a checkpoint's metadata"
+        )
+
+
+class CheckpointReader(dcp.FileSystemReader):
+    """DCP's reader, but its metadata (a pickle) may only name DCP's own classes."""
+
+    def read_metadata(self, *args, **kwargs):
+        with open(os.path.join(self.path, ".metadata"), "rb") as f:
+            metadata = MetadataUnpickler(f).load()
+        metadata.storage_meta = metadata.storage_meta or StorageMeta()
+        metadata.storage_meta.load_id = getattr(self, "load_id", None)
+        return metadata
+
+
+STEP_COUNT = torch.zeros(
+    1, dtype=torch.float64
+)  # the optimizer's steps (1-D: an offset)
+
+
+def step_folder(step):
+    return os.path.join(CHECKPOINT_DIR, f"step{step:07d}")
+
+
+def save_checkpoint(step):
+    """Every rank writes its pieces into step<N>.partial; the master commits it."""
+    final = step_folder(step)
+    partial = final + ".partial"
+    if master:
+        shutil.rmtree(partial, ignore_errors=True)  # a crashed save of the same step
+        os.makedirs(partial)
+    states = [optimizer.state[q] for q in opt_params if optimizer.state[q]]
+    STEP_COUNT.fill_(float(states[0]["step"]) if states else 0.0)
+    for q in opt_params:  # a state for each: a step that overflowed leaves none
+        if not optimizer.state[q]:
+            optimizer.state[q].update(fresh_state(q))
+    tensors = checkpoint_tensors(True)
+    CALLING[0] = f"the save of {partial}"
+    dist.barrier(group=CHECKPOINT_GROUP)  # the folder exists
+    writer, planner = dcp.FileSystemWriter(partial), SavePieces(tensors)
+    dcp.save({}, storage_writer=writer, planner=planner, process_group=CHECKPOINT_GROUP)
+    # save() returns on every rank after the metadata is written, which is after every
+    # rank's part: the checkpoint is whole
+    if master:
+        commit(partial, final, step)
+    dist.barrier(group=CHECKPOINT_GROUP)
+
+
+def fresh_state(q):
+    """The state the optimizer starts a parameter with."""
+    state = {"step": torch.zeros((), dtype=torch.float32)} if True else {}
+    state["exp_avg"] = torch.zeros_like(q, memory_format=torch.preserve_format)
+    state["exp_avg_sq"] = torch.zeros_like(q, memory_format=torch.preserve_format)
+    return state
+
+
+def commit(partial, final, step):
+    marker = os.path.join(partial, "COMMIT.json")
+    with open(marker + ".tmp", "w") as f:
+        json.dump(
+            {"step": step, "layout": LAYOUT, "world_size": WORLD_SIZE, **FINGERPRINT}, f
+        )
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(marker + ".tmp", marker)
+    shutil.rmtree(final, ignore_errors=True)  # a run resumed before it saves it again
+    os.rename(partial, final)
+    fsync_folder(CHECKPOINT_DIR)
+    committed = committed_steps()
+    for old in committed[:-CHECKPOINT_KEEP] if CHECKPOINT_KEEP else []:
+        shutil.rmtree(step_folder(old), ignore_errors=True)
+    for name in os.listdir(CHECKPOINT_DIR):  # saves that crashed before this one
+        if name.endswith(".partial") and name < os.path.basename(final):
+            shutil.rmtree(os.path.join(CHECKPOINT_DIR, name), ignore_errors=True)
+
+
+def fsync_folder(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def committed_steps():
+    """The steps of the committed checkpoints, oldest first."""
+    if not os.path.isdir(CHECKPOINT_DIR):
+        return []
+    names = [
+        n
+        for n in os.listdir(CHECKPOINT_DIR)
+        if n.startswith("step") and n[4:].isdecimal()
+    ]
+    return sorted(
+        int(n[4:])
+        for n in names
+        if os.path.isfile(os.path.join(CHECKPOINT_DIR, n, "COMMIT.json"))
+    )
+
+
+def load_checkpoint():
+    """Loads the newest committed checkpoint, written by any layout of this model; returns
+    its step (0: there is none)."""
+    steps = committed_steps()
+    if not steps:
+        if master:
+            print(
+                f"--resume: no checkpoint in {CHECKPOINT_DIR}; starting at step 0",
+                flush=True,
+            )
+        return 0
+    path = step_folder(steps[-1])
+    marker = read_marker(path)
+    for q in opt_params:  # written into in place
+        optimizer.state[q].update(fresh_state(q))
+    tensors = checkpoint_tensors(False)
+    check_checkpoint_files(path, tensors)
+    CALLING[0] = f"the load of {path}"
+    dcp.load(
+        {},
+        storage_reader=CheckpointReader(path),
+        planner=LoadPieces(tensors),
+        process_group=CHECKPOINT_GROUP,
+    )
+    for q in opt_params:
+        if "step" in optimizer.state[q]:
+            optimizer.state[q]["step"].fill_(STEP_COUNT.item())
+    with torch.no_grad():
+        for q, w in zip(master_params, weights):
+            w.copy_(q)  # the working weights: the masters rounded, as after a step
+    grad_buckets.gather_params()  # every rank loaded its shard: bring every rank the rest
+    if master:
+        print(
+            f"resumed from {path} (step {marker['step']}, written by {marker['layout']})",
+            flush=True,
+        )
+    return marker["step"]
+
+
+def read_marker(path):
+    """COMMIT.json of a checkpoint, checked against this model and data."""
+    file = os.path.join(path, "COMMIT.json")
+    try:
+        with open(file) as f:
+            marker = json.load(f)
+        step = marker["step"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        fail(f"{file}: not a checkpoint's commit marker ({e.__class__.__name__})")
+    if not (isinstance(step, int) and step > 0):
+        fail(f"{file}: step {step!r} is not a positive whole number")
+    for part in ("model", "data"):
+        mine, theirs = FINGERPRINT[part], marker.get(part)
+        if not isinstance(theirs, dict):
+            fail(f"{file}: it says nothing of the {part}")
+        for key in mine:
+            if theirs.get(key) != mine[key]:
+                fail(
+                    f"{file}: a checkpoint of another {part}: {key} {theirs.get(key)!r} there, {mine[key]!r} here"
+                )
+    return marker
+
+
+def check_checkpoint_files(path, tensors):
+    """Before any read: the metadata names what this rank needs, with this model's shapes,
+    and every file it points into is there and long enough."""
+    file = os.path.join(path, ".metadata")
+    try:
+        with open(file, "rb") as f:
+            metadata = MetadataUnpickler(f).load()
+        saved, storage = metadata.state_dict_metadata, metadata.storage_data
+    except (
+        OSError,
+        EOFError,
+        pickle.UnpicklingError,
+        AttributeError,
+        ValueError,
+        TypeError,
+        IndexError,
+    ) as e:
+        fail(f"{file}: unreadable ({e.__class__.__name__}: {str(e)[:200]})")
+    for key, shape in {key: shape for (key, _), (shape, _) in tensors.items()}.items():
+        if key not in saved:
+            fail(f"{file}: the checkpoint has no {key}")
+        if list(saved[key].size) != list(shape):
+            fail(f"{file}: {key} is {list(saved[key].size)} there, {list(shape)} here")
+    ends = {}
+    for info in storage.values():
+        ends[info.relative_path] = max(
+            ends.get(info.relative_path, 0), info.offset + info.length
+        )
+    for name, end in sorted(ends.items()):
+        data = os.path.join(path, name)
+        if not os.path.isfile(data):
+            fail(f"{data}: missing (a rank's part of the checkpoint)")
+        if os.path.getsize(data) < end:
+            fail(
+                f"{data}: truncated: {os.path.getsize(data)} bytes, the metadata says {end}"
+            )
+
+
+CHECKPOINT_GROUP = dist.new_group(backend="gloo", timeout=TIMEOUT)  # DCP's: CPU tensors
 
 # -----------------------------------------------------------------------------
 # Instrumentation: --measure FILE, --trace FILE
@@ -991,4 +1514,18 @@ TIMELINE = Timeline()
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (
+        RuntimeError,
+        dist.DistError,
+        dcp.CheckpointException,
+    ) as e:  # gloo raises RuntimeError
+        if not isinstance(e, dist.DistError) and not any(
+            w in str(e) for w in ("gloo", "Connection", "imed out", "NCCL")
+        ):
+            raise
+        why = (str(e).strip().splitlines() or [e.__class__.__name__])[0][:300]
+        fail(
+            f"rank {RANK}: {CALLING[0]} failed: a peer is gone or hung (timeout {TIMEOUT.total_seconds():g} s): {why}"
+        )

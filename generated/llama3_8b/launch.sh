@@ -21,6 +21,8 @@ unset -f $(compgen -A function 2>/dev/null) || true
 HERE="${BASH_SOURCE[0]%/*}"  # this file's folder; the file itself when there is no slash
 [ "$HERE" != "${BASH_SOURCE[0]}" ] || HERE=.
 HERE="$(cd -P -- "$HERE" >/dev/null && pwd -P)"
+# after a rank fails, torchrun restarts every rank up to 2 times; train.py resumes from the
+# newest checkpoint by itself
 TORCHRUN="${TORCHRUN:-torchrun}"  # e.g. TORCHRUN=.venv/bin/torchrun
 NNODES="${NNODES:-2}"
 NPROC_PER_NODE="${NPROC_PER_NODE:-8}"
@@ -34,7 +36,7 @@ esac
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 
 if [ "$NNODES" -eq 1 ] && [ -z "${MASTER_ADDR:-}" ]; then
-    exec "$TORCHRUN" --standalone --nnodes=1 --nproc-per-node="$NPROC_PER_NODE" "$HERE/train.py" "$@"
+    exec "$TORCHRUN" --standalone --nnodes=1 --nproc-per-node="$NPROC_PER_NODE" --max-restarts=2 "$HERE/train.py" "$@"
 fi
 
 if [ -z "${MASTER_ADDR:-}" ]; then
@@ -43,10 +45,10 @@ if [ -z "${MASTER_ADDR:-}" ]; then
 fi
 MASTER_PORT="${MASTER_PORT:-29500}"
 if [ "${RDZV:-c10d}" = static ]; then
-    exec "$TORCHRUN" --nnodes="$NNODES" --nproc-per-node="$NPROC_PER_NODE" \
+    exec "$TORCHRUN" --nnodes="$NNODES" --nproc-per-node="$NPROC_PER_NODE" --max-restarts=2 \
         --node-rank="${NODE_RANK:?RDZV=static needs NODE_RANK}" \
         --master-addr="$MASTER_ADDR" --master-port="$MASTER_PORT" "$HERE/train.py" "$@"
 fi
-exec "$TORCHRUN" --nnodes="$NNODES" --nproc-per-node="$NPROC_PER_NODE" \
+exec "$TORCHRUN" --nnodes="$NNODES" --nproc-per-node="$NPROC_PER_NODE" --max-restarts=2 \
     --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="${RDZV_ID:-llama3_8b}" \
     "$HERE/train.py" "$@"

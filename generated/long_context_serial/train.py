@@ -74,6 +74,17 @@ def fail(message):  # one line on stderr, not a traceback
     sys.exit(1)
 
 
+def import_safetensors():
+    """safetensors, which only Hugging Face checkpoints need: imported when one is used."""
+    try:
+        import safetensors.torch
+    except ImportError:
+        fail(
+            "Hugging Face checkpoints need the safetensors package: pip install safetensors"
+        )
+    return safetensors
+
+
 parser = argparse.ArgumentParser(description="Train plan long_context_serial.")
 parser.add_argument("--steps", type=int, default=STEPS)
 parser.add_argument("--seed", type=int, default=SEED)
@@ -89,6 +100,11 @@ outputs = {  # written after training, so refused now if they cannot be
 }
 for flag, what in outputs.items():
     parser.add_argument(flag, metavar="FILE", help="write " + what)
+parser.add_argument(
+    "--export-hf",
+    metavar="DIR",
+    help="write the full weights into DIR as a Hugging Face checkpoint (model.safetensors, config.json)",
+)
 args = parser.parse_args()
 args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
 for flag in outputs:
@@ -98,6 +114,14 @@ for flag in outputs:
         fail(f"{flag} {path}: cannot write into {folder}")
     if path and os.path.isdir(path):
         fail(f"{flag} {path}: is a directory, not a file")
+if args.export_hf:
+    folder = os.path.abspath(args.export_hf)
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        fail(f"--export-hf {args.export_hf}: is a file, not a directory")
+    parent = folder if os.path.isdir(folder) else os.path.dirname(folder)
+    if not (os.path.isdir(parent) and os.access(parent, os.W_OK)):
+        fail(f"--export-hf {args.export_hf}: cannot write into {parent}")
+    import_safetensors()  # now, not after training
 here = os.path.dirname(os.path.abspath(__file__))
 env = [os.environ.get(k, "unset") for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK")]
 got, rank, local_rank = ["1", "0", "0"] if env == ["unset"] * 3 else env  # no torchrun
@@ -421,6 +445,86 @@ def grad_norm(grads, sharded):
 
 
 # -----------------------------------------------------------------------------
+# Hugging Face checkpoints: model.safetensors and config.json
+# (our name, theirs, stored transposed, (piece k, of n) of their outputs, one per expert):
+# {i} is a layer, {e} an expert
+# fmt: off
+HF_TENSORS = [
+    ("wte.weight", "model.embed_tokens.weight", False, None, False),
+    ("blocks.{i}.attn_norm.weight", "model.layers.{i}.input_layernorm.weight", False, None, False),
+    ("blocks.{i}.attn.q_proj.weight", "model.layers.{i}.self_attn.q_proj.weight", False, None, False),
+    ("blocks.{i}.attn.k_proj.weight", "model.layers.{i}.self_attn.k_proj.weight", False, None, False),
+    ("blocks.{i}.attn.v_proj.weight", "model.layers.{i}.self_attn.v_proj.weight", False, None, False),
+    ("blocks.{i}.attn.o_proj.weight", "model.layers.{i}.self_attn.o_proj.weight", False, None, False),
+    ("blocks.{i}.mlp_norm.weight", "model.layers.{i}.post_attention_layernorm.weight", False, None, False),
+    ("blocks.{i}.mlp.gate_proj.weight", "model.layers.{i}.mlp.gate_proj.weight", False, None, False),
+    ("blocks.{i}.mlp.up_proj.weight", "model.layers.{i}.mlp.up_proj.weight", False, None, False),
+    ("blocks.{i}.mlp.down_proj.weight", "model.layers.{i}.mlp.down_proj.weight", False, None, False),
+    ("norm.weight", "model.norm.weight", False, None, False),
+    ("lm_head", "lm_head.weight", False, None, False),
+]
+# fmt: on
+HF_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 256,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float32",
+    "dtype": "float32",
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "intermediate_size": 256,
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-05,
+    "hidden_act": "silu",
+    "rope_theta": 10000.0,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "mlp_bias": False,
+}
+
+
+def hf_rows():
+    """(our name, their name, transposed, piece, expert or None) of every tensor."""
+    for ours, theirs, transposed, piece, expert in HF_TENSORS:
+        for i in range(N_LAYER) if "{i}" in ours else [0]:
+            for e in [None]:
+                yield ours.format(i=i), theirs.format(i=i, e=e), transposed, piece, e
+
+
+def export_hf(weights, folder):
+    """Writes the full weights (ours, by name) into `folder` as a Hugging Face checkpoint
+    in fp32, each file under a temporary name and then renamed: a crash leaves no
+    half-written file."""
+    safetensors = import_safetensors()
+    parts = {}  # their name: [(piece, tensor in their layout, the dim of its outputs)]
+    for ours, theirs, transposed, piece, e in hf_rows():
+        w = weights[ours] if e is None else weights[ours][e]
+        # a fused tensor's pieces join along the outputs: the last dim of a Conv1D weight
+        parts.setdefault(theirs, []).append(
+            ((piece or (0, 1))[0], w.t() if transposed else w, -1 if transposed else 0)
+        )
+    tensors = {}
+    for theirs, pieces in parts.items():
+        pieces.sort(key=lambda p: p[0])
+        tensors[theirs] = torch.cat(
+            [w for _, w, _ in pieces], dim=pieces[0][2]
+        ).contiguous()
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".model.safetensors.tmp{os.getpid()}")
+    safetensors.torch.save_file(tensors, tmp, metadata={"format": "pt"})
+    os.replace(tmp, os.path.join(folder, "model.safetensors"))
+    tmp = os.path.join(folder, f".config.json.tmp{os.getpid()}")
+    with open(tmp, "w") as f:
+        json.dump(HF_CONFIG, f, indent=2)
+    os.replace(tmp, os.path.join(folder, "config.json"))
+
+
+# -----------------------------------------------------------------------------
 # Training
 model = Transformer()
 init_weights(model.named_parameters())
@@ -520,10 +624,12 @@ def main():
     if METER:
         METER.step = None
         METER.dump(n_params)
-    if args.dump_weights:
+    if args.dump_weights or args.export_hf:
         full_weights = gather_weights()  # every rank takes part in the gathers
-        if master:
+        if master and args.dump_weights:
             torch.save(full_weights, args.dump_weights)
+        if master and args.export_hf:
+            export_hf(full_weights, args.export_hf)
     if master and args.dump_losses:
         with open(args.dump_losses, "w") as f:
             json.dump({"loss": losses, "val_loss": validation}, f, allow_nan=False)

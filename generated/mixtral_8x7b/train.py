@@ -13,6 +13,7 @@ vocab 32000, sequence 4096; pp4 x ep8, ZeRO-1.
 
 import argparse
 import contextlib
+import datetime
 import hashlib
 import json
 import math
@@ -73,6 +74,9 @@ WEIGHT_DECAY = 0.1  # on matrices only
 WARMUP = 100  # steps
 MIN_LR = 1e-5
 DECAY_STEPS = 1000
+TIMEOUT = datetime.timedelta(
+    seconds=600.0
+)  # a collective waits this long for its peers
 BUCKET_BYTES = 25 * 2**20  # gradient bucket size, as DDP's
 MODEL_FLOPS_PER_TOKEN = 82_933_972_992  # forward and backward, as dslc explain counts
 PEAK_FLOPS = 989e12  # per device (h100_sxm, bf16), for MFU
@@ -84,6 +88,17 @@ PEAK_FLOPS = 989e12  # per device (h100_sxm, bf16), for MFU
 def fail(message):  # one line on stderr, not a traceback
     sys.stderr.write(f"{os.path.basename(__file__)}: error: {message}\n")  # one write
     sys.exit(1)
+
+
+def import_safetensors():
+    """safetensors, which only Hugging Face checkpoints need: imported when one is used."""
+    try:
+        import safetensors.torch
+    except ImportError:
+        fail(
+            "Hugging Face checkpoints need the safetensors package: pip install safetensors"
+        )
+    return safetensors
 
 
 parser = argparse.ArgumentParser(description="Train plan mixtral_8x7b.")
@@ -99,6 +114,11 @@ outputs = {  # written after training, so refused now if they cannot be
 }
 for flag, what in outputs.items():
     parser.add_argument(flag, metavar="FILE", help="write " + what)
+parser.add_argument(
+    "--export-hf",
+    metavar="DIR",
+    help="write the full weights into DIR as a Hugging Face checkpoint (model.safetensors, config.json)",
+)
 args = parser.parse_args()
 args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
 for flag in outputs:
@@ -108,6 +128,18 @@ for flag in outputs:
         fail(f"{flag} {path}: cannot write into {folder}")
     if path and os.path.isdir(path):
         fail(f"{flag} {path}: is a directory, not a file")
+if args.export_hf:
+    fail(
+        "--export-hf: "
+        + "capacity_factor = 1.25: transformers' Mixtral drops no tokens"
+    )
+    folder = os.path.abspath(args.export_hf)
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        fail(f"--export-hf {args.export_hf}: is a file, not a directory")
+    parent = folder if os.path.isdir(folder) else os.path.dirname(folder)
+    if not (os.path.isdir(parent) and os.access(parent, os.W_OK)):
+        fail(f"--export-hf {args.export_hf}: cannot write into {parent}")
+    import_safetensors()  # now, not after training
 here = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -143,7 +175,25 @@ if args.device == "cuda":
     torch.cuda.set_device(LOCAL_RANK)
     torch.set_float32_matmul_precision("high")  # tf32 matmuls for fp32 work
     device = torch.device("cuda", LOCAL_RANK)
-dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
+backend = "nccl" if args.device == "cuda" else "gloo"
+attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+if attempt == "0":
+    dist.init_process_group(backend, timeout=TIMEOUT)
+else:  # torchrun restarted the job: its store still holds the failed attempt's addresses
+    agent = (
+        os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    )  # else rank 0 hosts it
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        WORLD_SIZE,
+        is_master=not agent and RANK == 0,
+        timeout=TIMEOUT,
+    )
+    store = dist.PrefixStore(f"attempt{attempt}", store)
+    dist.init_process_group(
+        backend, store=store, rank=RANK, world_size=WORLD_SIZE, timeout=TIMEOUT
+    )
 master = RANK == 0  # logs and writes files
 
 
@@ -170,7 +220,7 @@ def build_process_groups():
             rest = tuple(r // stride[a] % n for a, n in MESH if a not in axes)
             members.setdefault(rest, []).append(r)
         for ranks in members.values():
-            group = dist.new_group(ranks)
+            group = dist.new_group(ranks, timeout=TIMEOUT)
             if RANK in ranks:
                 groups["+".join(axes)] = group
     return groups, coords
@@ -180,11 +230,14 @@ GROUPS, COORDS = build_process_groups()
 PP_RANK, EP_RANK = COORDS["pp"], COORDS["ep"]
 
 # Every collective goes through these, so that --measure counts what is sent by group
-# and kind in one place (scalar=True: the logged loss and grad norm, not predicted).
+# and kind in one place (scalar=True: the logged loss and grad norm, not predicted), and
+# a failed one is named: CALLING holds what this rank last entered.
+CALLING = ["the process groups' set-up"]
 
 
 def all_reduce(x, axis, op=dist.ReduceOp.SUM, async_op=False, scalar=False):
     """In place: x becomes the reduction of x over the group."""
+    CALLING[0] = f"all_reduce over {axis}"
     if METER:
         METER.count(axis, "all_reduce", x.nbytes, scalar)
     return dist.all_reduce(x, op=op, group=GROUPS[axis], async_op=async_op)
@@ -195,6 +248,7 @@ def all_gather(x, axis, dim, out=None, async_op=False):
     dim 0 of a contiguous buffer; with async_op, the work handle instead)."""
     group = GROUPS[axis]
     n = dist.get_world_size(group)
+    CALLING[0] = f"all_gather over {axis}"
     if METER:  # the payload is the gathered output
         METER.count(axis, "all_gather", x.nbytes * n)
     if out is not None:
@@ -208,6 +262,7 @@ def all_gather(x, axis, dim, out=None, async_op=False):
 def reduce_scatter(x, axis, dim, out=None, async_op=False):
     """x summed over the group, of which this rank keeps its chunk along dim (into `out`
     if given); with async_op, the work handle instead."""
+    CALLING[0] = f"reduce_scatter over {axis}"
     if METER:  # the payload is the full input
         METER.count(axis, "reduce_scatter", x.nbytes)
     group = GROUPS[axis]
@@ -223,6 +278,7 @@ def reduce_scatter(x, axis, dim, out=None, async_op=False):
 def all_to_all(out, x, axis, out_splits=None, in_splits=None, scalar=False):
     """x's rows go to the group's ranks (in_splits[r] rows to rank r; equal parts if None),
     and out takes theirs (out_splits[r] rows from rank r), in rank order."""
+    CALLING[0] = f"all_to_all over {axis}"
     if METER:  # the payload is what this rank sends
         METER.count(axis, "all_to_all", x.nbytes, scalar)
     dist.all_to_all_single(out, x, out_splits, in_splits, group=GROUPS[axis])
@@ -249,6 +305,7 @@ ACTIVATION_DTYPE = torch.bfloat16
 def p2p(ops):
     """Posts [("send" | "recv", tensor, pp rank)] as one batch, and waits for it."""
     begin, batch = time.perf_counter(), []
+    CALLING[0] = "send/recv over pp"
     for kind, tensor, peer in ops:
         if kind == "send":
             if METER:
@@ -759,7 +816,9 @@ class GradientBuckets:
                 handle.wait()
         self.ready, self.handles = [0] * len(self.buckets), []
 
-    def shard_pieces(self):  # (param, its weights, its reduced grad) in this shard
+    def shard_pieces(
+        self,
+    ):  # (param, its weights, its reduced grad, their start in param) in this shard
         pieces = []
         for b in self.buckets:
             n = b.shard_grad.numel()
@@ -767,7 +826,9 @@ class GradientBuckets:
             for p, start in zip(b.params, b.offsets):
                 a, z = max(start, lo), min(start + p.numel(), hi)
                 if a < z:
-                    pieces.append((p, b.param[a:z], b.shard_grad[a - lo : z - lo]))
+                    pieces.append(
+                        (p, b.param[a:z], b.shard_grad[a - lo : z - lo], a - start)
+                    )
         return pieces
 
     def gather_params(self):
@@ -807,6 +868,92 @@ def grad_norm(grads, sharded, experts):
 
 
 # -----------------------------------------------------------------------------
+# Hugging Face checkpoints: model.safetensors and config.json
+# (our name, theirs, stored transposed, (piece k, of n) of their outputs, one per expert):
+# {i} is a layer, {e} an expert
+# fmt: off
+HF_TENSORS = [
+    ("wte.weight", "model.embed_tokens.weight", False, None, False),
+    ("blocks.{i}.attn_norm.weight", "model.layers.{i}.input_layernorm.weight", False, None, False),
+    ("blocks.{i}.attn.q_proj.weight", "model.layers.{i}.self_attn.q_proj.weight", False, None, False),
+    ("blocks.{i}.attn.k_proj.weight", "model.layers.{i}.self_attn.k_proj.weight", False, None, False),
+    ("blocks.{i}.attn.v_proj.weight", "model.layers.{i}.self_attn.v_proj.weight", False, None, False),
+    ("blocks.{i}.attn.o_proj.weight", "model.layers.{i}.self_attn.o_proj.weight", False, None, False),
+    ("blocks.{i}.mlp_norm.weight", "model.layers.{i}.post_attention_layernorm.weight", False, None, False),
+    ("blocks.{i}.mlp.router", "model.layers.{i}.block_sparse_moe.gate.weight", False, None, False),
+    ("blocks.{i}.mlp.gate_proj", "model.layers.{i}.block_sparse_moe.experts.{e}.w1.weight", False, None, True),
+    ("blocks.{i}.mlp.up_proj", "model.layers.{i}.block_sparse_moe.experts.{e}.w3.weight", False, None, True),
+    ("blocks.{i}.mlp.down_proj", "model.layers.{i}.block_sparse_moe.experts.{e}.w2.weight", False, None, True),
+    ("norm.weight", "model.norm.weight", False, None, False),
+    ("lm_head", "lm_head.weight", False, None, False),
+]
+# fmt: on
+HF_CONFIG = {
+    "architectures": ["MixtralForCausalLM"],
+    "model_type": "mixtral",
+    "vocab_size": 32000,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float32",
+    "dtype": "float32",
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "intermediate_size": 14336,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-05,
+    "hidden_act": "silu",
+    "rope_theta": 1000000.0,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+    "router_aux_loss_coef": 0.02,
+    "output_router_logits": False,
+    "router_jitter_noise": 0.0,
+    "sliding_window": None,
+}
+
+
+def hf_rows():
+    """(our name, their name, transposed, piece, expert or None) of every tensor."""
+    for ours, theirs, transposed, piece, expert in HF_TENSORS:
+        for i in range(N_LAYER) if "{i}" in ours else [0]:
+            for e in range(N_EXPERTS) if expert else [None]:
+                yield ours.format(i=i), theirs.format(i=i, e=e), transposed, piece, e
+
+
+def export_hf(weights, folder):
+    """Writes the full weights (ours, by name) into `folder` as a Hugging Face checkpoint
+    in fp32, each file under a temporary name and then renamed: a crash leaves no
+    half-written file."""
+    safetensors = import_safetensors()
+    parts = {}  # their name: [(piece, tensor in their layout, the dim of its outputs)]
+    for ours, theirs, transposed, piece, e in hf_rows():
+        w = weights[ours] if e is None else weights[ours][e]
+        # a fused tensor's pieces join along the outputs: the last dim of a Conv1D weight
+        parts.setdefault(theirs, []).append(
+            ((piece or (0, 1))[0], w.t() if transposed else w, -1 if transposed else 0)
+        )
+    tensors = {}
+    for theirs, pieces in parts.items():
+        pieces.sort(key=lambda p: p[0])
+        tensors[theirs] = torch.cat(
+            [w for _, w, _ in pieces], dim=pieces[0][2]
+        ).contiguous()
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".model.safetensors.tmp{os.getpid()}")
+    safetensors.torch.save_file(tensors, tmp, metadata={"format": "pt"})
+    os.replace(tmp, os.path.join(folder, "model.safetensors"))
+    tmp = os.path.join(folder, f".config.json.tmp{os.getpid()}")
+    with open(tmp, "w") as f:
+        json.dump(HF_CONFIG, f, indent=2)
+    os.replace(tmp, os.path.join(folder, "config.json"))
+
+
+# -----------------------------------------------------------------------------
 # Training
 model = Transformer()
 init_weights(model.named_parameters())
@@ -815,9 +962,10 @@ params = list(model.parameters())
 grad_buckets = GradientBuckets(params, BUCKET_BYTES)
 # ZeRO-1: the optimizer holds this rank's shard only, cut at parameter boundaries
 pieces = grad_buckets.shard_pieces()
-owners = [p for p, _, _ in pieces]  # the parameter each piece belongs to
-weights = [w for _, w, _ in pieces]  # views into the weight buckets
-shard_grads = [g for _, _, g in pieces]  # views into the reduced-gradient shards
+owners = [p for p, _, _, _ in pieces]  # the parameter each piece belongs to
+weights = [w for _, w, _, _ in pieces]  # views into the weight buckets
+shard_grads = [g for _, _, g, _ in pieces]  # views into the reduced-gradient shards
+starts = [s for _, _, _, s in pieces]  # where each starts in its parameter, flattened
 sharded = [p.tp_dim is not None for p in owners]
 experts = [p.expert for p in owners]
 # mixed precision as in the ZeRO paper: bf16 weights and gradients in the model
@@ -960,10 +1108,12 @@ def main():
         METER.dump(n_params)
     if args.trace:
         TIMELINE.dump(args.trace)  # every rank takes part in the gather
-    if args.dump_weights:
+    if args.dump_weights or args.export_hf:
         full_weights = gather_weights()  # every rank takes part in the gathers
-        if master:
+        if master and args.dump_weights:
             torch.save(full_weights, args.dump_weights)
+        if master and args.export_hf:
+            export_hf(full_weights, args.export_hf)
     if master and args.dump_losses:
         with open(args.dump_losses, "w") as f:
             json.dump({"loss": losses, "val_loss": validation}, f, allow_nan=False)
@@ -1081,4 +1231,14 @@ TIMELINE = Timeline()
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (RuntimeError, dist.DistError) as e:  # gloo raises RuntimeError
+        if not isinstance(e, dist.DistError) and not any(
+            w in str(e) for w in ("gloo", "Connection", "imed out", "NCCL")
+        ):
+            raise
+        why = (str(e).strip().splitlines() or [e.__class__.__name__])[0][:300]
+        fail(
+            f"rank {RANK}: {CALLING[0]} failed: a peer is gone or hung (timeout {TIMEOUT.total_seconds():g} s): {why}"
+        )

@@ -12,6 +12,7 @@ sequence 64; dp2 x ep2.
 
 import argparse
 import contextlib
+import datetime
 import hashlib
 import json
 import math
@@ -72,6 +73,9 @@ DECAY_STEPS = 300
 DATA = [
     (1.0, "text", "../../data/verse.txt", "uint8"),
 ]
+TIMEOUT = datetime.timedelta(
+    seconds=600.0
+)  # a collective waits this long for its peers
 BUCKET_BYTES = 25 * 2**20  # gradient bucket size, as DDP's
 MODEL_FLOPS_PER_TOKEN = 1_958_400  # forward and backward, as dslc explain counts
 PEAK_FLOPS = 5e11  # per device (cpu, fp32), for MFU
@@ -83,6 +87,17 @@ PEAK_FLOPS = 5e11  # per device (cpu, fp32), for MFU
 def fail(message):  # one line on stderr, not a traceback
     sys.stderr.write(f"{os.path.basename(__file__)}: error: {message}\n")  # one write
     sys.exit(1)
+
+
+def import_safetensors():
+    """safetensors, which only Hugging Face checkpoints need: imported when one is used."""
+    try:
+        import safetensors.torch
+    except ImportError:
+        fail(
+            "Hugging Face checkpoints need the safetensors package: pip install safetensors"
+        )
+    return safetensors
 
 
 parser = argparse.ArgumentParser(description="Train plan tiny_moe.")
@@ -100,6 +115,11 @@ outputs = {  # written after training, so refused now if they cannot be
 }
 for flag, what in outputs.items():
     parser.add_argument(flag, metavar="FILE", help="write " + what)
+parser.add_argument(
+    "--export-hf",
+    metavar="DIR",
+    help="write the full weights into DIR as a Hugging Face checkpoint (model.safetensors, config.json)",
+)
 args = parser.parse_args()
 args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
 for flag in outputs:
@@ -109,6 +129,14 @@ for flag in outputs:
         fail(f"{flag} {path}: cannot write into {folder}")
     if path and os.path.isdir(path):
         fail(f"{flag} {path}: is a directory, not a file")
+if args.export_hf:
+    folder = os.path.abspath(args.export_hf)
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        fail(f"--export-hf {args.export_hf}: is a file, not a directory")
+    parent = folder if os.path.isdir(folder) else os.path.dirname(folder)
+    if not (os.path.isdir(parent) and os.access(parent, os.W_OK)):
+        fail(f"--export-hf {args.export_hf}: cannot write into {parent}")
+    import_safetensors()  # now, not after training
 here = os.path.dirname(os.path.abspath(__file__))
 env = [os.environ.get(k, "unset") for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK")]
 got, rank, local_rank = ["1", "0", "0"] if env == ["unset"] * 3 else env  # no torchrun
@@ -128,7 +156,25 @@ if args.device == "cuda":
     torch.cuda.set_device(LOCAL_RANK)
     torch.set_float32_matmul_precision("high")  # tf32 matmuls for fp32 work
     device = torch.device("cuda", LOCAL_RANK)
-dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
+backend = "nccl" if args.device == "cuda" else "gloo"
+attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+if attempt == "0":
+    dist.init_process_group(backend, timeout=TIMEOUT)
+else:  # torchrun restarted the job: its store still holds the failed attempt's addresses
+    agent = (
+        os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    )  # else rank 0 hosts it
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        WORLD_SIZE,
+        is_master=not agent and RANK == 0,
+        timeout=TIMEOUT,
+    )
+    store = dist.PrefixStore(f"attempt{attempt}", store)
+    dist.init_process_group(
+        backend, store=store, rank=RANK, world_size=WORLD_SIZE, timeout=TIMEOUT
+    )
 master = RANK == 0  # logs and writes files
 
 
@@ -155,7 +201,7 @@ def build_process_groups():
             rest = tuple(r // stride[a] % n for a, n in MESH if a not in axes)
             members.setdefault(rest, []).append(r)
         for ranks in members.values():
-            group = dist.new_group(ranks)
+            group = dist.new_group(ranks, timeout=TIMEOUT)
             if RANK in ranks:
                 groups["+".join(axes)] = group
     return groups, coords
@@ -165,11 +211,14 @@ GROUPS, COORDS = build_process_groups()
 DP_RANK, EP_RANK = COORDS["dp"], COORDS["ep"]
 
 # Every collective goes through these, so that --measure counts what is sent by group
-# and kind in one place (scalar=True: the logged loss and grad norm, not predicted).
+# and kind in one place (scalar=True: the logged loss and grad norm, not predicted), and
+# a failed one is named: CALLING holds what this rank last entered.
+CALLING = ["the process groups' set-up"]
 
 
 def all_reduce(x, axis, op=dist.ReduceOp.SUM, async_op=False, scalar=False):
     """In place: x becomes the reduction of x over the group."""
+    CALLING[0] = f"all_reduce over {axis}"
     if METER:
         METER.count(axis, "all_reduce", x.nbytes, scalar)
     return dist.all_reduce(x, op=op, group=GROUPS[axis], async_op=async_op)
@@ -179,6 +228,7 @@ def all_gather(x, axis, dim):
     """The group's tensors concatenated along dim, in rank order."""
     group = GROUPS[axis]
     n = dist.get_world_size(group)
+    CALLING[0] = f"all_gather over {axis}"
     if METER:  # the payload is the gathered output
         METER.count(axis, "all_gather", x.nbytes * n)
     parts = [torch.empty_like(x) for _ in range(n)]
@@ -189,6 +239,7 @@ def all_gather(x, axis, dim):
 def all_to_all(out, x, axis, out_splits=None, in_splits=None, scalar=False):
     """x's rows go to the group's ranks (in_splits[r] rows to rank r; equal parts if None),
     and out takes theirs (out_splits[r] rows from rank r), in rank order."""
+    CALLING[0] = f"all_to_all over {axis}"
     if METER:  # the payload is what this rank sends
         METER.count(axis, "all_to_all", x.nbytes, scalar)
     dist.all_to_all_single(out, x, out_splits, in_splits, group=GROUPS[axis])
@@ -747,6 +798,92 @@ def grad_norm(grads, sharded, experts):
 
 
 # -----------------------------------------------------------------------------
+# Hugging Face checkpoints: model.safetensors and config.json
+# (our name, theirs, stored transposed, (piece k, of n) of their outputs, one per expert):
+# {i} is a layer, {e} an expert
+# fmt: off
+HF_TENSORS = [
+    ("wte.weight", "model.embed_tokens.weight", False, None, False),
+    ("blocks.{i}.attn_norm.weight", "model.layers.{i}.input_layernorm.weight", False, None, False),
+    ("blocks.{i}.attn.q_proj.weight", "model.layers.{i}.self_attn.q_proj.weight", False, None, False),
+    ("blocks.{i}.attn.k_proj.weight", "model.layers.{i}.self_attn.k_proj.weight", False, None, False),
+    ("blocks.{i}.attn.v_proj.weight", "model.layers.{i}.self_attn.v_proj.weight", False, None, False),
+    ("blocks.{i}.attn.o_proj.weight", "model.layers.{i}.self_attn.o_proj.weight", False, None, False),
+    ("blocks.{i}.mlp_norm.weight", "model.layers.{i}.post_attention_layernorm.weight", False, None, False),
+    ("blocks.{i}.mlp.router", "model.layers.{i}.block_sparse_moe.gate.weight", False, None, False),
+    ("blocks.{i}.mlp.gate_proj", "model.layers.{i}.block_sparse_moe.experts.{e}.w1.weight", False, None, True),
+    ("blocks.{i}.mlp.up_proj", "model.layers.{i}.block_sparse_moe.experts.{e}.w3.weight", False, None, True),
+    ("blocks.{i}.mlp.down_proj", "model.layers.{i}.block_sparse_moe.experts.{e}.w2.weight", False, None, True),
+    ("norm.weight", "model.norm.weight", False, None, False),
+    ("lm_head", "lm_head.weight", False, None, False),
+]
+# fmt: on
+HF_CONFIG = {
+    "architectures": ["MixtralForCausalLM"],
+    "model_type": "mixtral",
+    "vocab_size": 256,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float32",
+    "dtype": "float32",
+    "hidden_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 24,
+    "intermediate_size": 192,
+    "max_position_embeddings": 64,
+    "rms_norm_eps": 1e-05,
+    "hidden_act": "silu",
+    "rope_theta": 10000.0,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "router_aux_loss_coef": 0.05,
+    "output_router_logits": False,
+    "router_jitter_noise": 0.0,
+    "sliding_window": None,
+}
+
+
+def hf_rows():
+    """(our name, their name, transposed, piece, expert or None) of every tensor."""
+    for ours, theirs, transposed, piece, expert in HF_TENSORS:
+        for i in range(N_LAYER) if "{i}" in ours else [0]:
+            for e in range(N_EXPERTS) if expert else [None]:
+                yield ours.format(i=i), theirs.format(i=i, e=e), transposed, piece, e
+
+
+def export_hf(weights, folder):
+    """Writes the full weights (ours, by name) into `folder` as a Hugging Face checkpoint
+    in fp32, each file under a temporary name and then renamed: a crash leaves no
+    half-written file."""
+    safetensors = import_safetensors()
+    parts = {}  # their name: [(piece, tensor in their layout, the dim of its outputs)]
+    for ours, theirs, transposed, piece, e in hf_rows():
+        w = weights[ours] if e is None else weights[ours][e]
+        # a fused tensor's pieces join along the outputs: the last dim of a Conv1D weight
+        parts.setdefault(theirs, []).append(
+            ((piece or (0, 1))[0], w.t() if transposed else w, -1 if transposed else 0)
+        )
+    tensors = {}
+    for theirs, pieces in parts.items():
+        pieces.sort(key=lambda p: p[0])
+        tensors[theirs] = torch.cat(
+            [w for _, w, _ in pieces], dim=pieces[0][2]
+        ).contiguous()
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".model.safetensors.tmp{os.getpid()}")
+    safetensors.torch.save_file(tensors, tmp, metadata={"format": "pt"})
+    os.replace(tmp, os.path.join(folder, "model.safetensors"))
+    tmp = os.path.join(folder, f".config.json.tmp{os.getpid()}")
+    with open(tmp, "w") as f:
+        json.dump(HF_CONFIG, f, indent=2)
+    os.replace(tmp, os.path.join(folder, "config.json"))
+
+
+# -----------------------------------------------------------------------------
 # Training
 model = Transformer()
 init_weights(model.named_parameters())
@@ -869,10 +1006,12 @@ def main():
     if METER:
         METER.step = None
         METER.dump(n_params)
-    if args.dump_weights:
+    if args.dump_weights or args.export_hf:
         full_weights = gather_weights()  # every rank takes part in the gathers
-        if master:
+        if master and args.dump_weights:
             torch.save(full_weights, args.dump_weights)
+        if master and args.export_hf:
+            export_hf(full_weights, args.export_hf)
     if master and args.dump_losses:
         with open(args.dump_losses, "w") as f:
             json.dump({"loss": losses, "val_loss": validation}, f, allow_nan=False)
@@ -951,4 +1090,14 @@ def measure_block():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (RuntimeError, dist.DistError) as e:  # gloo raises RuntimeError
+        if not isinstance(e, dist.DistError) and not any(
+            w in str(e) for w in ("gloo", "Connection", "imed out", "NCCL")
+        ):
+            raise
+        why = (str(e).strip().splitlines() or [e.__class__.__name__])[0][:300]
+        fail(
+            f"rank {RANK}: {CALLING[0]} failed: a peer is gone or hung (timeout {TIMEOUT.total_seconds():g} s): {why}"
+        )

@@ -1,0 +1,266 @@
+"""Checkpoints that survive failures and move between layouts.
+
+A plan with ``checkpoint { every = N; dir = "…" }`` saves with torch.distributed.checkpoint:
+each rank writes its pieces of the serial model's tensors with their offsets, into
+step<N>.partial, which the master renames to step<N> once every rank's part is written.
+These runs check what a user whose job just lost a node relies on: a save killed on
+every rank leaves the checkpoint before it as the latest and the resumed run's losses are
+the uninterrupted run's, bit for bit; a checkpoint resumes under another layout of the
+same model within 1e-5; torchrun's --max-restarts brings a job whose rank died back by
+itself; a dead or hung peer is named in one line; a truncated, foreign, incomplete or
+hostile checkpoint is refused in one line, before anything is read.
+
+Failures are injected from outside the script: a sitecustomize.py on PYTHONPATH wraps
+torch.distributed.checkpoint.save in the launched processes (SIGKILL after a save's
+data is written and before its commit, or one rank killed or stopped before a save).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+
+from dslc import codegen
+from dslc.driver import load_text
+from dslc.ir import Checkpoint
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("golden")]
+
+CLUSTERS = Path(__file__).resolve().parent / "golden" / "clusters.plan"
+INJECT = '''
+import os, signal, time
+if "RANK" in os.environ and os.environ.get("FAIL_AT_SAVE"):
+    import torch.distributed.checkpoint as dcp
+    real, calls = dcp.save, [0]
+    def save(*args, **kwargs):
+        calls[0] += 1
+        first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+        if calls[0] == int(os.environ["FAIL_AT_SAVE"]) and first_attempt:
+            rank, how = os.environ.get("FAIL_RANK"), os.environ["FAIL_HOW"]
+            if how == "kill_after_write":  # every rank: the data and metadata are written
+                real(*args, **kwargs)
+                os.kill(os.getpid(), signal.SIGKILL)
+            if rank == os.environ["RANK"]:
+                if how == "kill":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                time.sleep(3600)  # "hang"
+        return real(*args, **kwargs)
+    dcp.save = save
+'''
+
+LAYOUTS = {  # 4-layer gpt2 with tied embeddings: name -> (cluster, mesh and parallel blocks)
+    "serial": ("cpu1", ""),
+    "dp2_tp2": ("cpu4", "mesh { dp = 2 on shm; tp = 2 on shm }"),
+    "pp2_tp2": ("cpu4", "mesh { pp = 2 on shm; tp = 2 on shm }\n tensor_parallel { sequence_parallel = true }"),
+    "dp2_zero3": ("cpu2", "mesh { dp = 2 on shm }\n data_parallel { zero = 3 }"),
+}
+
+
+def gpt2_plan(tmp_path: Path, layout: str, ck: Path, extra="", train="", every=2, precision="fp32"):
+    cluster, mesh = LAYOUTS[layout]
+    text = f"""
+import "{CLUSTERS}"
+model gpt2_4 {{ arch = gpt2; layers = 4; hidden = 64; heads = 4; vocab = 250; seq_len = 32 }}
+plan ck_{layout} {{
+    model = gpt2_4
+    cluster = {cluster}
+    {mesh}
+    train {{
+        steps = 4; micro_batch = 2; global_batch = 8; precision = {precision}; seed = 7; grad_clip = 1.0
+        optimizer adamw {{ lr = 1e-3; betas = (0.9, 0.95); weight_decay = 0.1 }}
+        lr_schedule cosine {{ warmup = 1 }}
+        data = synthetic
+        {train}
+        checkpoint {{ every = {every}; dir = "{ck}"{extra} }}
+    }}
+}}
+"""
+    res = load_text(text, str(tmp_path / f"{layout}.plan"))
+    errors = [d.message for d in res.diagnostics if d.is_error]
+    assert not errors, errors
+    return res.program.plans[0]
+
+
+@pytest.fixture
+def launch(run_script, tmp_path):
+    """launch(plan, *flags, fail=None) -> (losses, first step, completed process): the plan
+    compiled and run (torchrun for several ranks) with --dump-losses; fail: the
+    environment of the injected failure."""
+    (tmp_path / "inject").mkdir()
+    (tmp_path / "inject" / "sitecustomize.py").write_text(INJECT)
+
+    def run(plan, *flags, fail=None, ok=True, torchrun=()):
+        script = codegen.write(plan, tmp_path / "out") / "train.py"
+        dump = tmp_path / f"{plan.name}.json"
+        dump.unlink(missing_ok=True)
+        env = {"PYTHONPATH": str(tmp_path / "inject"), **(fail or {})}
+        out = run_script(script, plan.world_size, "--dump-losses", dump, *flags, env=env, timeout=300, torchrun=torchrun)
+        if not ok:
+            return None, None, out
+        assert out.returncode == 0, f"{plan.name}:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}"
+        dumped = json.loads(dump.read_text())
+        return dumped["loss"], dumped["first_step"], out
+
+    return run
+
+
+def steps(ck: Path) -> list[str]:
+    return sorted(p.name for p in ck.iterdir())
+
+
+def only_up_to(ck: Path, step: int) -> None:
+    """Drops the committed checkpoints after `step`, as if the run had stopped there."""
+    for p in ck.iterdir():
+        if int(p.name[4:11]) > step:
+            shutil.rmtree(p)
+
+
+def error_line(out) -> str:
+    """The script's one error line (the same from every rank that printed it), and no
+    traceback of the script."""
+    assert 'train.py", line' not in out.stderr, out.stderr
+    lines = {ln for ln in out.stderr.splitlines() if ln.startswith("train.py: error: ")}
+    assert len(lines) == 1, out.stderr
+    return lines.pop().removeprefix("train.py: error: ")
+
+
+def test_a_save_killed_on_every_rank_leaves_the_one_before(tmp_path, launch):
+    """SIGKILL on every rank after the second save's data is written and before its
+    commit: step 4's folder stays .partial, --resume takes step 2, and the resumed run's
+    losses are the uninterrupted run's bit for bit (the same layout: dp2 x tp2)."""
+    ck = tmp_path / "ck"
+    plan = gpt2_plan(tmp_path, "dp2_tp2", ck)
+    whole, _, _ = launch(plan)
+    assert steps(ck) == ["step0000002", "step0000004"]
+    shutil.rmtree(ck)
+    _, _, out = launch(plan, fail={"FAIL_AT_SAVE": "2", "FAIL_HOW": "kill_after_write"}, ok=False)
+    assert out.returncode != 0
+    assert steps(ck) == ["step0000002", "step0000004.partial"]
+    assert (ck / "step0000004.partial" / ".metadata").is_file()  # written, not committed
+    resumed, first, out = launch(plan, "--resume")
+    assert "resumed from" in out.stdout and first == 2
+    assert resumed == whole[2:]  # bit-identical
+    assert steps(ck) == ["step0000002", "step0000004"]  # committed now, the .partial gone
+
+
+@pytest.mark.parametrize("reader", ["pp2_tp2", "serial", "dp2_zero3"])
+def test_a_checkpoint_resumes_under_another_layout(tmp_path_factory, launch, reader):
+    """Written by dp2 x tp2 (tp shards; saved in the background), read by tp2 x pp2 with sp (stages, the tied
+    embedding's copy on the last stage), by one process, and by ZeRO-3 over dp2 (flat
+    shards cut across parameters): steps 3-4 equal the writer's within 1e-5."""
+    base = tmp_path_factory.getbasetemp() / "ck_writer"
+    ck = base / "ck"
+    if not (base / "losses.json").exists():
+        base.mkdir(exist_ok=True)
+        whole, _, _ = launch(gpt2_plan(base, "dp2_tp2", ck, extra="; async = true"))
+        (base / "losses.json").write_text(json.dumps(whole))
+    whole = json.loads((base / "losses.json").read_text())
+    mine = tmp_path_factory.mktemp(reader) / "ck"
+    shutil.copytree(ck, mine)
+    only_up_to(mine, 2)
+    resumed, first, out = launch(gpt2_plan(mine.parent, reader, mine), "--resume")
+    assert first == 2 and "written by dp2 x tp2" in out.stdout
+    assert resumed == pytest.approx(whole[2:], rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    "writer, reader",
+    [("mixtral_ep2_zero1", "mixtral_serial"), ("llama_cp2_tp2_sp", "llama_dp4_zero2")],
+)
+def test_experts_and_context_parallel_checkpoints_move_too(golden_plans, tmp_path, launch, writer, reader):
+    """Expert-parallel shards with ZeRO-1 over them, read by one process; a cp x tp + sp
+    checkpoint read by ZeRO-2 over dp4."""
+    ck = tmp_path / "ck"
+
+    def with_checkpoint(name):
+        plan = golden_plans[name]
+        train = dataclasses.replace(plan.train, steps=4, checkpoint=Checkpoint(every=2, dir=str(ck), span=None))
+        return dataclasses.replace(plan, train=train)
+
+    whole, _, _ = launch(with_checkpoint(writer))
+    only_up_to(ck, 2)
+    resumed, first, _ = launch(with_checkpoint(reader), "--resume")
+    assert first == 2 and resumed == pytest.approx(whole[2:], rel=1e-5)
+
+
+def test_fp16_with_dropout_resumes_bit_for_bit_and_keeps_the_newest(tmp_path, launch):
+    """One process in fp16 with dropout: the fp32 master weights, the loss scaler and the
+    RNG come back, so the resumed losses are the whole run's exactly; keep = 2 prunes
+    (after each background save's commit)."""
+    ck = tmp_path / "ck"
+    plan = gpt2_plan(tmp_path, "serial", ck, extra="; keep = 2; async = true", precision="fp16", every=1)
+    plan = dataclasses.replace(plan, model=dataclasses.replace(plan.model, dropout=0.1))
+    whole, _, _ = launch(plan)
+    assert steps(ck) == ["step0000003", "step0000004"]
+    only_up_to(ck, 3)
+    resumed, first, _ = launch(plan, "--resume")
+    assert first == 3 and resumed == whole[3:]
+
+
+def test_a_killed_rank_restarts_the_job_by_itself(tmp_path, launch):
+    """max_restarts = 1: rank 1 dies before the second save; torchrun restarts every rank,
+    which resume from step 2 on their own and finish with the uninterrupted run's losses."""
+    ck = tmp_path / "ck"
+    plan = gpt2_plan(tmp_path, "dp2_tp2", ck, extra="; max_restarts = 1")
+    whole, _, _ = launch(plan)
+    shutil.rmtree(ck)
+    fail = {"FAIL_AT_SAVE": "2", "FAIL_HOW": "kill", "FAIL_RANK": "1"}
+    losses, first, out = launch(plan, fail=fail, torchrun=("--max-restarts", plan.train.checkpoint.max_restarts))
+    assert "a peer is gone or hung" in out.stderr  # the survivors said which collective
+    assert first == 2 and losses == whole[2:]
+    assert steps(ck) == ["step0000002", "step0000004"]
+
+
+def test_a_hung_peer_is_named_after_the_timeout(tmp_path, launch):
+    """Rank 1 stops in the first save; the others give up after the plan's 3 s timeout,
+    each with one line naming itself and the collective."""
+    plan = gpt2_plan(tmp_path, "dp2_tp2", tmp_path / "ck", train="timeout = 3 s")
+    _, _, out = launch(plan, fail={"FAIL_AT_SAVE": "1", "FAIL_HOW": "hang", "FAIL_RANK": "1"}, ok=False)
+    assert out.returncode != 0
+    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("train.py: error: rank ")]
+    assert lines and all("the save of" in ln and "a peer is gone or hung (timeout 3 s)" in ln for ln in lines)
+    assert 'train.py", line' not in out.stderr
+
+
+def test_bad_checkpoints_are_refused_in_one_line(tmp_path, launch, golden_plans):
+    """A truncated shard, a missing shard, another model's checkpoint and a metadata
+    pickle that would run code: exit 1 with one line naming the file, nothing loaded."""
+    ck = tmp_path / "ck"
+    writer = gpt2_plan(tmp_path, "dp2_tp2", ck, every=4)
+    launch(writer)
+    reader = gpt2_plan(tmp_path, "serial", ck, every=4)
+    step = ck / "step0000004"
+
+    def refused():
+        _, _, out = launch(reader, "--resume", ok=False)
+        assert out.returncode == 1
+        return error_line(out)
+
+    shard = step / "__1_0.distcp"
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) // 2])
+    assert refused() == f"{shard}: truncated: {len(data) // 2} bytes, the metadata says {len(data)}"
+    shard.unlink()
+    assert refused() == f"{shard}: missing (a rank's part of the checkpoint)"
+    shard.write_bytes(data)
+
+    marker = json.loads((step / "COMMIT.json").read_text())
+    other = dict(marker, model=dict(marker["model"], layers=2))
+    (step / "COMMIT.json").write_text(json.dumps(other))
+    assert refused() == f"{step / 'COMMIT.json'}: a checkpoint of another model: layers 2 there, 4 here"
+    (step / "COMMIT.json").write_text(json.dumps(marker))
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {tmp_path / 'pwned'}",))
+
+    (step / ".metadata").write_bytes(pickle.dumps(Evil()))
+    line = refused()
+    assert line.startswith(f"{step / '.metadata'}: unreadable (UnpicklingError") and "system" in line
+    assert not (tmp_path / "pwned").exists()

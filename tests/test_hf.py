@@ -1,0 +1,221 @@
+"""Hugging Face out and in, and an independent reference for our model's math.
+
+``--export-hf DIR`` writes a generated script's full weights as a Hugging Face checkpoint
+(model.safetensors and config.json) and ``train { init = hf("DIR") }`` starts a plan from
+one. The tests: the serial models of tests/golden (gpt2, llama, mixtral), trained two
+steps (so no norm weight is 1 and no bias 0, and a misplaced one shows) and exported, give
+in ``transformers`` the logits and loss of the script's own model, within 1e-5 (fp32, CPU);
+a checkpoint that ``transformers`` wrote comes back out of a plan byte for byte; a tp2 and
+a dp2 ZeRO-3 plan started from it take the serial plan's first step; and a missing tensor
+or another model's config stops the script with one line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from dslc import codegen
+from dslc.driver import load_text
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("golden")]
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+MODELS = {  # the golden tiny models
+    "gpt2": "arch = gpt2; layers = 2; hidden = 64; heads = 4; vocab = 250; seq_len = 32",
+    "llama": "arch = llama; layers = 2; hidden = 64; heads = 8; kv_heads = 4; vocab = 256; seq_len = 32",
+    "mixtral": "arch = mixtral; layers = 4; hidden = 32; heads = 4; kv_heads = 2; ffn = 48; vocab = 96; seq_len = 16; experts = 4; top_k = 2",
+}
+
+PLAN = """
+cluster c {{ nodes = 1; gpus_per_node = {n}; device = cpu
+            link shm {{ scope = node; bandwidth = 10 GB/s; latency = 10 us }} }}
+plan p {{
+    model m {{ {model} }}
+    cluster = c
+    {mesh}
+    train {{
+        steps = 1; micro_batch = 2; global_batch = 8; precision = fp32; seed = 7
+        optimizer adamw {{ lr = 1e-3 }}
+        data = synthetic
+        init = hf("{init}")
+    }}
+}}
+"""
+
+
+def compile_plan(tmp: Path, name: str, model: str, init: str, mesh: str = "", n: int = 1) -> Path:
+    """A plan file in ``tmp`` (init relative to it), compiled: its train.py."""
+    text = PLAN.format(n=n, model=model, mesh=mesh, init=init)
+    res = load_text(text, str(tmp / f"{name}.plan"))
+    errors = [f"{d.code} {d.message}" for d in res.diagnostics if d.is_error]
+    assert not errors, errors
+    return codegen.write(res.program.plans[0], tmp / name) / "train.py"
+
+
+def model_section(script: Path) -> dict:
+    """The settings and model sections (and the experts') of a generated train.py, run."""
+    text = script.read_text()
+    lines = text.splitlines(keepends=True)
+
+    def section(title: str) -> str:
+        start = next(i for i, line in enumerate(lines) if line.startswith("# " + title))
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("# ----")), len(lines))
+        return "".join(lines[start:end - 1])
+
+    titles = ["Settings", "Mixture of experts", "Model:"]
+    source = "".join(section(t) for t in titles if f"\n# {t}" in text)
+    ns = dict(torch=torch, nn=torch.nn, F=torch.nn.functional, math=math, device=torch.device("cpu"))
+    exec(compile(source, str(script), "exec"), ns)
+    return ns
+
+
+def our_logits(ns: dict, weights: dict, x):
+    """The serial model's logits: its own embed, blocks, norm and head (no router losses)."""
+    model = ns["Transformer"]()
+    model.load_state_dict(weights)
+    model.eval()
+    if "ROUTING" in ns:
+        ns["ROUTING"].begin(1.0)
+    with torch.no_grad():
+        h = model.embed(x)
+        rope = (model.rope_cos, model.rope_sin) if hasattr(model, "rope_cos") else ()
+        for block in model.blocks:
+            h = block(h, *rope)
+        head = model.lm_head if hasattr(model, "lm_head") else model.wte.weight
+        return torch.nn.functional.linear(model.norm(h), head)
+
+
+def hf_model(folder: Path):
+    return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "mixtral"])
+def test_transformers_computes_our_logits(family, golden_plans, run_script, tmp_path):
+    plan = golden_plans[f"{family}_serial"]
+    script = codegen.write(plan, tmp_path) / "train.py"
+    out, weights = tmp_path / "hf", tmp_path / "w.pt"
+    run = run_script(script, 1, "--steps", 2, "--export-hf", out, "--dump-weights", weights)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+
+    ns = model_section(script)
+    x = torch.randint(ns["VOCAB"], (2, ns["SEQ_LEN"]), generator=torch.Generator().manual_seed(0))
+    ours = our_logits(ns, torch.load(weights), x)
+    with torch.no_grad():
+        theirs = hf_model(out)(input_ids=x, labels=x)  # their loss: each token predicts the next
+    torch.testing.assert_close(theirs.logits, ours, rtol=1e-5, atol=1e-5)
+    loss = torch.nn.functional.cross_entropy(ours[:, :-1].reshape(-1, ns["VOCAB"]), x[:, 1:].reshape(-1))
+    torch.testing.assert_close(theirs.loss, loss, rtol=1e-5, atol=0)
+
+
+def saved_by_transformers(folder: Path, family: str, tie: bool) -> dict:
+    """A transformers model of the golden tiny config, randomly initialized (seeded) and
+    saved; returns its tensors by name."""
+    config = {
+        "gpt2": transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=250, n_positions=32,
+                                        activation_function="gelu_new", tie_word_embeddings=tie),
+        "llama": transformers.LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4,
+                                          intermediate_size=256, vocab_size=256, rms_norm_eps=1e-5, tie_word_embeddings=tie),
+        "mixtral": transformers.MixtralConfig(hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                                              intermediate_size=48, vocab_size=96, num_local_experts=4, num_experts_per_tok=2,
+                                              rope_theta=10000.0, tie_word_embeddings=tie),
+    }[family]
+    torch.manual_seed(3)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():  # no norm weight 1, no bias 0: a misplaced one shows
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.01)
+    model.save_pretrained(folder, safe_serialization=True)
+    return safetensors_torch.load_file(folder / "model.safetensors")
+
+
+@pytest.mark.parametrize("family, tie", [("gpt2", True), ("llama", False), ("llama", True), ("mixtral", False)])
+def test_round_trip_is_byte_identical(family, tie, run_script, tmp_path):
+    original = saved_by_transformers(tmp_path / "hf", family, tie)
+    model = MODELS[family] + f"; tie_embeddings = {str(tie).lower()}"
+    script = compile_plan(tmp_path, "rt", model, "hf")
+    run = run_script(script, 1, "--steps", 0, "--export-hf", tmp_path / "out")
+    assert run.returncode == 0, run.stderr[-3000:]
+    back = safetensors_torch.load_file(tmp_path / "out" / "model.safetensors")
+    assert sorted(back) == sorted(original)
+    for name, t in original.items():
+        assert back[name].dtype == t.dtype and torch.equal(back[name], t), name
+
+
+@pytest.mark.parametrize("family, meshes", [
+    ("llama", ["mesh { tp = 2 on shm }", "mesh { dp = 2 on shm }\n    data_parallel { zero = 3 }"]),
+    ("gpt2", ["mesh { tp = 2 on shm }"]),  # the tied embedding, vocab-parallel
+    ("mixtral", ["mesh { ep = 2 on shm }"]),  # each rank's experts by their global index
+])
+def test_parallel_plans_start_from_the_checkpoint(family, meshes, run_script, tmp_path):
+    saved_by_transformers(tmp_path / "hf", family, tie=family == "gpt2")
+    model = MODELS[family] + ("" if family == "gpt2" else "; tie_embeddings = false")
+    losses = []
+    for k, mesh in enumerate(["", *meshes]):
+        n = 2 if mesh else 1
+        script = compile_plan(tmp_path, f"p{k}", model, "hf", mesh, n)
+        dump = tmp_path / f"p{k}.json"
+        run = run_script(script, n, "--steps", 1, "--dump-losses", dump)
+        assert run.returncode == 0, run.stderr[-3000:]
+        losses += json.loads(dump.read_text())["loss"]
+    assert len(losses) == 1 + len(meshes)
+    assert all(math.isclose(loss, losses[0], rel_tol=1e-5) for loss in losses), losses
+    if family != "mixtral":  # (whose logged loss adds the router's)
+        # and it is transformers' loss on the step's batch: the weights came from the file
+        x = first_batch(7, MODEL_SIZES[family])
+        with torch.no_grad():
+            logits = hf_model(tmp_path / "hf")(input_ids=x[:, :-1]).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), x[:, 1:].reshape(-1))
+        assert math.isclose(loss.item(), losses[0], rel_tol=1e-5), (loss.item(), losses[0])
+
+
+MODEL_SIZES = {"gpt2": (250, 32), "llama": (256, 32)}  # (vocab, seq_len)
+
+
+def first_batch(seed: int, size: tuple[int, int]):
+    """The global batch of step 0 of a plan with synthetic data, drawn as generator("data",
+    0) of the generated script draws it (8 sequences)."""
+    digest = hashlib.blake2b(repr((seed, "data", 0)).encode(), digest_size=8).digest()
+    g = torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
+    vocab, seq = size
+    return torch.randint(vocab, (8, seq + 1), generator=g)
+
+
+def test_bad_checkpoints_stop_with_one_line(run_script, tmp_path):
+    original = saved_by_transformers(tmp_path / "hf", "llama", tie=False)
+    script = compile_plan(tmp_path, "bad", MODELS["llama"] + "; tie_embeddings = false", "hf")
+
+    def one_line(*needles: str, flags=()) -> None:
+        run = run_script(script, 1, "--steps", 0, *flags)
+        assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr[-3000:]
+        assert len(run.stderr.strip().splitlines()) == 1, run.stderr
+        assert all(n in run.stderr for n in needles), run.stderr
+
+    (tmp_path / "f").write_text("")
+    one_line("--export-hf", "is a file, not a directory", flags=("--export-hf", tmp_path / "f"))
+
+    missing = "model.layers.1.mlp.up_proj.weight"
+    safetensors_torch.save_file({k: v for k, v in original.items() if k != missing}, tmp_path / "hf" / "model.safetensors")
+    one_line(missing, "blocks.1.mlp.up_proj.weight")
+
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config | {"hidden_size": 128}))
+    one_line("config.json", "hidden_size = 128", "hidden = 64")
+
+    (tmp_path / "hf" / "model.safetensors").write_bytes(b"\x00" * 5)
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    one_line("model.safetensors", "cannot read")
+
+
+def test_lint_compares_the_config_with_the_model(tmp_path):
+    saved_by_transformers(tmp_path / "hf", "llama", tie=False)
+    text = PLAN.format(n=1, model=MODELS["llama"].replace("heads = 8", "heads = 4"), mesh="", init="hf")
+    diags = load_text(text, str(tmp_path / "p.plan")).diagnostics
+    assert [(d.code, "num_attention_heads = 8" in d.message) for d in diags if d.is_error] == [("E049", True)]
