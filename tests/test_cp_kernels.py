@@ -41,7 +41,7 @@ DRIVER = textwrap.dedent(
     source, heads, kv, seq = sys.argv[1], *map(int, sys.argv[2:])
     dist.init_process_group("gloo")
     CP, CP_RANK = dist.get_world_size(), dist.get_rank()
-    ns = dict(torch=torch, dist=dist, math=math, F=F, METER=None, device=torch.device("cpu"),
+    ns = dict(torch=torch, dist=dist, math=math, F=F, METER=None, CALLING=[""], device=torch.device("cpu"),
               SEQ_LEN=seq, CP=CP, CP_RANK=CP_RANK, GROUPS={"cp": dist.group.WORLD})
     exec(compile(open(source).read(), source, "exec"), ns)
 

@@ -846,7 +846,7 @@ def export_hf(weights, folder):
     os.replace(tmp, os.path.join(folder, "model.safetensors"))
     tmp = os.path.join(folder, f".config.json.tmp{os.getpid()}")
     with open(tmp, "w") as f:
-        json.dump(HF_CONFIG, f, indent=2)
+        json.dump(HF_CONFIG, f, indent=2, allow_nan=False)
     os.replace(tmp, os.path.join(folder, "config.json"))
 
 
@@ -1279,7 +1279,9 @@ def commit(partial, final, step):
     marker = os.path.join(partial, "COMMIT.json")
     with open(marker + ".tmp", "w") as f:
         json.dump(
-            {"step": step, "layout": LAYOUT, "world_size": WORLD_SIZE, **FINGERPRINT}, f
+            {"step": step, "layout": LAYOUT, "world_size": WORLD_SIZE, **FINGERPRINT},
+            f,
+            allow_nan=False,
         )
         f.flush()
         os.fsync(f.fileno())

@@ -520,7 +520,7 @@ def export_hf(weights, folder):
     os.replace(tmp, os.path.join(folder, "model.safetensors"))
     tmp = os.path.join(folder, f".config.json.tmp{os.getpid()}")
     with open(tmp, "w") as f:
-        json.dump(HF_CONFIG, f, indent=2)
+        json.dump(HF_CONFIG, f, indent=2, allow_nan=False)
     os.replace(tmp, os.path.join(folder, "config.json"))
 
 
