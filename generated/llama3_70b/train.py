@@ -1207,11 +1207,15 @@ class MetadataUnpickler(pickle.Unpickler):
 
 
 class CheckpointReader(dcp.FileSystemReader):
-    """DCP's reader, but its metadata (a pickle) may only name DCP's own classes."""
+    """DCP's reader, given the metadata check_checkpoint_files read (with an unpickler
+    that allows DCP's own classes only) instead of unpickling it again."""
+
+    def __init__(self, path, metadata):
+        super().__init__(path)
+        self.metadata = metadata
 
     def read_metadata(self, *args, **kwargs):
-        with open(os.path.join(self.path, ".metadata"), "rb") as f:
-            metadata = MetadataUnpickler(f).load()
+        metadata = self.metadata
         metadata.storage_meta = metadata.storage_meta or StorageMeta()
         metadata.storage_meta.load_id = getattr(self, "load_id", None)
         return metadata
@@ -1252,7 +1256,7 @@ def save_checkpoint(step):
 
 def fresh_state(q):
     """The state the optimizer starts a parameter with."""
-    state = {"step": torch.zeros((), dtype=torch.float32)} if True else {}
+    state = {"step": torch.zeros((), dtype=torch.float32)}
     state["exp_avg"] = torch.zeros_like(q, memory_format=torch.preserve_format)
     state["exp_avg_sq"] = torch.zeros_like(q, memory_format=torch.preserve_format)
     return state
@@ -1320,11 +1324,11 @@ def load_checkpoint():
     for q in opt_params:  # written into in place
         optimizer.state[q].update(fresh_state(q))
     tensors = checkpoint_tensors(False)
-    check_checkpoint_files(path, tensors)
+    metadata = check_checkpoint_files(path, tensors)
     CALLING[0] = f"the load of {path}"
     dcp.load(
         {},
-        storage_reader=CheckpointReader(path),
+        storage_reader=CheckpointReader(path, metadata),
         planner=LoadPieces(tensors),
         process_group=CHECKPOINT_GROUP,
     )
@@ -1368,7 +1372,7 @@ def read_marker(path):
 
 def check_checkpoint_files(path, tensors):
     """Before any read: the metadata names what this rank needs, with this model's shapes,
-    and every file it points into is there and long enough."""
+    and every file it points into is there and long enough. Returns the metadata."""
     file = os.path.join(path, ".metadata")
     try:
         with open(file, "rb") as f:
@@ -1402,6 +1406,7 @@ def check_checkpoint_files(path, tensors):
             fail(
                 f"{data}: truncated: {os.path.getsize(data)} bytes, the metadata says {end}"
             )
+    return metadata
 
 
 CHECKPOINT_GROUP = dist.new_group(backend="gloo", timeout=TIMEOUT)  # DCP's: CPU tensors
