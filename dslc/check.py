@@ -96,8 +96,10 @@ def placement(plan: Plan):
 @rule
 def model_shapes(plan: Plan):
     m, tp = plan.model, plan.tp
-    if m.hidden % m.heads:
-        yield error("E040", plan.where("model.hidden", "model.heads"), f"hidden={m.hidden} is not divisible by heads={m.heads}", "hidden must be heads × head_dim")
+    given = "model.head_dim" in plan.spans  # otherwise head_dim is hidden / heads
+    if m.hidden % m.heads and not given:
+        yield error("E040", plan.where("model.hidden", "model.heads"), f"hidden={m.hidden} is not divisible by heads={m.heads}, and head_dim is not given",
+                    "set head_dim (q is heads × head_dim wide, as in Gemma and Qwen3), or use heads that divide hidden")
     if m.heads % m.kv_heads:
         yield error("E042", plan.where("model.kv_heads"), f"heads={m.heads} is not divisible by kv_heads={m.kv_heads}", "each key/value head serves a whole group of query heads")
     if tp > 1:
@@ -107,13 +109,17 @@ def model_shapes(plan: Plan):
             yield error("E042", plan.where("mesh.tp"), f"kv_heads={m.kv_heads} is not divisible by tp={tp}", f"grouped-query attention splits the kv heads over tp; use tp ≤ {m.kv_heads} dividing it")
         if m.ffn % tp and not m.is_moe:  # experts are whole on every tp rank
             yield error("E043", plan.where("model.ffn", "mesh.tp"), f"ffn={m.ffn} is not divisible by tp={tp}", f"use an ffn that is a multiple of {tp}")
+        elif m.is_moe and m.dense_layers and m.dense_ffn % tp:  # the dense prefix's MLP is split
+            yield error("E043", plan.where("model.dense_ffn", "model.dense_layers", "mesh.tp"), f"dense_ffn={m.dense_ffn} (the MLP of the first {m.dense_layers} blocks, split over tp) is not divisible by tp={tp}", f"use a dense_ffn that is a multiple of {tp}")
         per_rank = vocab_per_rank(m, tp)
         if (tp - 1) * per_rank >= m.vocab:
             yield error("E047", plan.where("model.vocab", "mesh.tp"), f"vocab={m.vocab} is too small to split over tp={tp}: the last rank would hold no ids", f"use a vocab of at least {(tp - 1) * per_rank + 1}, or a smaller tp")
         elif m.vocab % tp:
             yield warning("W044", plan.where("model.vocab"), f"vocab={m.vocab} is not divisible by tp={tp}; it is padded to {per_rank * tp}", f"set vocab = {per_rank * tp} to make the padding explicit")
     if arch.of(m).positions == "rope" and m.head_dim % 2:
-        yield error("E046", plan.where("model.hidden", "model.heads"), f"RoPE rotates pairs of dimensions but head_dim = hidden/heads = {m.head_dim} is odd", "choose hidden and heads with an even quotient")
+        what = f"head_dim = {m.head_dim}" if given else f"head_dim = hidden/heads = {m.head_dim}"
+        yield error("E046", plan.where(*(("model.head_dim",) if given else ("model.hidden", "model.heads"))), f"RoPE rotates pairs of dimensions but {what} is odd",
+                    "choose an even head_dim" if given else "choose hidden and heads with an even quotient, or set an even head_dim")
 
 
 # -- pipeline ---------------------------------------------------------------
@@ -177,12 +183,21 @@ def pipeline(plan: Plan):
             yield error("E051", where, f"layers_per_stage lists {len(pl.layers_per_stage)} stages but the plan has {chunks} (pp={p} × virtual_stages={v})")
         elif sum(pl.layers_per_stage) != layers:
             yield error("E051", where, f"layers_per_stage sums to {sum(pl.layers_per_stage)} but the model has {layers} layers")
-        if any(n < 1 for n in pl.layers_per_stage):
-            yield error("E052", where, f"stage {[n < 1 for n in pl.layers_per_stage].index(True)} has no layers", "every stage needs at least one layer")
+        empty = _empty_chunks(pl.layers_per_stage, p, v)
+        if empty:
+            yield error("E052", where, empty, "only the first chunk (it holds the embedding) and the last (the final norm, head and loss) may have 0 layers")
     elif chunks > layers:
         yield error("E050", plan.where("mesh.pp", "pipeline.virtual_stages"), f"pp={p} × virtual_stages={v} = {chunks} stages but the model has only {layers} layers", f"use at most {layers} stages in all")
     if pl.schedule == "gpipe" and (p - 1) / m > 0.25:  # the bubble over the compute, (p−1)/m
         yield warning("W055", plan.where("pipeline.schedule"), f"gpipe with pp={p} and microbatches={m}: the pipeline bubble is {(p - 1) / m:.3g}× the compute ((p−1)/m), so each rank idles {(p - 1) / (m + p - 1):.0%} of the step", f"use ≥ {4 * (p - 1)} micro-batches, or schedule = 1f1b")
+
+
+def _empty_chunks(split: tuple[int, ...], p: int, v: int) -> str:
+    """Every chunk of ``layers_per_stage`` (chunk g on pp rank g % p) with fewer than 0 layers,
+    or none but the first (the embedding) and the last (the loss), in one message."""
+    names = [f"chunk {g}" + (f" (pp rank {g % p})" if v > 1 else "") for g in range(len(split))]
+    bad = [f"{names[g]} has {'no' if n == 0 else n} layers" for g, n in enumerate(split) if n < 0 or (n == 0 and 0 < g < len(split) - 1)]
+    return "layers_per_stage: " + ", ".join(bad) if bad else ""
 
 
 # -- sequence and context parallel ------------------------------------------
@@ -191,6 +206,9 @@ def pipeline(plan: Plan):
 @rule
 def sequence_context(plan: Plan):
     s, tp, cp = plan.model.seq_len, plan.tp, plan.cp
+    if arch.of(plan.model).positions == "learned" and s > plan.model.max_positions:
+        yield error("E066", plan.where("train.seq_len"), f"train.seq_len={s} is longer than the model's seq_len={plan.model.max_positions}: {plan.model.arch} learns a table of {plan.model.max_positions} positions",
+                    f"train at most {plan.model.max_positions} tokens a sequence, or raise the model's seq_len (rotary models, such as llama, take any)")
     if plan.tensor_parallel.sequence_parallel:
         if tp == 1:
             yield error("E060", plan.where("tensor_parallel.sequence_parallel"), "sequence_parallel needs a tp axis larger than 1", "add `tp = N on <link>` to the mesh or remove sequence_parallel")
@@ -231,6 +249,9 @@ def experts(plan: Plan):
         yield error("E070", plan.where("mesh.ep", "model.experts"), f"experts={m.experts} are not divisible by ep={ep}", f"use an ep that divides {m.experts}")
     if m.top_k > m.experts:
         yield error("E071", plan.where("model.top_k"), f"top_k={m.top_k} is larger than experts={m.experts}")
+    if m.dense_layers >= m.layers:
+        yield error("E077", plan.where("model.dense_layers"), f"dense_layers={m.dense_layers} leaves none of the {m.layers} layers a mixture of experts",
+                    f"use dense_layers < {m.layers}, or a dense arch (llama)")
     if plan.tp > 1 and not plan.tensor_parallel.sequence_parallel:
         # The generated script replicates the experts over tp (it does not split them): with
         # sequence parallelism each tp rank routes its own slice of the sequence.
@@ -287,6 +308,14 @@ def _zero(plan: Plan, z: int):
         yield warning("W089", at, f"zero = {z} over a data-parallel group of one rank: nothing is sharded", "ZeRO shards the model state over the dp ranks: add a dp axis, or use zero = 0")
     if z >= 2 and plan.model.is_moe:
         yield error("E101", at, f"zero = {z} with experts: the generated script shards the gradients and weights of dense models only", "use zero = 1: it shards the optimizer state of the experts too")
+    shard = plan.data_parallel.shard
+    if shard and plan.dp % shard:
+        yield error("E078", plan.where("data_parallel.shard"), f"shard = {shard} does not divide dp = {plan.dp}: ZeRO shards over groups of {shard} consecutive dp ranks and replicates over dp / shard",
+                    f"use a divisor of {plan.dp}, or leave shard out to shard over every dp rank")
+    elif shard and not z:
+        yield warning("W079", plan.where("data_parallel.shard"), f"shard = {shard} with zero = 0: every rank holds the whole model state, there is nothing to shard", "set zero = 1, 2 or 3 (zero = 3 with shard is HSDP)")
+    elif z and plan.data_parallel.hsdp(plan.dp) and plan.model.is_moe:
+        yield error("E101", plan.where("data_parallel.shard"), f"shard = {shard} (HSDP) with experts: the generated script splits the data-parallel group of dense models only", "leave shard out")
     if z == 3 and plan.pipeline.schedule == "zb_h1":
         yield error("E101", at, "zero = 3 with schedule zb_h1: the deferred weight gradients (W) would need each unit gathered a third time per micro-batch", "use 1f1b or interleaved_1f1b, or zero = 2")
     if z != 3 and "data_parallel.reshard_after_forward" in plan.spans:

@@ -10,12 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from . import __version__
-from .diagnostics import Diagnostic, error, has_errors, printable
+from .codes import FIT_CODES
+from .diagnostics import Diagnostic, has_errors, printable
 from .driver import LoadResult, load_paths, load_text, output_clashes
 from .front.parse import MAX_BYTES
 from .report.diagnostics import RENDERERS, render_text
@@ -113,57 +115,79 @@ def cmd_lint(args) -> int:
 
 
 def cmd_compile(args) -> int:
-    loaded = load_plans(args.paths, args.plan)
-    if loaded is None:
-        print("dslc: not compiled: the plans have errors", file=sys.stderr)
+    """Writes every plan that is clean (no lint error in it or its file, no clash, nothing
+    the generator cannot emit), each folder whole or not at all, and names the rest."""
+    result = load(args.paths)
+    emit(result.diagnostics, result.sources)
+    if args.plan and has_errors(result.diagnostics) and all(p.name != args.plan for p in result.plans):
+        print(f"dslc: not compiled: no plan named {args.plan!r} was read without errors", file=sys.stderr)
         return 1
-    result, plans = loaded
+    plans = pick(result, args.plan)
     clashes = output_clashes(plans)
-    if clashes:
-        emit(clashes, result.sources)
-        return 1
+    emit(clashes, result.sources)
+    clashing = {p.name for p in plans for d in clashes if d.span == p.span}
     from . import codegen
 
-    root = Path(args.output)
-    failed, stale = [], []
+    root = Path(args.output) if args.output else codegen.DEFAULT_ROOT
+    refused, stale, wrote = [], [], 0
+    failed_files = () if args.plan else result.failed_files  # --plan: only that plan's fate
+    skipped = [f"{f}: the file has errors" for f in failed_files]
     for plan in plans:
+        if not result.clean(plan) or plan.name in clashing:
+            why = "has errors" if not result.clean(plan) else "has the name of another plan (E017)"
+            skipped.append(f"{plan.file}: plan '{plan.name}' {why}")
+            continue
         try:
             if args.check:
                 stale += codegen.stale(plan, root)
             else:
                 out = codegen.write(plan, root, result.program.files)
                 print(f"wrote {out}/", file=sys.stderr)
+                wrote += 1
         except codegen.Unsupported as e:
             if args.check:
                 print(f"note: {plan.name}: not compiled: {e}", file=sys.stderr)
             else:
-                failed.append(error("E100", plan.span, f"plan '{plan.name}' cannot be compiled yet: {e}"))
+                refused.append(e.diagnostic(plan))
+                skipped.append(f"{plan.file}: plan '{plan.name}' is not supported yet (E100)")
         except codegen.CodegenError as e:
             raise UsageError(str(e)) from None
-    if failed:
-        emit(failed, result.sources)
-        return 1
+    emit(refused, result.sources)
+    for line in sorted(skipped):
+        print(f"not compiled: {line}", file=sys.stderr)
+    if not args.check:
+        n_files = len(failed_files)
+        rest = [f"{n} {what}{'s' * (n != 1)}" for n, what in ((len(skipped) - n_files, "plan"), (n_files, "file")) if n]
+        print(f"dslc: wrote {wrote} plan{'s' * (wrote != 1)}" + ("; not compiled: " + ", ".join(rest)) * bool(rest), file=sys.stderr)
     if stale:
         for s in stale:
             print(f"stale: {s}", file=sys.stderr)
-        print(f"dslc: generated code is out of date; run: dslc compile {' '.join(args.paths)}", file=sys.stderr)
-        return 1
-    return 0
+        print(f"dslc: generated code is out of date; run: {regenerate(args, root != codegen.DEFAULT_ROOT)}", file=sys.stderr)
+    return 1 if skipped or stale else 0
+
+
+def regenerate(args, output: bool) -> str:
+    """The compile command that rewrites what ``--check`` found stale (``-o`` when ``output``)."""
+    out = f" -o {shlex.quote(args.output)}" * output
+    return "dslc compile " + " ".join(map(shlex.quote, args.paths)) + out + f" --plan {shlex.quote(args.plan)}" * bool(args.plan)
 
 
 def cmd_explain(args) -> int:
     from .report import explain as report
 
-    loaded = load_plans([args.plan_file], args.plan)
-    if loaded is None:
+    result = load([args.plan_file])
+    emit(result.diagnostics, result.sources)
+    # a plan that only fails to fit (E090-E092) is still explained: the report shows why
+    errors = [d for d in result.diagnostics if d.is_error]
+    if any(d.code not in FIT_CODES for d in errors):
         return 1
-    _, plans = loaded
+    plans = pick(result, args.plan)
     if args.json:
         docs = [report.to_json(report.explain(p)) for p in plans]
         print(json.dumps(docs[0] if len(docs) == 1 else docs, indent=2, allow_nan=False))
     else:
         print("\n\n".join(report.render_text(report.explain(p)) for p in plans))
-    return 0
+    return 1 if errors else 0
 
 
 def cmd_schedule(args) -> int:
@@ -189,7 +213,7 @@ def cmd_schedule(args) -> int:
     from .cost.topology import Topology
 
     t, _ = timing(plan, Topology.of(plan), acts=actions)
-    sim = schedule.simulate(actions, t.t_f * 1e3, t.t_b * 1e3, t.t_w * 1e3, t.t_comm * 1e3)
+    sim = schedule.simulate(actions, *([c[i] * 1e3 for c in t.chunks] for i in range(3)), t.t_comm * 1e3)
     if args.json:
         print(json.dumps(_schedule_json(plan, actions, sim, t), indent=1, allow_nan=False))
         return 0
@@ -245,7 +269,7 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("compile", help="generate train.py and launch.sh for each plan")
     p.add_argument("paths", nargs="+", metavar="PLAN")
-    p.add_argument("-o", "--output", default="generated", help="output root (default: generated/)")
+    p.add_argument("-o", "--output", help="output root (default: generated/)")
     p.add_argument("--check", action="store_true", help="exit 1 if the generated files are out of date")
     p.add_argument("--plan", help="compile only the plan of this name")
     p.set_defaults(fn=cmd_compile)

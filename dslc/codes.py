@@ -27,6 +27,7 @@ CODES: dict[str, str] = {
     "N021": "value taken from the catalog",
     "W022": "unused definition",
     "W023": "empty file",
+    "E024": "recompute `every` on a policy other than full, or not a whole number ≥ 1",
     # -- mesh and placement -------------------------------------------------
     "E030": "mesh size does not match the cluster",
     "E031": "axis placed on an unknown link",
@@ -37,7 +38,7 @@ CODES: dict[str, str] = {
     "E036": "mesh axis without a link",
     "E037": "more ranks than dslc plans for",
     # -- model shapes -------------------------------------------------------
-    "E040": "hidden not divisible by heads",
+    "E040": "hidden not divisible by heads, and head_dim not given",
     "E041": "heads not divisible by tp",
     "E042": "kv_heads incompatible with heads or tp",
     "E043": "ffn not divisible by tp",
@@ -50,7 +51,7 @@ CODES: dict[str, str] = {
     # -- pipeline -----------------------------------------------------------
     "E050": "layers do not split over the pipeline",
     "E051": "per-stage layers do not sum to the model's layers",
-    "E052": "empty pipeline stage",
+    "E052": "pipeline chunk without layers in the middle of the model (or with fewer than 0)",
     "E053": "too few micro-batches for 1F1B",
     "E054": "micro-batches not a multiple of pp for interleaved 1F1B",
     "W055": "large pipeline bubble",
@@ -64,6 +65,7 @@ CODES: dict[str, str] = {
     "W063": "context_parallel options without a cp axis",
     "W064": "Ulysses context parallel over a cluster-scope link",
     "E065": "context-parallel method the architecture cannot run",
+    "E066": "train.seq_len longer than the model's learned position table",
     # -- experts ------------------------------------------------------------
     "E070": "experts not divisible by ep",
     "E071": "top_k larger than the number of experts",
@@ -72,6 +74,10 @@ CODES: dict[str, str] = {
     "E074": "capacity_factor of 0 or less",
     "W075": "expert parallel over a cluster-scope link that a node link could carry",
     "E076": "experts with tensor parallel but no sequence parallel",
+    "E077": "dense_layers that leave no mixture-of-experts layer",
+    # -- sharded data parallel (HSDP) ---------------------------------------
+    "E078": "ZeRO shard group (data_parallel.shard) that does not divide dp",
+    "W079": "data_parallel.shard without ZeRO",
     # -- training -----------------------------------------------------------
     "E080": "global batch does not match micro-batches × data-parallel ranks",
     "E081": "zero stage outside 0–3",
@@ -92,3 +98,6 @@ CODES: dict[str, str] = {
     "E101": "a ZeRO stage the code generator cannot combine with the plan",
     "W102": "reshard_after_forward without zero = 3",
 }
+
+# the estimates' codes: a plan that has only these is still explained (the report shows why)
+FIT_CODES = ("E090", "E091", "E092")

@@ -29,10 +29,16 @@ class LoadResult:
     program: ir.Program
     diagnostics: list[Diagnostic]
     sources: Sources
+    failed_files: tuple[str, ...] = ()  # roots whose text or definitions (or imports') have errors
+    failed_plans: tuple[ir.Plan, ...] = ()  # plans with errors of their own or of their file
 
     @property
     def plans(self) -> tuple[ir.Plan, ...]:
         return self.program.plans
+
+    def clean(self, plan: ir.Plan) -> bool:
+        """Whether ``plan`` and the files it comes from have no error: it can be compiled."""
+        return not any(plan is p for p in self.failed_plans)
 
 
 def load_paths(paths: list[Path | str], check: bool = True) -> LoadResult:
@@ -65,17 +71,28 @@ def lint(plan: ir.Plan) -> list[Diagnostic]:
 
 def _lower(loader: Loader, roots: list[str], run_checks: bool) -> LoadResult:
     plans: list[ir.Plan] = []
+    failed_files: list[str] = []
+    failed: list[ir.Plan] = []
     diags = loader.diags
+    read = [d for d in diags if d.is_error]  # of every file as read, before any unit is walked
     for root in roots:
-        lowered, d = lower_unit(loader.unit(root), loader.asts)
+        start = len(diags)
+        unit = loader.unit(root)  # adds the errors of its imports
+        lowered, d = lower_unit(unit, loader.asts)
         diags.extend(d)
+        broken = any(x.is_error for x in diags[start:]) or any(x.span is None or x.span.file in unit.files for x in read)
+        if broken:
+            failed_files.append(root)
         for plan in lowered:
             plans.append(plan)
-            if run_checks:
-                diags.extend(lint(plan))
+            own = lint(plan) if run_checks else []
+            diags.extend(own)
+            if broken or any(x.is_error for x in own):
+                failed.append(plan)
     unique = list(dict.fromkeys(diags))  # a shared import's diagnostics once
     unique.sort(key=Diagnostic.sort_key)
-    return LoadResult(ir.Program(tuple(plans), tuple(loader.sources.texts)), unique, loader.sources)
+    program = ir.Program(tuple(plans), tuple(loader.sources.texts))
+    return LoadResult(program, unique, loader.sources, tuple(failed_files), tuple(failed))
 
 
 def output_clashes(plans: Sequence[ir.Plan]) -> list[Diagnostic]:

@@ -13,18 +13,42 @@ are computed per class, never per pair of ranks.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import gcd
 
 import numpy as np
 
 from .ir import Mesh, Plan
 
+# HSDP's halves of the dp axis (data_parallel.shard): FSDP inside a shard group, replicas across
+DP_SHARD, DP_REPLICATE = "dp_shard", "dp_replicate"
+
 
 def axes_of(mesh: Mesh, axes: tuple[str, ...] | str) -> tuple[str, ...]:
     """The axes of ``axes`` that the mesh has with size > 1, in mesh order."""
     want = {axes} if isinstance(axes, str) else set(axes)
     return tuple(a.name for a in mesh.axes if a.name in want and a.size > 1)
+
+
+def group_mesh(plan: Plan) -> Mesh:
+    """The mesh the communication groups are taken over: the plan's, except under HSDP
+    (``data_parallel.shard`` below dp, with ZeRO) its dp axis is two, on dp's link:
+    dp_replicate (dp / shard, outer) × dp_shard (shard consecutive dp coordinates, dp's
+    stride), as torchtitan's dp_replicate × dp_shard. Every rank keeps its place."""
+    dp, mesh = plan.data_parallel, plan.mesh
+    if not (dp.zero and dp.hsdp(plan.dp)):
+        return mesh
+    axes = []
+    for a in mesh.axes:
+        split = (replace(a, name=DP_REPLICATE, size=a.size // dp.shard), replace(a, name=DP_SHARD, size=dp.shard))
+        axes += split if a.name == "dp" else (a,)
+    return replace(mesh, axes=tuple(axes))
+
+
+def replica_group(plan: Plan) -> tuple[str, ...]:
+    """HSDP's replicas, dp_replicate: each holds the same ZeRO shards and all-reduces its
+    reduced gradient shard with the others once per step; () without HSDP."""
+    return axes_of(group_mesh(plan), (DP_REPLICATE,))
 
 
 def offsets(mesh: Mesh, axes: tuple[str, ...]) -> np.ndarray:

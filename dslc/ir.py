@@ -21,7 +21,7 @@ AXES = ("dp", "tp", "pp", "cp", "ep")
 ARCHS = ("gpt2", "llama", "mixtral")
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1")
 PRECISIONS = ("fp32", "bf16", "fp16")
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "selective_ops", "full")  # `full every N`: Train.recompute_every
 CP_METHODS = ("ring", "ulysses")
 LINK_SCOPES = ("node", "cluster")
 OPTIMIZERS = ("adamw", "adam", "sgd")
@@ -37,6 +37,7 @@ class Device:
     name: str
     peak_flops: float  # dense bf16 FLOP/s
     memory: int  # bytes
+    bandwidth: float = 0.0  # memory (HBM) bytes/s; 0: unknown, elementwise work is not timed
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class Cluster:
     device: Device
     links: tuple[Link, ...]
     span: Span
+    efficiency: float | None = None  # `cluster { efficiency }`: GEMM and attention at this fraction of peak
 
     @property
     def world_size(self) -> int:
@@ -89,14 +91,32 @@ class Model:
     router: str  # MoE: "topk_softmax" | "softmax_topk" (front.defaults.ROUTERS); "" for dense
     z_loss_weight: float  # router z-loss (Zoph et al. 2022); 0.0 off, and for dense
     span: Span
+    # q is heads·head_dim wide, k and v kv_heads·head_dim (Gemma, Qwen3: ≠ hidden); 0: hidden // heads
+    head_dim: int = 0
+    # the model block's seq_len, gpt2's position rows; seq_len is train.seq_len's (≤ it, E066); 0: seq_len
+    max_positions: int = 0
+    # DeepSeek-style MoE (Dai et al. 2024; DeepSeek-V3): the first `dense_layers` blocks have
+    # a dense MLP `dense_ffn` wide (0: ffn) in place of the MoE, and every MoE block adds
+    # `shared_experts` always-on experts (one MLP of shared_experts · ffn) to the routed ones
+    dense_layers: int = 0
+    dense_ffn: int = 0
+    shared_experts: int = 0
 
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
+    def __post_init__(self) -> None:
+        if not self.head_dim:
+            object.__setattr__(self, "head_dim", max(1, self.hidden // self.heads))
+        if not self.max_positions:
+            object.__setattr__(self, "max_positions", self.seq_len)
+        if not self.dense_ffn:
+            object.__setattr__(self, "dense_ffn", self.ffn)
 
     @property
     def is_moe(self) -> bool:
         return self.experts > 0
+
+    def moe_layer(self, i: int) -> bool:
+        """Whether block ``i`` is a mixture of experts (not one of the dense prefix)."""
+        return self.is_moe and i >= self.dense_layers
 
 
 @dataclass(frozen=True)
@@ -171,6 +191,13 @@ class DataParallel:
     # zero = 3: free a unit's gathered weights after its forward (FSDP's default) or keep
     # them until its backward
     reshard_after_forward: bool = True
+    # HSDP: ZeRO shards over groups of `shard` consecutive dp ranks and the shards are
+    # all-reduced over the dp / shard replicas; 0: over every dp rank (plain ZeRO / FSDP)
+    shard: int = 0
+
+    def hsdp(self, dp: int) -> bool:
+        """Whether the dp ranks split into shard groups and replicas (shard < dp)."""
+        return 0 < self.shard < dp
 
 
 @dataclass(frozen=True)
@@ -271,7 +298,7 @@ class Train:
     micro_batch: int
     global_batch: int
     precision: str  # fp32 | bf16 | fp16
-    recompute: str  # none | selective | full
+    recompute: str  # one of RECOMPUTE
     grad_clip: float  # 0.0 disables clipping
     seed: int
     loss_scale: str  # "dynamic" | "none" (fp16 only matters)
@@ -283,6 +310,12 @@ class Train:
     eval: Eval | None = None
     timeout: float = 600.0  # seconds a collective waits for its peers
     init: Init | None = None  # where the weights start: None draws them from the seed
+    recompute_every: int = 1  # `full every N`: blocks N-1, 2N-1, … (0-based) are recomputed
+
+    @property
+    def recompute_label(self) -> str:
+        """The policy as a plan writes it: ``full every 2``, ``selective_ops``."""
+        return self.recompute + (f" every {self.recompute_every}" if self.recompute_every > 1 else "")
 
 
 @dataclass(frozen=True)

@@ -36,9 +36,8 @@ def variants(plan: Plan) -> Iterator[Candidate]:
     if mem.group_size(plan, mem.grad_group(plan, False)) > 1:
         for z in range(plan.data_parallel.zero + 1, 4):
             yield Candidate("zero", f"zero = {z}", replace(plan, data_parallel=replace(plan.data_parallel, zero=z)))
-    order = ("none", "selective", "full")
-    for rc in order[order.index(tr.recompute) + 1 :]:
-        yield Candidate("recompute", f"recompute = {rc}", replace(plan, train=replace(tr, recompute=rc)))
+    for train in _more_recompute(plan):
+        yield Candidate("recompute", f"recompute = {train.recompute_label}", replace(plan, train=train))
     k = 2
     while tr.micro_batch // k >= 1:
         mb = replace(pipe, microbatches=pipe.microbatches * k)
@@ -56,6 +55,18 @@ def variants(plan: Plan) -> Iterator[Candidate]:
             yield Candidate(name, f"{name} = {size} with dp = {dp.size // k}",
                             replace(plan, mesh=replace(mesh, axes=tuple(axes)), pipeline=new))
             k *= 2
+
+
+def _more_recompute(plan: Plan) -> list:
+    """The recompute policies that keep fewer activation bytes than the plan's, the fewest
+    saved first: of selective, full every 2, selective_ops (not for a mixture of experts,
+    which the generator cannot run under it) and full, in the order their bytes give."""
+    tr, m = plan.train, plan.model
+    options = [replace(tr, recompute=p, recompute_every=1) for p in ("selective", "selective_ops", "full") if p != "selective_ops" or not m.is_moe]
+    options += [replace(tr, recompute="full", recompute_every=2)] * (m.layers >= 2)
+    held = {t: mem.layer_activation_bytes(replace(plan, train=t)) for t in options}
+    now = mem.layer_activation_bytes(plan)
+    return sorted((t for t in options if held[t] < now), key=lambda t: -held[t])
 
 
 def candidates(plan: Plan) -> Iterator[Candidate]:
@@ -107,10 +118,15 @@ def fit_diagnostics(plan: Plan, settings: mem.Settings = mem.DEFAULT,
     worst = max(stages, key=lambda s: s.total)
     if worst.total <= cap:
         return []
-    msg = (f"pipeline stage {worst.stage} needs {gib(worst.total)} per GPU but {dev} has {gib(cap)}: params "
+    who = f"pipeline stage {worst.stage}" if plan.pp > 1 else "the plan"
+    msg = (f"{who} needs {gib(worst.total)} per GPU but {dev} has {gib(cap)}: params "
            f"{gib(worst.params)}, grads {gib(worst.grads)}, optimizer {gib(worst.optimizer)}, activations "
-           f"{gib(worst.activations)} ({worst.inflight} micro-batch chunks in flight × {worst.layers} layers)"
-           + (f", unsharded {gib(worst.transient)}" if worst.transient else ""))
+           f"{gib(worst.activations)} ({in_flight(plan, worst)})"
+           + (f", unsharded {gib(worst.transient)}" if worst.transient else "")
+           + (f", loss grads {gib(worst.buffers)}" if worst.buffers else "")
+           + (f" (the optimizer step's {gib(worst.step_temp)} of temporaries come after the activations are freed)" if worst.step_temp else "")
+           + (f"; + {worst.allocator:.0%} for the caching allocator and {gib(worst.context)} of CUDA context"
+              if worst.allocator or worst.context else ""))
     found = fixes(plan, settings)
     if found.fits:
         hint = "it fits with any one of: " + ", ".join(f"{c.label} ({gib(need)})" for c, need in found.fits)
@@ -119,6 +135,23 @@ def fit_diagnostics(plan: Plan, settings: mem.Settings = mem.DEFAULT,
         hint = ("no single change of zero, recompute, micro_batch, tp or pp fits"
                 + (f"; closest: {close[0].label} ({gib(close[1])})" if close else "") + "; combine them or add GPUs")
     return [error("E090", plan.span, msg, hint), *expert_fit(plan), *unit_fit(plan)]
+
+
+def in_flight(plan: Plan, worst: mem.StageMemory) -> str:
+    """What E090's activations count: micro-batches × the stage's layers; interleaved, a
+    stage holds v chunks of its layers and what is in flight is chunks (of L/v layers)."""
+    n, layers = worst.inflight, worst.layers
+    chunks = mem.chunk_layers(plan)[worst.stage]
+    if len(chunks) == 1:
+        return f"{n} micro-batch{'es' * (n != 1)} in flight × {_layers(layers)}"
+    if len(set(chunks)) == 1:
+        return f"{n} micro-batch chunks in flight × {_layers(chunks[0])} each: the stage's {_layers(layers)} in {len(chunks)} chunks"
+    sizes = ", ".join(map(str, chunks[:-1])) + f" and {chunks[-1]}"
+    return f"{n} micro-batch chunks in flight × {layers / len(chunks):g} layers each on average: the stage's {_layers(layers)} in chunks of {sizes}"
+
+
+def _layers(n: int) -> str:
+    return f"{n} layer{'s' * (n != 1)}"
 
 
 def unit_fit(plan: Plan) -> list[Diagnostic]:

@@ -29,12 +29,12 @@ GiB = 2**30
 
 
 def model(arch="gpt2", l=2, h=64, a=4, V=128, s=32, kv=None, ffn=None, tie=None, dropout=0.0, experts=0, top_k=0, cf=0.0,
-          name=None, rope_theta=1e4, router=None, z_loss=0.0) -> Model:
+          name=None, rope_theta=1e4, router=None, z_loss=0.0, head_dim=0) -> Model:
     ffn = ffn or (4 * h if arch == "gpt2" else 3 * h)
     tie = (arch == "gpt2") if tie is None else tie
     router = ("topk_softmax" if experts else "") if router is None else router
     return Model(name or arch, arch, l, h, a, kv or a, ffn, V, s, 1e-5, rope_theta, tie, dropout, experts, top_k, cf, 0.0,
-                 router, z_loss, SP)
+                 router, z_loss, SP, head_dim=head_dim)
 
 
 def plan(mdl: Model, *axes, gpn=8, zero=0, sp=False, schedule="1f1b", v=1, m=1, b=1, precision="bf16",
@@ -44,7 +44,7 @@ def plan(mdl: Model, *axes, gpn=8, zero=0, sp=False, schedule="1f1b", v=1, m=1, 
     world = prod(size for _, size, _ in axes)
     gpn = min(gpn, world)
     links = (Link("nvlink", "node", bandwidth[0], latency[0], SP), Link("ib", "cluster", bandwidth[1], latency[1], SP))
-    cluster = Cluster("dgx", world // gpn, gpn, Device("h100_sxm", peak, memory), links, SP)
+    cluster = Cluster("dgx", world // gpn, gpn, Device("h100_sxm", peak, memory, 3.35e12), links, SP)
     mesh = Mesh(tuple(MeshAxis(n, size, lk, SP) for n, size, lk in axes), SP)
     dp = mesh.size("dp") * mesh.size("ep")
     opt = Optimizer(optimizer, 1e-4, (0.9, 0.95), 1e-8, 0.1, momentum, None)

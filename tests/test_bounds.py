@@ -162,14 +162,14 @@ def test_schedule_derived_from_a_huge_global_batch_is_a_diagnostic(tmp_path, cap
 
 def test_largest_schedule_runs_in_seconds(tmp_path, capsys):
     """pp = 2 with MAX_SCHEDULE / 2 micro-batches: schedule (verified, simulated, drawn),
-    explain and compile each take a few seconds (about 1-3 s each on one core)."""
+    explain and compile each take a few seconds (about 2-8 s each on one core)."""
     text = plan_text(m=("microbatches = 4", f"microbatches = {MAX_SCHEDULE // 2}"))
     path = tmp_path / "t.plan"
     path.write_text(text)
     for argv in (["schedule", str(path), "--json"], ["explain", str(path), "--json"], ["compile", "-o", str(tmp_path / "gen"), str(path)]):
         start = time.perf_counter()
         assert main(argv) == 0, capsys.readouterr().err
-        assert time.perf_counter() - start < 20, argv
+        assert time.perf_counter() - start < 30, argv
     capsys.readouterr()
 
 
@@ -199,7 +199,7 @@ def test_largest_cluster_explains_and_compiles_in_seconds(tmp_path, capsys):
     for argv in (["explain", str(path), "--json"], ["compile", "-o", str(tmp_path / "gen"), str(path)]):
         start = time.perf_counter()
         assert main(argv) == 0, capsys.readouterr().err
-        assert time.perf_counter() - start < 20, argv
+        assert time.perf_counter() - start < 30, argv
     capsys.readouterr()
 
 

@@ -67,3 +67,113 @@ def test_router_keys_reach_the_ir(arch, model, experts, want):
     assert not [d.message for d in res.diagnostics if d.is_error]
     m = res.plans[0].model
     assert (m.router, m.z_loss_weight, m.capacity_factor) == want
+
+
+SPELLED = """cluster c {{ nodes = 1; gpus_per_node = 2; device = cpu; link shm {{ scope = node; bandwidth = 10 GB/s }} }}
+plan p {{
+    model llama {{ layers = 2; hidden = 64; heads = 4; vocab = 256; seq_len = 32{model} }}
+    cluster = c
+    mesh {{ dp = 2 on shm }}
+    {plan}
+}}
+"""
+
+
+@pytest.mark.parametrize("model, plan, want", [
+    ("", "train { grad_accum = 4 }",
+     "unknown key 'grad_accum' in train; help: gradient accumulation is `pipeline { microbatches = N }` "
+     "(left out: global_batch / (micro_batch × dp × ep))"),
+    ("", "train { accumulation_steps = 4 }", "help: gradient accumulation is `pipeline { microbatches = N }`"),
+    ("", "train { microbatches = 4 }", "help: micro-batches per step are `pipeline { microbatches = N }`"),
+    ("", "pipeline { micro_batch = 2 }", "help: the micro-batch size is `train { micro_batch = N }`"),
+    ("", "train { batch_size = 8 }", "help: the batch is `train { micro_batch = N }`"),
+    ("", "train { lr = 1e-3 }", "help: the learning rate is the optimizer's: `train { optimizer adamw { lr = 3e-4 } }`"),
+    ("", "tp = 2", "unknown key 'tp' in plan 'p'; help: mesh axes are placed in the plan's mesh: `mesh { tp = N on LINK }`"),
+    ("", "data_parallel { dp = 2 }", "help: mesh axes are placed in the plan's mesh: `mesh { dp = N on LINK }`"),
+    ("", "train { activation_checkpointing = true }", "help: activation checkpointing is `train { recompute = full }` (or `selective`)"),
+    ("", "fsdp { }", "unknown block 'fsdp' in plan 'p'; help: FSDP is `data_parallel { zero = 3 }`"),
+    ("; num_layers = 2", "", "unknown key 'num_layers' in model 'llama'; help: the number of transformer blocks is the model's `layers = N`"),
+    ("; max_position_embeddings = 32", "", "help: the sequence length is the model's `seq_len = N`"),
+    ("; hiden = 64", "", "unknown key 'hiden' in model 'llama'; help: did you mean 'hidden'?"),  # a typo: the guess
+])
+def test_a_key_spelled_elsewhere_says_where(model, plan, want):
+    """E010/E016 for a key the language writes elsewhere (ELSEWHERE) names that place,
+    not the nearest spelling: grad_accum is not grad_clip."""
+    res = load_text(SPELLED.format(model=model, plan=plan), "<t>")
+    shown = [f"{d.message}; help: {d.hint}" for d in res.diagnostics if d.code in ("E010", "E016")]
+    assert len(shown) == 1 and want in shown[0], shown
+
+
+def test_real_keys_win_over_the_table():
+    """A key of the table that the block does know is read, not flagged."""
+    from dslc.front.schema import ELSEWHERE
+
+    plan = "pipeline { microbatches = 2 }\n    data_parallel { zero = 1 }\n    train { micro_batch = 1; optimizer adamw { lr = 1e-3; weight_decay = 0.0 } }"
+    assert {"microbatches", "zero", "micro_batch", "lr", "weight_decay", "dp"} <= ELSEWHERE.keys()
+    res = load_text(SPELLED.format(model="", plan=plan), "<t>")
+    assert not [d.message for d in res.diagnostics if d.is_error]
+    assert res.plans[0].train.optimizer.lr == 1e-3 and res.plans[0].pipeline.microbatches == 2
+
+
+STAGE = """cluster c {{ nodes = 1; gpus_per_node = 2; device = cpu; link shm {{ scope = node; bandwidth = 10 GB/s }} }}
+plan p {{
+    model {arch} {{ layers = 4; hidden = 64; heads = 4; vocab = 256; seq_len = 32{model} }}
+    cluster = c
+    {plan}
+    train {{ steps = 1{train} }}
+}}
+"""
+
+
+def test_head_dim_is_a_model_key():
+    """head_dim apart from hidden / heads (Gemma, Qwen3): q is heads·head_dim wide, k and v
+    kv_heads·head_dim, o_proj maps q back to hidden; left out it is hidden / heads, and
+    then hidden must divide (E040)."""
+    from dslc import arch
+
+    res = load_text(STAGE.format(arch="llama", model="; kv_heads = 2; head_dim = 24", plan="mesh { dp = 2 on shm }", train=""), "<t>")
+    assert not [d.message for d in res.diagnostics if d.is_error]
+    m = res.plans[0].model
+    assert m.head_dim == 24 and arch.widths(m) == (96, 48, m.ffn) and arch.widths(m, 2) == (48, 24, m.ffn // 2)
+    shapes = {w.name: w.shape for w in arch.weights(m)}
+    assert shapes["blocks.{i}.attn.q_proj.weight"] == (96, 64) and shapes["blocks.{i}.attn.k_proj.weight"] == (48, 64)
+    assert shapes["blocks.{i}.attn.o_proj.weight"] == (64, 96)
+    assert load_text(STAGE.format(arch="llama", model="", plan="mesh { dp = 2 on shm }", train=""), "<t>").plans[0].model.head_dim == 16
+    odd = STAGE.format(arch="gpt2", model="", plan="mesh { dp = 2 on shm }", train="").replace("heads = 4", "heads = 6")
+    assert [d.code for d in load_text(odd, "<t>").diagnostics if d.is_error] == ["E040"]
+    given = odd.replace("heads = 6", "heads = 6; head_dim = 10")
+    res = load_text(given, "<t>")
+    assert not [d.message for d in res.diagnostics if d.is_error]
+    # Hugging Face: LlamaConfig's head_dim; GPT-2's heads are n_embd / n_head, so no export
+    assert arch.hf.config(arch.of(m), m)["head_dim"] == 24 and not arch.hf.exportable(m)
+    assert "n_embd / n_head" in arch.hf.exportable(res.plans[0].model)
+
+
+@pytest.mark.parametrize("arch_, seq, want", [("llama", 128, (128, 128)), ("llama", 16, (16, 16)), ("gpt2", 16, (16, 32))])
+def test_train_seq_len_is_the_stage_length(arch_, seq, want):
+    """train { seq_len } replaces the model's for the plan; gpt2's position table keeps the
+    model's 32 rows (max_positions), and checks of seq_len point at the override."""
+    from dslc import arch
+
+    text = STAGE.format(arch=arch_, model="", plan="mesh { tp = 2 on shm }\n    tensor_parallel { sequence_parallel = true }", train=f"; seq_len = {seq}")
+    res = load_text(text, "<t>")
+    assert not [d.message for d in res.diagnostics if d.is_error]
+    m = res.plans[0].model
+    assert (m.seq_len, m.max_positions) == want
+    assert all(w.shape == (32, 64) for w in arch.weights(m) if w.name == "wpe.weight")
+    bad = load_text(text.replace(f"seq_len = {seq}", "seq_len = 33"), "<t>")
+    (e061,) = [d for d in bad.diagnostics if d.code == "E061"]
+    assert e061.span.line == 6  # at the train block's seq_len, not the model's
+
+
+def test_e052_names_every_empty_middle_chunk():
+    """The first chunk (the embedding) and the last (the loss) may have no layers; every
+    other empty chunk is named, with its pp rank when there are virtual stages."""
+    pipe = "mesh {{ pp = 2 on shm }}\n    pipeline {{ schedule = interleaved_1f1b; virtual_stages = 3; microbatches = 4; layers_per_stage = {split} }}"
+    def e052(split: str) -> list[str]:
+        res = load_text(STAGE.format(arch="llama", model="", plan=pipe.format(split=split), train=""), "<t>")
+        return [d.message for d in res.diagnostics if d.code == "E052"]
+
+    assert e052("[0, 1, 1, 1, 1, 0]") == []
+    assert e052("[0, 0, 2, 0, 2, 0]") == ["layers_per_stage: chunk 1 (pp rank 1) has no layers, chunk 3 (pp rank 1) has no layers"]
+    assert e052("[-1, 1, 1, 1, 1, 1]") == ["layers_per_stage: chunk 0 (pp rank 0) has -1 layers"]

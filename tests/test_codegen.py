@@ -96,6 +96,8 @@ VARIANTS = {
         "recompute": "selective",
         "batch": 4,
     },
+    "serial_gpt2_short_stage": {"train": "; seq_len = 16"},  # N_POSITIONS: the table keeps 32 rows
+    "tp2_llama_head_dim": {"world": 2, "arch": "llama", "kv": 4, "model": "; head_dim = 12", "mesh": "mesh { tp = 2 on shm }"},
     "tp4_gpt2_padded_vocab_noclip": {
         "world": 4,
         "vocab": 250,
@@ -117,6 +119,21 @@ VARIANTS = {
         "precision": "fp16",
         "recompute": "full",
         "batch": 8,
+    },
+    "tp2_gpt2_selective_ops_dp2_zero3": {
+        "world": 4,
+        "mesh": "mesh { dp = 2 on shm; tp = 2 on shm }",
+        "blocks": "tensor_parallel { sequence_parallel = true }\n data_parallel { zero = 3 }",
+        "recompute": "selective_ops",
+        "batch": 4,
+    },
+    "pp2_llama_full_every_2": {
+        "world": 2,
+        "arch": "llama",
+        "mesh": "mesh { pp = 2 on shm }",
+        "blocks": "pipeline { microbatches = 2 }",
+        "recompute": "full every 2",
+        "batch": 4,
     },
     "pp2_tp2_sp_llama_bf16_selective_ckpt": {
         "world": 4,
@@ -375,7 +392,7 @@ def test_uneven_stages_and_bad_pipelines():
     few = dataclasses.replace(
         plan, pipeline=dataclasses.replace(plan.pipeline, schedule="1f1b", microbatches=1)
     )
-    with pytest.raises(Unsupported, match=r"microbatches=1 < pp=2$"):
+    with pytest.raises(Unsupported, match=r"microbatches=1 < pp=2; global_batch=8 but "):  # every check error
         codegen.render(few)
 
 
@@ -387,6 +404,47 @@ def test_other_unsupported_plans_are_one_line_errors():
         codegen.render(
             dataclasses.replace(plan, model=dataclasses.replace(plan.model, arch="mixtral"))
         )
+    moe = make_plan(arch="mixtral", model="; experts = 4; top_k = 2", recompute="selective_ops")
+    with pytest.raises(Unsupported, match="recompute = selective_ops with a mixture of experts"):
+        codegen.render(moe)
+
+
+def test_measure_help_names_the_files_the_script_writes():
+    """--measure FILE: one process writes FILE; each rank of several writes FILE with
+    .rank<R> before its extension (os.path.splitext), which the help says in those words."""
+    serial = codegen.render(make_plan())["train.py"]
+    assert '"--measure": "bytes sent, held and saved by autograd, as JSON (1 step is enough)"' in serial
+    assert "with open(args.measure, \"w\") as f:" in serial
+    dp2 = codegen.render(make_plan(**VARIANTS["dp2_zero1_bf16_adam"]))["train.py"]
+    assert (
+        '"bytes sent, held and saved by autograd, as JSON, one file per rank: FILE with .rank<R> '
+        'before its extension (m.json: m.rank0.json, m.rank1.json, ...)"'
+    ) in dp2
+    assert 'root, ext = os.path.splitext(args.measure)\n        with open(f"{root}.rank{RANK}{ext}", "w") as f:' in dp2
+    root, ext = os.path.splitext("m.json")
+    assert [f"{root}.rank{r}{ext}" for r in range(2)] == ["m.rank0.json", "m.rank1.json"]
+
+
+def test_every_unsupported_feature_is_named_at_once(tmp_path, capsys):
+    """E100 names every feature the generator cannot emit, not only the first it met."""
+    plan = make_plan(world=2, mesh="mesh { tp = 2 on shm }", model="; dropout = 0.1")
+    both = dataclasses.replace(plan, model=dataclasses.replace(plan.model, arch="mixtral"))
+    with pytest.raises(Unsupported) as e:
+        codegen.render(both)
+    assert e.value.reasons == (
+        "arch mixtral is a mixture of experts, but the model has experts = 0",
+        "dropout = 0.1 with tp = 2 is not supported (tp ranks would need a shared dropout RNG); set dropout = 0",
+    )
+    assert str(e.value) == "; ".join(e.value.reasons)
+    # dslc compile's E100: one diagnostic at the plan, naming them all
+    d = e.value.diagnostic(both)
+    assert (d.code, d.span) == ("E100", both.span)
+    assert d.message == (
+        "plan 'p' cannot be compiled yet, for 2 reasons: (1) arch mixtral is a mixture of experts, but the model "
+        "has experts = 0; (2) dropout = 0.1 with tp = 2 is not supported (tp ranks would need a shared dropout RNG); set dropout = 0"
+    )
+    one = Unsupported("dropout = 0.1 with tp = 2 is not supported").diagnostic(plan)
+    assert one.message == "plan 'p' cannot be compiled yet: dropout = 0.1 with tp = 2 is not supported"
 
 
 def test_data_path_is_relative_to_the_generated_script(tmp_path):
@@ -399,6 +457,23 @@ def test_data_path_is_relative_to_the_generated_script(tmp_path):
         codegen.view_model(plan, tmp_path / "out")["regenerate"]
         == "dslc compile plans/p.plan -o out"
     )
+
+
+@pytest.mark.parametrize("out, command", [
+    ("generated", "dslc compile plans/p.plan"),
+    ("out", "dslc compile plans/p.plan -o out"),
+    # the whole -o, not its last part: run from the project, it writes this folder again
+    ("build/out", "dslc compile plans/p.plan -o build/out"),
+    ("build/generated", "dslc compile plans/p.plan -o build/generated"),
+    ("plans/out", "dslc compile p.plan -o out"),  # from the deepest folder holding both
+])
+def test_the_regenerate_line_reproduces_the_output_folder(tmp_path, out, command):
+    """The stamp's command, run in the folder that holds both the plan and the output
+    root, writes the same folder: the plan file and the -o it was compiled with."""
+    plan = make_plan(tmp_path / "plans")
+    files = codegen.render(plan, tmp_path / out)
+    stamp = f"# Plan p from {command.split()[2]}; regenerate with: {command}"
+    assert files["train.py"].splitlines()[2] == stamp and files["launch.sh"].splitlines()[3] == stamp
 
 
 def test_process_groups_follow_the_mesh_layout(golden_plans):

@@ -48,6 +48,22 @@ def test_llama3_8b_gqa_swiglu_untied():
     assert arch.params(model("llama", l, h, 32, V, 8192, kv=8, ffn=f, tie=False)).total == expected
 
 
+def test_gemma_7b_head_dim_apart_from_hidden():
+    """Gemma 7B: 16 heads of head_dim 256 (q is 4096 wide) on hidden 3072; q, k, v, o, the
+    FLOPs and the saved activations follow heads·head_dim, not hidden."""
+    h, l, V, f, a, d = 3072, 28, 256000, 24576, 16, 256
+    per_layer = h * a * d * 2 + 2 * h * a * d + 3 * h * f + 2 * h  # q, o; k, v; gated MLP; 2 RMSNorms
+    gemma = model("llama", l, h, a, V, 8192, ffn=f, tie=True, head_dim=d)
+    assert arch.params(gemma).total == l * per_layer + V * h + h == 8_537_680_896  # Gemma 7B's 8.54B
+    assert arch.attention_matmul_flops(gemma, 2) == 2 * h * (a * d // 2 * 3) + 2 * (a * d // 2) * h
+    small = model("llama", 2, 64, 4, 128, 32, kv=2, head_dim=24)
+    wide = plan(small, ("tp", 2, "nvlink"), precision="fp32")
+    narrow = plan(replace(small, head_dim=16), ("tp", 2, "nvlink"), precision="fp32")
+    T, e = 32, 4  # tokens, bytes: q, k, v and the o_proj input are saved, each by its width
+    delta = est.layer_activation_bytes(wide) - est.layer_activation_bytes(narrow)
+    assert delta == T * e * (2 * (48 - 32) + 2 * (24 - 16))
+
+
 def test_mixtral_8x7b_router_and_experts():
     h, l, V, f, kv, E = 4096, 32, 32000, 14336, 8 * 128, 8
     per_layer = 2 * h * h + 2 * h * kv + h * E + E * 3 * h * f + 2 * h
@@ -57,6 +73,28 @@ def test_mixtral_8x7b_router_and_experts():
     assert expected == 46_702_792_704  # Mixtral 8x7B's published "46.7B total parameters"
 
 
+def test_deepseek_dense_prefix_and_shared_experts_counted_by_block():
+    """A dense first block (MLP dense_ffn wide, split over tp) and a shared expert (one
+    SwiGLU MLP of shared·ffn, whole on every rank) in each MoE block, counted by hand; the
+    ep all-to-alls run in the MoE blocks only, each pipeline stage holds its own kinds."""
+    h, l, V, f, fd, E, kv = 64, 4, 128, 96, 160, 8, 2 * 16
+    base = model("mixtral", l, h, 4, V, 32, kv=2, ffn=f, tie=False, experts=E, top_k=2)
+    ds = replace(base, dense_layers=1, dense_ffn=fd, shared_experts=2)
+    attn = 2 * h * h + 2 * h * kv + 2 * h  # q, o; k, v; two norms
+    moe, dense = attn + h * E + 3 * h * 2 * f + E * 3 * h * f, attn + 3 * h * fd
+    assert arch.params(ds).total == 2 * V * h + h + 3 * moe + dense
+    mm_moe = 2 * (h * h + 2 * h * kv + h * h) + (2 + 2) * 3 * 2 * h * f + 2 * h * E  # top-2 + 2 shared
+    mm_dense = 2 * (h * h + 2 * h * kv + h * h) + 3 * 2 * h * fd
+    assert flops.chunk_flops(plan(ds, ("pp", 2, "ib"), m=2), [0, 1])[0] == mm_dense + mm_moe
+    p = plan(ds, ("pp", 2, "ib"), ("ep", 2, "ib"), m=2)
+    s0, s1 = est.stage_params(p)
+    assert s0.expert == s1.expert // 2 == E * 3 * h * f // 2  # one MoE block on stage 0, two on 1
+    a2a = [traffic.rank_payload(p, r)[("ep", "all_to_all")] for r in (0, 2)]
+    assert 2 * a2a[0] == a2a[1] > 0
+    sharded, replicated, _ = arch.layers_params(ds, 2, [0, 1])
+    assert replicated == 4 * h + h * E + 3 * h * 2 * f  # norms, router, shared experts: whole
+
+
 def test_stage_params_add_up_to_the_model_over_tp_and_pp():
     mdl = model("llama", 8, 256, 8, 1024, 64, kv=4, ffn=512, tie=False)
     p = plan(mdl, ("pp", 4, "ib"), ("tp", 4, "nvlink"))
@@ -64,6 +102,20 @@ def test_stage_params_add_up_to_the_model_over_tp_and_pp():
     # sharded weights are split 4 ways, norms are replicated on every tp rank
     assert sum((s.dense - s.tp_replicated) * 4 + s.tp_replicated for s in stages) == arch.params(mdl).total
     assert stages[1].dense == 2 * (256 * (256 + 2 * 128) // 4 + 256 * 256 // 4 + 3 * 256 * 512 // 4 + 2 * 256)
+
+
+def test_first_and_last_chunks_of_no_layers_hold_the_embedding_and_the_head():
+    """layers_per_stage = [0, 4, 4, 0]: stage 0 holds the embedding alone, stage 3 the final
+    norm and head alone; the memory model and the schedule run them."""
+    mdl = model("llama", 8, 256, 8, 1024, 64, kv=4, ffn=512, tie=False)
+    p = plan(mdl, ("pp", 4, "ib"), m=4)
+    p = replace(p, pipeline=replace(p.pipeline, layers_per_stage=(0, 4, 4, 0)))
+    stages = est.stage_params(p)
+    layer = 256 * 256 * 2 + 2 * 256 * 128 + 3 * 256 * 512 + 2 * 256  # q, o; k, v; MLP; norms
+    assert [s.dense for s in stages] == [1024 * 256, 4 * layer, 4 * layer, 256 + 1024 * 256]
+    assert sum(s.dense for s in stages) == arch.params(mdl).total
+    mem = est.memory(p)
+    assert [m.layers for m in mem] == [0, 4, 4, 0] and mem[0].activations == 0 < mem[3].activations
 
 
 # ---------------------------------------------------------------------------- FLOPs
@@ -327,6 +379,29 @@ def test_zero_shards_are_padded_to_the_group():
     assert traffic.rank_payload(kept, 0)[("dp", "all_gather")] == (m * 2 * 8 * ceil(block / 8) + 8 * ceil(rest / 8)) * 2
 
 
+@pytest.mark.parametrize("zero", [1, 3])
+def test_hsdp_shards_over_the_shard_group_and_all_reduces_the_shards_over_replicas(zero):
+    """dp = 16 over 2 nodes with shard = 8: the states are 1/8 per rank, ZeRO's collectives
+    run over the 8 ranks of a node (dp_shard, on nvlink), and each reduced shard (per
+    unit for zero 3) is all-reduced over the 2 replicas (dp_replicate, across nodes)."""
+    from dslc.cost.topology import Topology
+
+    mdl = model("llama", 2, 64, 4, 1000, 32)
+    P, block = arch.params(mdl).total, sum(arch.layer_params(mdl))
+    p = plan(mdl, ("dp", 16, "ib"), zero=zero)
+    p = replace(p, data_parallel=replace(p.data_parallel, shard=8))
+    (mem,) = est.memory(p)
+    assert mem.optimizer == 12 * (2 * ceil(block / 8) + ceil((P - 2 * block) / 8) if zero == 3 else ceil(P / 8))
+    got = traffic.rank_payload(p, 0)
+    assert {axis for axis, _ in got} == {"dp_shard", "dp_replicate"}
+    shards = 2 * ceil(block / 8) + ceil((P - 2 * block) / 8) if zero == 3 else ceil(P / 8)
+    assert got[("dp_replicate", "all_reduce")] == shards * 2  # one per unit (bf16)
+    assert got[("dp_shard", "reduce_scatter")] == 8 * shards * 2
+    topo = Topology.of(p)
+    assert topo.route(("dp_shard",)).link == "nvlink" and not topo.route(("dp_shard",)).crosses_nodes
+    assert topo.route(("dp_replicate",)).link == "ib"
+
+
 def test_ulysses_all_to_alls_and_grads_over_dp_and_cp():
     m, b, s, h, l = 2, 1, 64, 256, 4
     p = plan(_llama(), ("dp", 2, "ib"), ("cp", 4, "nvlink"), m=m, b=b, cp="ulysses")
@@ -551,3 +626,63 @@ def test_zero3_pipeline_without_resharding_follows_the_schedule():
     p = _titan("1f1b", 1, "false")
     assert traffic.unit_gathers(p, 7) == (16 * 15, 0)
     assert traffic.unit_gathers(p, 0) == (9 * 16, 7 * 16)
+
+
+# ---------------------------------------------------------------------------- recompute policies
+
+
+def _policy(p: Plan, recompute: str, every: int = 1) -> Plan:
+    return replace(p, train=replace(p.train, recompute=recompute, recompute_every=every))
+
+
+@pytest.mark.parametrize("arch_name", ["llama", "gpt2"])
+def test_selective_ops_keeps_the_input_every_other_matmul_and_the_attention_output(arch_name):
+    """torchtitan's op-level policy, counted by hand: the block input, the 1st, 3rd, …
+    matmul outputs (llama q, k, v, o, gate, up, down: q, v, gate, down; gpt2 q, k, v, o, up,
+    down: q, v, up), SDPA's output and fp32 log-sum-exp."""
+    h, a, kv, f, b, s, e = 256, 8, 4, 512, 2, 64, 2
+    mdl = _llama() if arch_name == "llama" else model("gpt2", 4, h, a, 1000, s, ffn=f)
+    p = _policy(plan(mdl, ("dp", 2, "nvlink"), b=b), "selective_ops")
+    T, q, kvw = b * s, h, h * kv // a if arch_name == "llama" else h
+    kept = q + kvw + (f + h if arch_name == "llama" else f)
+    assert est.layer_activation_bytes(p) == T * e * (h + kept) + T * q * e + a * T * 4
+
+
+def test_full_every_n_recomputes_every_nth_block_and_each_stage_holds_its_own():
+    """full every 2 on 4 layers: blocks 1 and 3 keep their input, 0 and 2 everything; the
+    mean over the blocks; a pipeline split [1, 3] holds 1 kept block on stage 0, and on
+    stage 1 one kept and two recomputed."""
+    p = plan(_llama(), ("pp", 2, "ib"), m=4, schedule="gpipe")
+    p = replace(p, pipeline=replace(p.pipeline, layers_per_stage=(1, 3)))
+    none, full, every = (_policy(p, r, n) for r, n in (("none", 1), ("full", 1), ("full", 2)))
+    kept, recomputed = est.layer_activation_bytes(none), est.layer_activation_bytes(full)
+    assert [est.layer_activation_bytes(every, layer=i) for i in range(4)] == [kept, recomputed] * 2
+    assert est.layer_activation_bytes(every) == (kept + recomputed) / 2
+    held = [s.inflight for s in est.memory(every)]
+    emb, head = est.edge_activation_bytes(every)
+    acts = [s.activations for s in est.memory(every)]
+    assert acts[0] == held[0] * (kept + emb)
+    assert acts[1] == held[1] * (kept + 2 * recomputed + head)
+
+
+def test_recomputed_flops_follow_the_policy():
+    """HFU's extra FLOPs per layer and token: selective the core, selective_ops the 2nd,
+    4th, 6th matmul (llama: k, o, up), full everything, full every 2 half of that."""
+    p = plan(_llama(), ("dp", 2, "nvlink"))
+    h, kv, f = 256, 128, 512
+    mm, core = arch.layer_flops(p.model, p.model.seq_len)
+    tokens, l = flops.batch_tokens(p), p.model.layers
+    extra = {(r, n): (flops.flops(_policy(p, r, n)).hardware - flops.flops(p).hardware) / (tokens * l)
+             for r, n in (("selective", 1), ("selective_ops", 1), ("full", 1), ("full", 2))}
+    assert extra["selective", 1] == core
+    assert extra["selective_ops", 1] == pytest.approx(2 * h * kv + 2 * h * h + 2 * h * f)
+    assert extra["full", 1] == mm + core and extra["full", 2] == pytest.approx((mm + core) / 2)
+
+
+def test_recomputed_blocks_repeat_their_forward_collectives():
+    """tp all-reduces (no SP): 4 per layer and micro-batch, plus the one a re-run forward
+    repeats (selective_ops re-runs as full does); full every 2 on 2 of the 4 layers."""
+    p = plan(_llama(), ("tp", 2, "nvlink"), m=1)
+    calls = {(r, n): next(c for c in traffic.stage_traffic(_policy(p, r, n), 0) if c.what == "layer activations").calls
+             for r, n in (("none", 1), ("selective_ops", 1), ("full", 1), ("full", 2))}
+    assert calls == {("none", 1): 16, ("selective_ops", 1): 20, ("full", 1): 20, ("full", 2): 18}

@@ -6,8 +6,10 @@ plan ``<family>_serial`` of the same file: every step's global loss within 1e-5 
 the final full weights (tp shards and pipeline stages gathered by --dump-weights) within
 1e-5. A new axis adds plans to those files and the layouts it must cover to ``REQUIRED``
 below — not a new harness. The families: gpt2 and llama (dp, tp, sp, ZeRO-1, recompute),
-gpt2pp and llamapp (4-layer models: gpt2 with tied embeddings, llama untied) for the
-pipeline schedules alone and with dp and tp, mixtral and mixtralcap (experts), tokens
+llamahd (a head_dim other than hidden / heads), gpt2pp and llamapp (4-layer models: gpt2
+with tied embeddings, llama untied) for the pipeline schedules alone and with dp and tp,
+and with a first and last chunk of no layers, mixtral and mixtralcap (experts), deepseek
+(experts after a dense first block, with a shared expert), tokens
 (a 70,000-id vocabulary on uint32 files, blended, with a validation loss compared
 too). ZeRO-2 and ZeRO-3 plans sit in the gpt2, llama and pipeline families (REQUIRED_ZERO),
 context-parallel ones too (REQUIRED_CP). One serial run per family is shared; all
@@ -49,6 +51,7 @@ def layout(p) -> tuple:
 REQUIRED = {
     "gpt2": {("1f1b", 2, 1, 1, False), ("1f1b", 1, 1, 2, False), ("1f1b", 2, 1, 2, False), ("1f1b", 2, 1, 2, True)},
     "llama": {("1f1b", 2, 1, 1, False), ("1f1b", 1, 1, 2, True), ("1f1b", 2, 1, 2, True)},
+    "llamahd": {("1f1b", 1, 1, 2, False)},  # head_dim = 24 with hidden 64 / 4 heads: q, k, v, o split by heads
     "gpt2pp": {("gpipe", 1, 2, 1, False), ("1f1b", 1, 2, 1, False), ("1f1b", 1, 4, 1, False),
                ("interleaved_1f1b", 1, 2, 1, False), ("1f1b", 2, 2, 1, False), ("1f1b", 1, 2, 2, True)},
     "llamapp": {("gpipe", 1, 2, 1, False), ("1f1b", 1, 2, 1, False), ("1f1b", 1, 4, 1, False),
@@ -66,6 +69,9 @@ REQUIRED_MOE = {
                 ("1f1b", 1, 1, 2, True, 2, 0), ("1f1b", 1, 1, 1, False, 2, 1), ("1f1b", 2, 1, 1, False, 2, 1)},
     "mixtralcap": {("1f1b", 1, 1, 1, False, 2, 0), ("1f1b", 1, 1, 2, True, 2, 0), ("1f1b", 1, 2, 1, False, 2, 0),
                    ("1f1b", 1, 2, 1, False, 2, 1)},
+    # DeepSeek-style: a dense first block and a shared expert (tests/golden/deepseek.plan)
+    "deepseek": {("1f1b", 1, 1, 1, False, 2, 0), ("1f1b", 1, 2, 1, False, 2, 0), ("1f1b", 1, 1, 2, True, 2, 0),
+                 ("1f1b", 2, 1, 1, False, 2, 1)},
 }
 
 
@@ -110,6 +116,8 @@ def test_matrix_is_complete(golden_plans):
     assert golden_plans["mixtralcap_serial"].model.capacity_factor > 0
     assert golden_plans["mixtralcap_pp2_ep2_zero1_full"].train.recompute == "full"
     assert not golden_plans["mixtral_serial"].model.capacity_factor
+    deepseek = golden_plans["deepseek_serial"].model
+    assert deepseek.dense_layers == deepseek.shared_experts == 1 and deepseek.dense_ffn != deepseek.ffn
     for name in PARALLEL:
         plan, ref = golden_plans[name], golden_plans[serial_of(name)]
         assert plan.model == dataclasses.replace(ref.model, span=plan.model.span)
@@ -129,6 +137,13 @@ def test_matrix_is_complete(golden_plans):
     assert {d.kind for d in tokens.train.data.files} == {"tokens"} and tokens.train.eval.every
     assert golden_plans["gpt2pp_serial"].model.tie_embeddings
     assert not golden_plans["llamapp_serial"].model.tie_embeddings
+    hd = golden_plans["llamahd_serial"].model
+    assert hd.heads * hd.head_dim != hd.hidden and hd.kv_heads < hd.heads
+    # a first chunk of the embedding alone and a last of the head and loss alone, in both
+    # pipeline families, with one and two chunks per rank
+    split = {n: golden_plans[n].pipeline.layers_per_stage for n in PARALLEL}
+    edges = {(n.split("_")[0], golden_plans[n].pipeline.schedule) for n, s in split.items() if s and s[0] == s[-1] == 0}
+    assert {("llamapp", "1f1b"), ("llamapp", "interleaved_1f1b"), ("gpt2pp", "interleaved_1f1b")} <= edges, edges
 
 
 # context parallel: (schedule, dp, pp, tp, sequence parallel, cp, method)
@@ -160,6 +175,35 @@ def test_parallel_plan_matches_serial(name, golden_plans, trained):
     assert sorted(weights) == sorted(ref_weights)  # every stage's layers came back
     for key, want in ref_weights.items():
         torch.testing.assert_close(weights[key], want, rtol=RTOL, atol=RTOL, msg=f"{name}: {key}")
+
+
+# recompute policies re-run different parts of the forward in backward; none may change what
+# is computed: each, on a plan of the table, matches the serial plan (recompute = none)
+RECOMPUTE = {
+    "llama_tp2_sp": ("selective_ops", 1),  # GQA; the SP collectives re-run
+    "gpt2_dp2_tp2": ("selective_ops", 1),  # biases (addmm); tp's in-place exit of a kept matmul
+    "llama_cp2": ("selective_ops", 1),  # ring attention re-run whole inside the checkpoint
+    "gpt2pp_pp2_gpipe": ("full", 2),  # a pipeline's chunks (layers [1, 3]): blocks 1 and 3
+    "mixtral_dp2_ep2_zero1": ("full", 2),  # experts over ep, the router losses in the loss
+}
+
+
+@pytest.mark.parametrize("name", sorted(RECOMPUTE))
+def test_recompute_policies_match_serial(name, golden_plans, trained):
+    import torch
+
+    policy, every = RECOMPUTE[name]
+    plan, ref = golden_plans[name], golden_plans[serial_of(name)]
+    train = dataclasses.replace(plan.train, recompute=policy, recompute_every=every)
+    plan = dataclasses.replace(plan, name=f"{name}_{policy}_every{every}", train=train)
+    assert ref.train.recompute == "none" and plan.train.precision == "fp32"
+    losses, weights = trained(plan)
+    ref_losses, ref_weights = trained(ref)
+    assert len(losses) == len(ref_losses) == plan.train.steps
+    for step, (got, want) in enumerate(zip(losses, ref_losses), 1):
+        assert abs(got - want) <= RTOL * abs(want), f"step {step}: {got} != {want} (serial)"
+    for key, want in ref_weights.items():
+        torch.testing.assert_close(weights[key], want, rtol=RTOL, atol=RTOL, msg=f"{plan.name}: {key}")
 
 
 def test_a_capacity_drops_the_same_choices_in_every_layout(golden_plans, trained):
@@ -312,12 +356,12 @@ def test_weights_are_named_and_shaped_as_the_architecture_lists_them(golden_plan
     estimator counts): the same names, and the experts stacked in dim 0."""
     from dslc import arch
 
-    for name in ("gpt2_serial", "llama_serial", "mixtral_serial"):
+    for name in ("gpt2_serial", "llama_serial", "llamahd_serial", "mixtral_serial", "deepseek_serial"):
         m = golden_plans[name].model
         want = {}
-        for w in arch.weights(m):
+        for w in arch.weights(m):  # a dense prefix's MLP, the MoE blocks' experts: by block
             shape = (m.experts, *w.shape) if w.part == "expert" else w.shape
-            for i in range(m.layers) if "{i}" in w.name else [0]:
+            for i in [i for i in range(m.layers) if w.in_layer(m, i)] if "{i}" in w.name else [0]:
                 want[w.name.format(i=i)] = shape
         got = {k: tuple(v.shape) for k, v in trained(golden_plans[name])[1].items()}
         assert got == want, name

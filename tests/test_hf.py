@@ -2,9 +2,9 @@
 
 ``--export-hf DIR`` writes a generated script's full weights as a Hugging Face checkpoint
 (model.safetensors and config.json) and ``train { init = hf("DIR") }`` starts a plan from
-one. The tests: the serial models of tests/golden (gpt2, llama, mixtral), trained two
-steps (so no norm weight is 1 and no bias 0, and a misplaced one shows) and exported, give
-in ``transformers`` the logits and loss of the script's own model, within 1e-5 (fp32, CPU);
+one. The tests: the serial models of tests/golden (gpt2, llama, llama with a head_dim apart
+from hidden / heads, mixtral), trained two steps (so no norm weight is 1 and no bias 0, and
+a misplaced one shows) and exported, give in ``transformers`` the logits and loss of the script's own model, within 1e-5 (fp32, CPU);
 a checkpoint that ``transformers`` wrote comes back out of a plan byte for byte; a tp2 and
 a dp2 ZeRO-3 plan started from it take the serial plan's first step; and a missing tensor
 or another model's config stops the script with one line.
@@ -30,6 +30,8 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 MODELS = {  # the golden tiny models
     "gpt2": "arch = gpt2; layers = 2; hidden = 64; heads = 4; vocab = 250; seq_len = 32",
     "llama": "arch = llama; layers = 2; hidden = 64; heads = 8; kv_heads = 4; vocab = 256; seq_len = 32",
+    # head_dim apart from hidden / heads (Gemma, Qwen3): transformers' LlamaConfig(head_dim=24)
+    "llamahd": "arch = llama; layers = 2; hidden = 64; heads = 4; kv_heads = 2; head_dim = 24; vocab = 256; seq_len = 32",
     "mixtral": "arch = mixtral; layers = 4; hidden = 32; heads = 4; kv_heads = 2; ffn = 48; vocab = 96; seq_len = 16; experts = 4; top_k = 2",
 }
 
@@ -96,7 +98,7 @@ def hf_model(folder: Path):
     return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama", "mixtral"])
+@pytest.mark.parametrize("family", ["gpt2", "llama", "llamahd", "mixtral"])
 def test_transformers_computes_our_logits(family, golden_plans, run_script, tmp_path):
     plan = golden_plans[f"{family}_serial"]
     script = codegen.write(plan, tmp_path) / "train.py"
@@ -123,6 +125,8 @@ def saved_by_transformers(folder: Path, family: str, tie: bool) -> dict:
                                         activation_function="gelu_new", tie_word_embeddings=tie),
         "llama": transformers.LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4,
                                           intermediate_size=256, vocab_size=256, rms_norm_eps=1e-5, tie_word_embeddings=tie),
+        "llamahd": transformers.LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=24,
+                                            intermediate_size=256, vocab_size=256, rms_norm_eps=1e-5, tie_word_embeddings=tie),
         "mixtral": transformers.MixtralConfig(hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                                               intermediate_size=48, vocab_size=96, num_local_experts=4, num_experts_per_tok=2,
                                               rope_theta=10000.0, tie_word_embeddings=tie),
@@ -136,7 +140,7 @@ def saved_by_transformers(folder: Path, family: str, tie: bool) -> dict:
     return safetensors_torch.load_file(folder / "model.safetensors")
 
 
-@pytest.mark.parametrize("family, tie", [("gpt2", True), ("llama", False), ("llama", True), ("mixtral", False)])
+@pytest.mark.parametrize("family, tie", [("gpt2", True), ("llama", False), ("llama", True), ("llamahd", False), ("mixtral", False)])
 def test_round_trip_is_byte_identical(family, tie, run_script, tmp_path):
     original = saved_by_transformers(tmp_path / "hf", family, tie)
     model = MODELS[family] + f"; tie_embeddings = {str(tie).lower()}"

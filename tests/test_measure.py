@@ -18,8 +18,9 @@ import pytest
 
 from dslc import codegen
 from dslc.cost import memory as est
-from dslc.cost import traffic
+from dslc.cost import recompute, traffic
 from dslc.driver import load_text
+from dslc.groups import replica_group
 from dslc.report import explain as report
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("golden")]
@@ -27,16 +28,18 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("golden")]
 ACTIVATION_RTOL = 0.10
 
 
-def _variant(plan, name, precision=None, recompute=None, zero=None):
-    train = plan.train
+def _variant(plan, name, precision=None, recompute=None, zero=None, every=1, capacity_factor=None):
+    train, model = plan.train, plan.model
+    if capacity_factor:  # padded all-to-alls: every micro-batch sends and saves the same
+        model = dataclasses.replace(model, capacity_factor=capacity_factor)
     if precision:
         train = dataclasses.replace(train, precision=precision)
     if recompute:
-        train = dataclasses.replace(train, recompute=recompute)
+        train = dataclasses.replace(train, recompute=recompute, recompute_every=every)
     dp = plan.data_parallel
     if zero is not None:
         dp = dataclasses.replace(dp, zero=zero)
-    return dataclasses.replace(plan, name=name, train=train, data_parallel=dp)
+    return dataclasses.replace(plan, name=name, model=model, train=train, data_parallel=dp)
 
 
 # name -> (golden plan, changes): together they cover fp32 and 16-bit state, ZeRO-0/1,
@@ -56,6 +59,14 @@ PLANS = {
     "moe_ep2_tp2_sp_cap": ("mixtralcap_ep2_tp2_sp", {"recompute": "full"}),
     "moe_pp2_ep2_cap": ("mixtralcap_pp2_ep2", {}),
     "moe_dp2_ep2_zero1": ("mixtral_dp2_ep2_zero1", {}),
+    # DeepSeek-style (a dense first block, a shared expert) with a capacity: a pipeline whose
+    # first stage holds the dense block and one MoE block; the dense MLP split over tp with sp
+    "deepseek_pp2_ep2_cap": ("deepseek_pp2_ep2", {"capacity_factor": 1.0}),
+    "deepseek_ep2_tp2_sp_cap": ("deepseek_ep2_tp2_sp", {"precision": "bf16", "capacity_factor": 1.0}),
+    # head_dim apart from hidden / heads: q, k, v, o and what they save split over tp by heads;
+    # a pipeline whose first and last chunks hold no layers (the embedding, the head alone)
+    "tp2_head_dim": ("llamahd_tp2", {"precision": "bf16"}),
+    "pp4_edges": ("llamapp_pp4_edges", {}),
     # ZeRO-2 and 3: 2 micro-batches accumulating, in bf16; one micro-batch over 4 ranks; with
     # tp + sp; kept gathered until backward with full recompute; a tied pipeline (1f1b) and an
     # interleaved one with reshard_after_forward = false
@@ -66,6 +77,10 @@ PLANS = {
     "dp2_zero3_full": ("llama_dp2_zero3_full", {}),
     "dp2_pp2_zero3_tied": ("gpt2pp_dp2_pp2_zero3", {}),
     "dp2_pp2_interleaved_zero3": ("llamapp_dp2_pp2_interleaved_zero3", {}),
+    # HSDP: shard groups of 2 dp ranks, 2 replicas all-reducing the reduced shards (ZeRO-3
+    # per unit, ZeRO-2 in bf16 per bucket)
+    "dp4_zero3_shard2": ("llama_dp4_zero3_shard2", {}),
+    "dp4_zero2_shard2": ("llama_dp4_zero2_shard2", {"precision": "bf16"}),
     # context parallel: ring passes in bf16 (the dK, dV accumulators travel in fp32), cp4 with
     # full recompute (the ring runs again), Ulysses, with tp + sp and selective recompute
     # (which leaves the ring alone), in a pipeline, and under ZeRO-3 over the cp ranks
@@ -75,6 +90,16 @@ PLANS = {
     "cp2_tp2_sp_selective": ("llama_cp2_tp2_sp", {"recompute": "selective"}),
     "cp2_pp2": ("llamapp_cp2_pp2", {}),
     "cp2_zero3": ("gpt2_cp2_zero3", {}),
+    # recompute policies: op-level selective checkpointing (kept matmul and attention outputs
+    # pass no autograd hook) with tp + sp on llama (GQA), on gpt2 with tp alone (biases: addmm)
+    # and with Ulysses and ring attention; full every 2 on one process, and in a pipeline
+    # whose stages hold layers [1, 3] (stage 1 recomputes two of its three blocks)
+    "tp2_sp_selective_ops": ("llama_tp2_sp", {"recompute": "selective_ops"}),
+    "dp2_tp2_selective_ops": ("gpt2_dp2_tp2", {"recompute": "selective_ops"}),
+    "cp2_ulysses_selective_ops": ("gpt2_cp2_ulysses", {"recompute": "selective_ops"}),
+    "cp2_ring_selective_ops": ("llama_cp2", {"recompute": "selective_ops"}),
+    "serial_full_every2": ("llama_serial", {"recompute": "full", "every": 2}),
+    "pp2_gpipe_full_every2": ("gpt2pp_pp2_gpipe", {"recompute": "full", "every": 2}),
 }
 
 # Pipeline plans, written out here. zb_h1 with tp: its W pass must not run the tp
@@ -230,7 +255,7 @@ def test_only_scalars_are_left_out_of_the_traffic(case):
     m = plan.model
     bookkeeping = {}
     if m.is_moe:
-        bookkeeping["all_reduce"] = 8 * (2 + m.layers * (m.experts + 1))
+        bookkeeping["all_reduce"] = 8 * (2 + (m.layers - m.dense_layers) * (m.experts + 1))  # MoE layers only
         bookkeeping["all_to_all"] = 8 * m.experts
         bookkeeping["all_gather"] = 8 * plan.tp * plan.train.micro_batch * m.top_k * m.experts
     for record in records:
@@ -260,8 +285,8 @@ def test_model_state_bytes_equal_the_prediction(case):
         held = [s["optimizer"] for s in states]
         if plan.data_parallel.zero and est.group_size(plan, est.grad_group(plan, False)) > 1:  # the shards add up to
             # the whole, unpadded (each ep rank's own experts)
-            sp = stage_params[stage]
-            assert sum(held) == (sp.dense + sp.expert * plan.ep) * k, held
+            sp, replicas = stage_params[stage], est.group_size(plan, replica_group(plan))  # HSDP
+            assert sum(held) == (sp.dense + sp.expert * plan.ep) * k * replicas, held
         else:  # every dp replica holds the same
             assert len({json.dumps(s) for s in states}) == 1, states
 
@@ -283,12 +308,11 @@ def test_unsharded_bytes_are_within_10_percent(case):
 
 def test_saved_activation_bytes_are_within_10_percent(case):
     plan, records = case
-    per_layer = est.layer_activation_bytes(plan)
     embedding, head = est.edge_activation_bytes(plan)
-    layers = est.chunk_layers(plan)
     for rank, record in enumerate(records):
         stage = _stage(plan, rank)
-        want = sum(layers[stage]) * per_layer
+        layers = recompute.stage_layer_ids(plan, stage)  # full every N: each block its own bytes
+        want = len(layers) * est.layer_activation_bytes(plan, layer=layers)
         want += embedding if stage == 0 else 0
         want += head if stage == plan.pp - 1 else 0
         saved = record["saved_per_microbatch"]  # one per forward: micro-batch and chunk
@@ -296,7 +320,10 @@ def test_saved_activation_bytes_are_within_10_percent(case):
         if plan.pipeline.virtual_stages == 1:
             assert len(set(saved)) == 1, saved
         got = sum(saved) / plan.microbatches  # every chunk of the rank, per micro-batch
-        assert abs(got - want) <= ACTIVATION_RTOL * want, f"{plan.name} rank {rank}: {got} vs {want}"
+        # the embedding saves its token ids, a view of the step's int64 batch: data, which
+        # explain does not count (all a first chunk of no layers saves)
+        ids = 8 * plan.microbatches * plan.train.micro_batch * (plan.model.seq_len + 1) if stage == 0 else 0
+        assert abs(got - want) <= ACTIVATION_RTOL * want + ids, f"{plan.name} rank {rank}: {got} vs {want}"
 
 
 def test_params_total_is_the_generated_models_parameter_count(case):

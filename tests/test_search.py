@@ -19,7 +19,7 @@ from irbuild import GiB, model, plan
 from dslc import driver, search
 from dslc.check import check_plan
 
-LABEL = re.compile(r"(zero|recompute|micro_batch|tp|pp) = (\w+)(?: with dp = (\d+))?")
+LABEL = re.compile(r"(zero|recompute|micro_batch|tp|pp) = (\w+(?: every \d+)?)(?: with dp = (\d+))?")
 
 
 def edited(p, label: str):
@@ -27,8 +27,9 @@ def edited(p, label: str):
     knob, value, dp = LABEL.fullmatch(label).groups()
     if knob == "zero":
         return replace(p, data_parallel=replace(p.data_parallel, zero=int(value)))
-    if knob == "recompute":
-        return replace(p, train=replace(p.train, recompute=value))
+    if knob == "recompute":  # `full every 2`
+        policy, _, every = value.partition(" every ")
+        return replace(p, train=replace(p.train, recompute=policy, recompute_every=int(every or 1)))
     train, mesh = p.train, p.mesh
     if knob == "micro_batch":
         train = replace(train, micro_batch=int(value))
@@ -70,7 +71,7 @@ def plans(draw):
                 kv=kv, ffn=ffn)
     dp, pp, tp = (draw(st.sampled_from(s)) for s in ([1, 2, 4, 8, 16], [1, 2, 4], [1, 2, 4, 8]))
     axes = [(n, s, lk) for n, s, lk in (("dp", dp, "ib"), ("pp", pp, "nvlink"), ("tp", tp, "nvlink")) if s > 1]
-    return plan(mdl, *axes, zero=draw(st.integers(0, 3)), recompute=draw(st.sampled_from(["none", "selective", "full"])),
+    return plan(mdl, *axes, zero=draw(st.integers(0, 3)), recompute=draw(st.sampled_from(["none", "selective", "selective_ops", "full"])),
                 b=draw(st.sampled_from([1, 2, 4, 8])), m=draw(st.sampled_from([4, 8])), sp=tp > 1 and draw(st.booleans()),
                 memory=draw(st.sampled_from([4, 8, 16, 40])) * GiB)
 
@@ -103,10 +104,47 @@ def test_gqa_hint_keeps_tp_within_the_kv_heads():
         assert "E042" not in errors(edited(p, label))
 
 
-@pytest.mark.parametrize("label, key", [("zero = 3", "zero"), ("tp = 2 with dp = 4", "tp"), ("micro_batch = 2", "micro_batch")])
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_more_recompute_is_offered_by_the_memory_it_saves(arch):
+    """none → selective → full every 2 → selective_ops → full for these models: each
+    candidate keeps fewer activation bytes than the one before (the least change first)."""
+    from dslc.cost import memory as est
+
+    p = plan(model(arch, 8, 1024, 16, 32000, 1024, kv=4 if arch == "llama" else 16), ("dp", 8, "nvlink"), zero=0, b=4, m=1)
+    cands = [c for c in search.variants(p) if c.knob == "recompute"]
+    assert [c.label for c in cands] == ["recompute = selective", "recompute = full every 2", "recompute = selective_ops", "recompute = full"]
+    held = [est.layer_activation_bytes(c.plan) for c in cands]
+    assert held == sorted(held, reverse=True) and held[0] < est.layer_activation_bytes(p)
+    full = replace(p, train=replace(p.train, recompute="full"))
+    assert not [c for c in search.variants(full) if c.knob == "recompute"]  # nothing keeps less
+
+
+@pytest.mark.parametrize("label, key", [("zero = 3", "zero"), ("tp = 2 with dp = 4", "tp"), ("micro_batch = 2", "micro_batch"),
+                                        ("recompute = full every 2", "recompute"), ("recompute = selective_ops", "recompute")])
 def test_labels_are_what_the_candidates_are(label, key):
     """edited() reads a label as a user would; it builds the same plan as the search."""
     mdl = model("llama", 8, 1024, 16, 32000, 1024, kv=4)
     p = plan(mdl, ("dp", 8, "nvlink"), zero=0, b=4, m=1)
     cand = next(c for c in search.variants(p) if c.label == label)
     assert cand.knob == key and edited(p, label) == cand.plan
+
+
+
+@pytest.mark.parametrize("axes, schedule, v, split, head, tail", [
+    ((("dp", 2, "nvlink"),), "1f1b", 1, None, "the plan needs ", "(1 micro-batch in flight × 16 layers)"),
+    ((("pp", 2, "nvlink"),), "1f1b", 1, None, "pipeline stage 0 needs ", "(2 micro-batches in flight × 8 layers)"),
+    # interleaved: a stage holds v chunks of L/(p·v) layers, and what is in flight is chunks
+    ((("pp", 2, "nvlink"),), "interleaved_1f1b", 2, None, "pipeline stage 0 needs ",
+     "(5 micro-batch chunks in flight × 4 layers each: the stage's 8 layers in 2 chunks)"),
+    ((("pp", 2, "nvlink"),), "interleaved_1f1b", 2, (3, 2, 5, 6), "pipeline stage 0 needs ",
+     "(5 micro-batch chunks in flight × 4 layers each on average: the stage's 8 layers in chunks of 3 and 5)"),
+])
+def test_memory_error_counts_what_is_in_flight(axes, schedule, v, split, head, tail):
+    """E090's activations: micro-batches × the stage's layers without interleaving; with it,
+    chunks in flight × the layers of one chunk (not of the whole stage)."""
+    mdl = model("llama", 16, 4096, 32, 32000, 4096, kv=8)
+    p = plan(mdl, *axes, schedule=schedule, v=v, m=4, memory=GiB)
+    if split:
+        p = replace(p, pipeline=replace(p.pipeline, layers_per_stage=split))
+    (d, *_) = search.fit_diagnostics(p)
+    assert d.message.startswith(head) and tail in d.message, d.message

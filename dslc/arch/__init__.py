@@ -10,11 +10,21 @@ from __future__ import annotations
 
 from ..ir import Model
 from . import base, gpt2, hf, llama, mixtral
-from .base import Arch, Params, Weight, attention_matmul_flops, sc21_params, vocab_per_rank, widths
+from .base import (
+    Arch,
+    Params,
+    Weight,
+    attention_matmul_flops,
+    kinds,
+    layer_model,
+    sc21_params,
+    vocab_per_rank,
+    widths,
+)
 
 ARCHS: dict[str, Arch] = {a.name: a for a in (gpt2.ARCH, llama.ARCH, mixtral.ARCH)}
 
-__all__ = ["ARCHS", "Arch", "Params", "Weight", "attention_matmul_flops", "hf", "layer_flops", "layer_params", "model_flops_per_token",
+__all__ = ["ARCHS", "Arch", "Params", "Weight", "attention_matmul_flops", "hf", "kinds", "layer_flops", "layer_model", "layer_params", "layers_params", "model_flops_per_token",
            "of", "params", "sc21_params", "vocab_per_rank", "weights", "widths"]
 
 
@@ -32,6 +42,13 @@ def params(model: Model) -> Params:
 
 def layer_params(model: Model, t: int = 1) -> tuple[int, int, int]:
     return base.layer_params(of(model), model, t)
+
+
+def layers_params(model: Model, t: int = 1, ids=None) -> tuple[int, int, int]:
+    """:func:`layer_params` summed over blocks ``ids`` (default every block), each by its
+    kind (a dense prefix and MoE blocks, :func:`kinds`)."""
+    per = [(n, layer_params(m, t)) for n, m in kinds(model, ids)]
+    return tuple(sum(n * x[j] for n, x in per) for j in range(3))
 
 
 def layer_flops(model: Model, seq: int, t: int = 1) -> tuple[float, float]:

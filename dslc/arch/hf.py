@@ -21,7 +21,10 @@ from .base import Arch, weights
 
 def tensors(arch: Arch, model: Model) -> list[tuple[str, str, bool, tuple[int, int] | None, bool]]:
     """(our name, their name, transposed, piece, expert) for every parameter of the
-    serial model; an expert row's name has ``{e}`` and stands for E tensors of theirs."""
+    serial model; an expert row's name has ``{e}`` and stands for E tensors of theirs.
+    Empty for a DeepSeek-style model (:func:`deepseek`): no format maps it."""
+    if deepseek(model):
+        return []
     out = []
     for w in weights(arch, model):
         row = next(n for n in arch.hf.names if w.name == n.ours or w.name.startswith(n.ours + "."))
@@ -38,7 +41,7 @@ def config(arch: Arch, model: Model) -> dict:
     if arch.name == "gpt2":
         return common | {
             "n_embd": m.hidden, "n_layer": m.layers, "n_head": m.heads, "n_inner": m.ffn,
-            "n_positions": m.seq_len, "layer_norm_epsilon": m.norm_eps,
+            "n_positions": m.max_positions, "layer_norm_epsilon": m.norm_eps,
             "activation_function": "gelu_new",  # GELU, tanh approximation: F.gelu(approximate="tanh")
             "resid_pdrop": m.dropout, "embd_pdrop": m.dropout, "attn_pdrop": 0.0,
             "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
@@ -47,7 +50,7 @@ def config(arch: Arch, model: Model) -> dict:
     out = common | {
         "hidden_size": m.hidden, "num_hidden_layers": m.layers, "num_attention_heads": m.heads,
         "num_key_value_heads": m.kv_heads, "head_dim": m.head_dim, "intermediate_size": m.ffn,
-        "max_position_embeddings": m.seq_len, "rms_norm_eps": m.norm_eps, "hidden_act": "silu",
+        "max_position_embeddings": m.max_positions, "rms_norm_eps": m.norm_eps, "hidden_act": "silu",
         "rope_theta": m.rope_theta,  # transformers 4; 5 reads rope_parameters
         "rope_parameters": {"rope_type": "default", "rope_theta": m.rope_theta},
         "attention_bias": False, "attention_dropout": 0.0,
@@ -70,9 +73,10 @@ def checks(arch: Arch, model: Model) -> list[tuple[str, tuple[str, ...], object,
             ("hidden", ("n_embd",), m.hidden, None),
             ("layers", ("n_layer",), m.layers, None),
             ("heads", ("n_head",), m.heads, None),
+            ("head_dim", ("head_dim",), m.head_dim, m.hidden // m.heads),  # GPT-2's is n_embd / n_head
             ("vocab", ("vocab_size",), m.vocab, None),
             ("ffn", ("n_inner",), m.ffn, 4 * m.hidden),
-            ("seq_len", ("n_positions",), m.seq_len, None),
+            ("seq_len", ("n_positions",), m.max_positions, None),
             ("norm_eps", ("layer_norm_epsilon",), m.norm_eps, 1e-5),
             ("tie_embeddings", ("tie_word_embeddings",), m.tie_embeddings, True),
         ]
@@ -82,7 +86,7 @@ def checks(arch: Arch, model: Model) -> list[tuple[str, tuple[str, ...], object,
         ("layers", ("num_hidden_layers",), m.layers, None),
         ("heads", ("num_attention_heads",), m.heads, None),
         ("kv_heads", ("num_key_value_heads",), m.kv_heads, m.heads),
-        ("head_dim", ("head_dim",), m.head_dim, m.head_dim),
+        ("head_dim", ("head_dim",), m.head_dim, m.hidden // m.heads),  # absent: hidden_size / heads
         ("vocab", ("vocab_size",), m.vocab, None),
         ("ffn", ("intermediate_size",), m.ffn, None),
         ("norm_eps", ("rms_norm_eps",), m.norm_eps, 1e-6 if arch.name == "llama" else 1e-5),
@@ -98,7 +102,11 @@ def checks(arch: Arch, model: Model) -> list[tuple[str, tuple[str, ...], object,
 def exportable(model: Model) -> str:
     """Why the model cannot be written as a Hugging Face checkpoint ("" when it can): the
     transformers classes compute Mixtral's router (softmax over the chosen logits),
-    dropless."""
+    dropless; GPT-2's head size is n_embd / n_head."""
+    if deepseek(model):
+        return deepseek(model)
+    if model.arch == "gpt2" and model.heads * model.head_dim != model.hidden:
+        return f"head_dim = {model.head_dim}: transformers' GPT-2 heads are n_embd / n_head = {model.hidden / model.heads:g} wide"
     if model.is_moe and model.router != "topk_softmax":
         return f"router = {model.router}: transformers' Mixtral renormalizes the top-k probabilities (router = topk_softmax)"
     if model.is_moe and model.capacity_factor > 0:
@@ -109,11 +117,23 @@ def exportable(model: Model) -> str:
 MAX_CONFIG = 2**20  # bytes of config.json lint reads
 
 
+def deepseek(model: Model) -> str:
+    """Why a model with a dense prefix or shared experts has no Hugging Face mapping here
+    ("" without them): transformers' DeepSeek-V3 routes by sigmoid scores over expert
+    groups with a bias, not by Mixtral's softmax router that these models keep."""
+    if model.is_moe and (model.dense_layers or model.shared_experts):
+        return ("dense_layers and shared_experts: transformers' DeepSeek-V3 classes route by sigmoid scores over "
+                "expert groups, not by this model's softmax router; no Hugging Face format holds it")
+    return ""
+
+
 def problem(arch: Arch, model: Model, folder: str) -> tuple[str, str] | None:
     """What lint finds wrong with the checkpoint in ``folder`` for ``model``, as (kind,
     message): kind "read" (no folder, no config.json or weights, not JSON) or "model"
     (the first key of config.json that differs from the plan); None when it fits."""
     conf = os.path.join(folder, "config.json")
+    if deepseek(model):
+        return "model", deepseek(model)
     if not os.path.isdir(folder):
         return "read", f"Hugging Face checkpoint {folder} " + ("is not a folder" if os.path.exists(folder) else "not found")
     if not any(os.path.isfile(os.path.join(folder, f)) for f in ("model.safetensors", "model.safetensors.index.json")):

@@ -7,8 +7,8 @@ names are checked against a strict identifier pattern, strings (paths) are emitt
 through ``repr`` as literals, and text that lands in comments is escaped so it cannot
 end the comment.
 
-A plan that :func:`dslc.check.check_plan` rejects is refused with its first error's
-message; the refusals stated here are the generator's own (what it cannot emit yet).
+A plan that :func:`dslc.check.check_plan` rejects is refused with its errors' messages;
+the refusals stated here are the generator's own (what it cannot emit yet), all named at once.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from ..check import check_plan
 from ..cost import memory as mem
 from ..cost.flops import peak_flops
 from ..cost.memory import expert_capacity, grad_group
+from ..groups import axes_of, group_mesh, replica_group
 from ..ir import Plan
 from .errors import Unsupported
 from .hf import hf_view
@@ -37,10 +38,12 @@ _DTYPES = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}
 def view_model(plan: Plan, root: Path = DEFAULT_ROOT) -> dict:
     """Every value the templates need; raises Unsupported for plans it cannot compile."""
     name = identifier(plan.name, "plan name")
-    _refuse_missing_features(plan)
-    errors = [d for d in check_plan(plan) if d.is_error]
+    missing = _missing_features(plan)
+    if missing:
+        raise Unsupported(*missing)
+    errors = [d.message for d in check_plan(plan) if d.is_error]
     if errors:
-        raise Unsupported(errors[0].message)
+        raise Unsupported(*errors)
     view = {
         "plan_name": name,
         **_stamp(plan, Path(root)),
@@ -59,31 +62,45 @@ def view_model(plan: Plan, root: Path = DEFAULT_ROOT) -> dict:
     return view
 
 
-def _refuse_missing_features(plan: Plan) -> None:
-    """What a valid plan may ask for that the generator cannot emit yet."""
-    for a in plan.mesh.axes:
-        if a.name not in SUPPORTED_AXES and a.size > 1:
-            raise Unsupported(f"mesh axis {a.name!r} is unknown")
+def _missing_features(plan: Plan) -> list[str]:
+    """What a valid plan may ask for that the generator cannot emit yet: every one, so that
+    E100 names them all (an unknown axis or architecture stops the list: nothing after it
+    can be asked of such a plan)."""
+    unknown = [f"mesh axis {a.name!r} is unknown" for a in plan.mesh.axes if a.name not in SUPPORTED_AXES and a.size > 1]
     m = plan.model
     if m.arch not in arch.ARCHS:
-        raise Unsupported(f"model architecture {m.arch!r} is unknown")
+        unknown.append(f"model architecture {m.arch!r} is unknown")
+    if unknown:
+        return unknown
+    missing = []
     if arch.of(m).moe != m.is_moe:  # the front end sets both; a hand-made IR may not
         kind = "a mixture of experts" if arch.of(m).moe else "dense"
-        raise Unsupported(f"arch {m.arch} is {kind}, but the model has experts = {m.experts}")
+        missing.append(f"arch {m.arch} is {kind}, but the model has experts = {m.experts}")
+    if plan.train.recompute == "selective_ops" and m.is_moe:
+        missing.append("recompute = selective_ops with a mixture of experts is not supported (its experts' "
+                       "matmuls follow the routing); use selective, full or full every N")
     if m.dropout > 0 and plan.tp > 1:
-        raise Unsupported(
-            f"dropout = {m.dropout} with tp = {plan.tp} is not supported "
-            "(tp ranks would need a shared dropout RNG); set dropout = 0"
-        )
+        missing.append(f"dropout = {m.dropout} with tp = {plan.tp} is not supported "
+                       "(tp ranks would need a shared dropout RNG); set dropout = 0")
+    world, gpn = plan.world_size, plan.cluster.gpus_per_node
+    if world > gpn and world % gpn:
+        missing.append(f"{world} ranks do not fill whole nodes of {gpn} GPUs (cluster {plan.cluster.name})")
+    return missing
 
 
 def _stamp(plan: Plan, root: Path) -> dict:
-    """Where the output came from, relative to the project (the output root's parent)."""
-    base = Path(os.path.abspath(root)).parent
-    plan_file = os.path.relpath(os.path.abspath(plan.file), base)
+    """Where the output came from: the plan file and the whole ``-o`` (left out when it is
+    the default), relative to the project, the deepest folder that holds both; run there,
+    the command writes this folder again. Absolute when they share no folder but /."""
+    plan_path, out = os.path.abspath(plan.file), os.path.abspath(root)
+    base = os.path.commonpath([os.path.dirname(plan_path), out])
+    if os.path.dirname(base) == base:  # only the file system's root in common
+        plan_file, out_dir = plan_path, out
+    else:
+        plan_file, out_dir = os.path.relpath(plan_path, base), os.path.relpath(out, base)
     command = f"dslc compile {shlex.quote(plan_file)}"
-    if root.name != DEFAULT_ROOT.name:
-        command += f" -o {shlex.quote(root.name)}"
+    if Path(out_dir) != DEFAULT_ROOT:
+        command += f" -o {shlex.quote(out_dir)}"
     return {
         "plan_file": comment_safe(plan_file),
         "regenerate": comment_safe(command),
@@ -99,10 +116,13 @@ def _parallel(plan: Plan) -> dict:
     zero_stage = plan.data_parallel.zero if grad_axes else 0  # nothing to shard over: 0
     shard_optimizer = zero_stage >= 1
     sp = bool(plan.tensor_parallel.sequence_parallel) and tp > 1
-    # one process group over each parallel axis, and one over the gradients' axes
+    # one process group over each parallel axis, and one over the gradients' axes; HSDP:
+    # the ZeRO shard group (grad_axes), the replicas and every data rank (the loss)
+    data_axes, replicas = axes_of(plan.mesh, ("dp", "cp", "ep")), replica_group(plan)
     group_axes = [(a,) for a in parallel]
-    if grad_axes and grad_axes not in group_axes:
-        group_axes.append(grad_axes)
+    for g in (grad_axes, replicas, data_axes):
+        if g and g not in group_axes:
+            group_axes.append(g)
     moe_stats = plan.model.is_moe and len(parallel) > 1  # the router's log: summed over all
     if moe_stats and tuple(parallel) not in group_axes:
         group_axes.append(tuple(parallel))
@@ -110,13 +130,9 @@ def _parallel(plan: Plan) -> dict:
     data = tuple(a for a in ("dp", "ep") if plan.mesh.size(a) > 1)
     layout = " x ".join(f"{a}{s}" for a, s in axes if s > 1) or "serial, one process"
     layout += " with sequence parallel" * sp + f", ZeRO-{zero_stage}" * shard_optimizer
+    layout += f" sharded over {plan.data_parallel.shard} dp ranks (HSDP)" * bool(replicas)
     layout += f", {plan.context_parallel.method} attention" * (plan.cp > 1)
-    gpn = plan.cluster.gpus_per_node
-    if world > gpn and world % gpn:
-        raise Unsupported(
-            f"{world} ranks do not fill whole nodes of {gpn} GPUs (cluster {plan.cluster.name})"
-        )
-    nnodes = max(1, world // gpn)
+    nnodes = max(1, world // plan.cluster.gpus_per_node)  # whole nodes (_missing_features)
     return {
         "mesh": repr(tuple(axes)),
         "group_axes": repr(tuple(group_axes)),
@@ -127,6 +143,11 @@ def _parallel(plan: Plan) -> dict:
         "tp": tp,
         "data_parallel": bool(grad_axes),
         "grad_group": "+".join(grad_axes),
+        "data_group": "+".join(data_axes),  # the loss's mean: every data rank
+        "hsdp": bool(replicas),
+        "dp_shard": plan.data_parallel.shard,
+        "replica_group": "+".join(replicas),
+        "group_mesh": repr(tuple((a.name, a.size) for a in group_mesh(plan).axes)),
         **_expert_grad_group(plan),
         "world_group": "+".join(parallel),
         "data_ranks": _data_ranks(plan),
@@ -162,6 +183,7 @@ def _model(plan: Plan) -> dict:
         "model_title": a.title,
         "summary": (
             f"{m.arch}, {m.layers} layers, hidden {m.hidden}, {m.heads} heads"
+            + (f" of {m.head_dim}" if m.heads * m.head_dim != m.hidden else "")
             + (f" ({m.kv_heads} kv heads)" if m.kv_heads != m.heads else "")
             + f", vocab {m.vocab}, sequence {m.seq_len}"
         ),
@@ -176,6 +198,11 @@ def _model(plan: Plan) -> dict:
         "vocab_per_rank": per_rank,
         "vocab_padding": per_rank * tp != m.vocab,
         "seq_len": m.seq_len,
+        # learned positions: the table's rows, the model's seq_len (N_POSITIONS when the plan
+        # trains at a shorter one, train.seq_len)
+        "longer_positions": m.max_positions != m.seq_len and not rope,
+        "position_rows": "N_POSITIONS" if m.max_positions != m.seq_len and not rope else "SEQ_LEN",
+        "n_positions": m.max_positions,
         "norm_eps": number(m.norm_eps, "norm_eps"),
         "rope": rope,
         # the token embedding without tp, learned positions: an Embedding module
@@ -236,10 +263,15 @@ def _experts(plan: Plan) -> dict:
     """The mixture of experts: routing, capacity and the router losses (none when dense)."""
     m, ep = plan.model, plan.ep
     if not m.is_moe:
-        return {"moe": False, "ep": 1, "expert_parallel": False}
+        return {"moe": False, "ep": 1, "expert_parallel": False, "dense_layers": 0, "shared_experts": 0}
     cf, capacity = m.capacity_factor, expert_capacity(plan) or 0
     return {
         "moe": True,
+        # DeepSeek-style: a dense prefix of blocks (their MLP dense_ffn wide), shared experts
+        "dense_layers": m.dense_layers,
+        "dense_ffn": m.dense_ffn,
+        "moe_layers": "MOE_LAYERS" if m.dense_layers else "N_LAYER",  # the blocks that route
+        "shared_experts": m.shared_experts,
         "ep": ep,
         "expert_parallel": ep > 1,
         "n_experts": m.experts,
@@ -271,6 +303,8 @@ def _training(plan: Plan) -> dict:
         "loss_grad_scale": f"{'scaler.scale' if scaling else '1.0'} / (MICRO_STEPS * {_loss_ranks(plan)})",
         "recompute": t.recompute,
         "recomputes": t.recompute != "none",
+        "recompute_every": t.recompute_every,  # full every N: blocks N-1, 2N-1, ... only
+        "reruns_blocks": t.recompute in ("selective_ops", "full"),  # backward re-runs a block's forward
         "seed": t.seed,
         "grad_clip": number(t.grad_clip, "grad_clip"),
         "clip": t.grad_clip > 0,
@@ -300,7 +334,8 @@ def _checkpoint(plan: Plan) -> dict:
     """The checkpoint's settings, and the fingerprint a checkpoint carries: what must
     match for another run to resume from it (every layout of the same model and data)."""
     ck, m, t = plan.train.checkpoint, plan.model, plan.train
-    model = {k: getattr(m, k) for k in ("arch", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "norm_eps", "rope_theta", "tie_embeddings", "experts", "top_k", "router")}
+    model = {k: getattr(m, k) for k in ("arch", "layers", "hidden", "heads", "kv_heads", "head_dim", "max_positions", "ffn", "vocab", "norm_eps", "rope_theta", "tie_embeddings", "experts", "top_k", "router")}
+    model |= {k: getattr(m, k) for k in ("dense_layers", "dense_ffn", "shared_experts") if m.dense_layers or m.shared_experts}
     sources = [[w, s.kind, os.path.basename(s.path)] for w, s in (t.data.parts or ((1.0, t.data),)) if s.path]
     data = {"sources": sources or "synthetic", "seq_len": m.seq_len, "global_batch": t.global_batch}
     if not sources:

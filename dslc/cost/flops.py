@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from .. import arch
 from ..ir import Plan
 from .memory import local_tokens, routed_slots, routed_tokens
+from .recompute import shares
 
 
 def narayanan_flops(B: int, s: int, l: int, h: int, V: int) -> float:
@@ -23,7 +24,7 @@ def narayanan_flops(B: int, s: int, l: int, h: int, V: int) -> float:
 @dataclass(frozen=True)
 class Flops:
     model: float  # 3 passes (forward + backward): what MFU counts
-    hardware: float  # + recomputation: full re-runs the layers' forward, selective the attention core
+    hardware: float  # + the forward recomputed in backward (:func:`recomputed_flops`)
 
 
 def batch_tokens(plan: Plan) -> int:
@@ -33,14 +34,28 @@ def batch_tokens(plan: Plan) -> int:
 
 def flops(plan: Plan) -> Flops:
     """Per step, whole cluster: model = 3·tokens·(l·layer + 2·h·V) — for GPT this is
-    72·B·s·l·h²(1 + s/(6h) + V/(12lh)); hardware adds l·layer (full) or l·core (selective),
-    which with full recompute gives the 96·B·s·l·h²(1 + s/(6h) + V/(16lh)) of SC21."""
+    72·B·s·l·h²(1 + s/(6h) + V/(12lh)); hardware adds l·:func:`recomputed_flops`, l·layer
+    with full recompute: the 96·B·s·l·h²(1 + s/(6h) + V/(16lh)) of SC21."""
     m = plan.model
     tokens = batch_tokens(plan)
-    mm, core = arch.layer_flops(m, m.seq_len)
     model = tokens * arch.model_flops_per_token(m)
-    extra = {"none": 0, "selective": core, "full": mm + core}[plan.train.recompute]
-    return Flops(model, model + tokens * m.layers * extra)
+    return Flops(model, model + tokens * sum(n * recomputed_flops(plan, *arch.layer_flops(km, m.seq_len)) for n, km in arch.kinds(m)))
+
+
+def chunk_flops(plan: Plan, layer_ids) -> tuple[float, float]:
+    """(matmul, attention-core) forward FLOPs per token of blocks ``layer_ids`` on one tp rank,
+    each block by its kind (a dense prefix's MLP, a MoE block's experts: :func:`dslc.arch.kinds`)."""
+    per = [(n, arch.layer_flops(km, plan.model.seq_len, plan.tp)) for n, km in arch.kinds(plan.model, layer_ids)]
+    return sum(n * mm for n, (mm, _) in per), sum(n * core for n, (_, core) in per)
+
+
+def recomputed_flops(plan: Plan, mm: float, core: float) -> float:
+    """Forward FLOPs backward re-runs in one layer of ``mm`` matmul and ``core`` attention-core
+    FLOPs, averaged over the layers: selective the core, selective_ops every other matmul
+    (and a ring attention's core), full all (``full every N``: 1/N of the layers), per
+    :func:`dslc.cost.recompute.shares`."""
+    gemm, attention, _ = shares(plan)
+    return gemm * mm + attention * core
 
 
 def peak_flops(plan: Plan) -> float:
@@ -56,11 +71,13 @@ def layer_rank_flops(plan: Plan, imbalance: float = 1.0) -> tuple[float, float, 
     whole experts on what the rank routes: the router 2·h·E per routed token
     (:func:`~dslc.cost.memory.routed_tokens`), the experts 2·3·h·f per slot of
     :func:`~dslc.cost.memory.routed_slots` — padded slots included, ⌈r×⌉ the uniform
-    slots at a dropless load imbalance r on the busiest rank."""
+    slots at a dropless load imbalance r on the busiest rank. A model with a dense prefix:
+    a MoE layer's (``replace(plan, model=arch.layer_model(...))`` for another block's)."""
     m, T = plan.model, local_tokens(plan)
     mm, core = arch.layer_flops(m, m.seq_len, plan.tp)
     if not m.is_moe:
         return T * mm, T * core, 0.0
-    attention, router = arch.attention_matmul_flops(m, plan.tp), 2 * m.hidden * m.experts
+    # the router and the shared experts (one MLP of shared_experts·f) run on the routed tokens
+    attention, router = arch.attention_matmul_flops(m, plan.tp), 2 * m.hidden * (m.experts + arch.of(m).mlp_matrices * m.shared_experts * m.ffn)
     experts = routed_slots(plan, imbalance) * 2 * arch.of(m).mlp_matrices * m.hidden * m.ffn
     return T * attention + routed_tokens(plan) * router, T * core, float(experts)

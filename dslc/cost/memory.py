@@ -12,14 +12,15 @@ bf16/fp16 2). Every number is *per rank and per step* unless it says otherwise.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from math import ceil, prod
 
-from .. import arch
-from ..groups import axes_of
+from .. import arch, catalog
+from ..groups import DP_SHARD, axes_of, group_mesh
 from ..ir import Plan
 from ..units import DTYPE_BYTES
+from . import recompute as rc
 from . import schedule as sched
 
 
@@ -28,7 +29,6 @@ class Settings:
     """``attention="paper"``: the setting of Korthikanti et al. (softmax scores of s² stored,
     dropout on). ``"sdpa"`` (default, what the generated script runs): a fused attention
     kernel keeps only its output and log-sum-exp. ``dropout=None`` follows model.dropout > 0.
-    ``efficiency``: achieved fraction of peak matmul FLOP/s (0.5, roughly Megatron's MFU).
     ``sp_inputs``: under sequence parallelism, what the column-parallel linears (q/k/v, MLP
     in, head) keep of their all-gathered input: ``"gathered"`` (default, what the generated
     script does: autograd saves the gathered T·h·e) or ``"shard"`` (Megatron, the paper:
@@ -40,7 +40,6 @@ class Settings:
 
     attention: str = "sdpa"
     dropout: bool | None = None
-    efficiency: float = 0.5
     sp_inputs: str = "gathered"
     imbalance: float = 1.0
 
@@ -94,12 +93,15 @@ def routed_slots(plan: Plan, imbalance: float = 1.0) -> int:
 
 
 def grad_group(plan: Plan, expert: bool) -> tuple[str, ...]:
-    """Mesh axes that average the grads: dp×cp×ep for dense params, dp×cp for experts."""
-    return axes_of(plan.mesh, ("dp", "cp") if expert else ("dp", "cp", "ep"))
+    """Mesh axes that average the grads, and that ZeRO shards over: dp×cp×ep for dense
+    params, dp×cp for experts; under HSDP the shard group, dp_shard in place of dp
+    (:func:`dslc.groups.replica_group` then sums the reduced shards)."""
+    return axes_of(group_mesh(plan), ("dp", DP_SHARD, "cp") if expert else ("dp", DP_SHARD, "cp", "ep"))
 
 
 def group_size(plan: Plan, axes: tuple[str, ...]) -> int:
-    return prod(plan.mesh.size(a) for a in axes)
+    mesh = group_mesh(plan)
+    return prod(mesh.size(a) for a in axes)
 
 
 # ---------------------------------------------------------------------------- parameters
@@ -132,19 +134,18 @@ def stage_params(plan: Plan) -> tuple[StageParams, ...]:
     Experts: layers·(all E experts of a layer)/ep, whole on every tp rank (not /t)."""
     m, t, p, a = plan.model, plan.tp, plan.pp, arch.of(plan.model)
     h, emb = m.hidden, arch.vocab_per_rank(m, t) * m.hidden
-    sharded, rep, experts = arch.layer_params(m, t)
     tied = emb if m.tie_embeddings and p > 1 else 0
     out = []
-    for r, chunks in enumerate(chunk_layers(plan)):
-        n = sum(chunks)
-        dense, reps = n * (sharded + rep), n * rep
+    for r in range(p):  # the rank's blocks, each by its kind (a dense prefix, MoE blocks)
+        sharded, reps, experts = arch.layers_params(m, t, rc.stage_layer_ids(plan, r))
+        dense = sharded + reps
         if r == 0:  # gpt2's positions are replicated over tp (under SP each rank sees its slice)
-            pos = m.seq_len * h if a.positions == "learned" else 0
+            pos = m.max_positions * h if a.positions == "learned" else 0
             dense, reps = dense + emb + pos, reps + pos
         if r == p - 1:
             norm = a.norm_params * h
             dense, reps = dense + norm + (emb if not m.tie_embeddings or p > 1 else 0), reps + norm
-        out.append(StageParams(dense, n * experts // plan.ep, reps, tied if r in (0, p - 1) else 0))
+        out.append(StageParams(dense, experts // plan.ep, reps, tied if r in (0, p - 1) else 0))
     return tuple(out)
 
 
@@ -251,30 +252,36 @@ def zero3_peak_units(plan: Plan, stage: int) -> int:
     return peak
 
 
-def layer_activation_bytes(plan: Plan, settings: Settings = DEFAULT) -> int:
+def layer_activation_bytes(plan: Plan, settings: Settings = DEFAULT, layer: int | list[int] | None = None) -> float:
     """Bytes one layer keeps for backward, per rank per micro-batch (Korthikanti et al. 2022).
 
     Paper setting, 16-bit: s·b·h·(34 + 5as/h); with TP s·b·h·(10 + 24/t + 5as/(ht)); TP+SP
     s·b·h/t·(34 + 5as/h); selective recompute drops the 5as/h term. Term by term (e bytes per
     element, masks 1 byte, r = 1/t under SP else 1, r' = r for ``sp_inputs="shard"`` else 1):
     2 norm inputs 2·T·h·e·r; qkv input T·h·e·r'; q, k, v T·(q + 2kv)/t·e; attention scores
-    a/t·s·T·(e + dropout (1 + e)); out-projection input T·q/t·e; MLP input T·h·e·r'; GELU input and output 2·T·f/t·e
-    (SwiGLU: gate, up, silu(gate), product 4·T·f/t·e); 2 dropout masks T·h·r. SDPA keeps no
-    scores, only a fp32 log-sum-exp (a/t·T·4; none under selective recompute, which
-    re-runs the kernel). Context parallel: ring attention saves as SDPA does, and keeps
-    its log-sum-exp under selective recompute too (its K/V passes are not re-run); Ulysses
-    also keeps the attention output laid out by heads for SDPA's backward, T·q/t·e. MoE (experts whole on every tp rank, the MoE block outside the tp
-    regions): its input is the router's, T·h·e·r whatever ``sp_inputs``; fp32 router
-    logits T·E·4·r; per routed slot (:func:`routed_slots`) the experts' input and SwiGLU
-    (h + 4f)·e with the full f; per choice (T·top_k/r) the expert output it weighs, h·e.
-    Full recompute keeps the layer input T·h·e·r (the paper's 2sbh)."""
+    a/t·s·T·(e + dropout (1 + e)); out-projection input T·q/t·e; MLP input T·h·e·r'; GELU
+    input and output 2·T·f/t·e (SwiGLU: gate, up, silu(gate), product 4·T·f/t·e); 2 dropout
+    masks T·h·r. SDPA keeps no scores, only a fp32 log-sum-exp (a/t·T·4; none under selective
+    recompute, which re-runs the kernel). Context parallel: ring attention saves as SDPA does,
+    and keeps its log-sum-exp under selective recompute too (its K/V passes are not re-run);
+    Ulysses also keeps the attention output laid out by heads for SDPA's backward, T·q/t·e.
+    MoE (experts whole on every tp rank, the MoE block outside the tp regions): its input is
+    the router's, T·h·e·r whatever ``sp_inputs``; fp32 router logits T·E·4·r; per routed slot
+    (:func:`routed_slots`) the experts' input and SwiGLU (h + 4f)·e with the full f; per choice
+    (T·top_k/r) the expert output it weighs, h·e. Full keeps the layer input T·h·e·r (2sbh),
+    selective_ops also :func:`~dslc.cost.recompute.kept_bytes`. ``layer``: that block's bytes
+    under its policy (``full every N``); blocks: their mean (None: all; an int if all alike)."""
+    plan = replace(plan, model=arch.layer_model(plan.model, layer)) if isinstance(layer, int) else plan  # its kind
     m, e, t, T = plan.model, dtype_bytes(plan), plan.tp, local_tokens(plan)
     r = t if plan.tensor_parallel.sequence_parallel else 1
     h, (q, kv, f) = m.hidden, arch.widths(m, t)
     mask = 1 if (settings.dropout if settings.dropout is not None else m.dropout > 0) else 0
-    rec = plan.train.recompute
-    if rec == "full":
-        return T * h * e // r
+    if not isinstance(layer, int) and (plan.train.recompute_every > 1 or len(arch.kinds(m)) > 1):
+        ids = range(m.layers) if layer is None else layer
+        return sum(layer_activation_bytes(plan, settings, i) for i in ids) / max(1, len(ids))
+    rec = rc.layer_policy(plan, layer if isinstance(layer, int) else None)
+    if rec in rc.RERUNS:  # the block's input (and the ops selective_ops keeps)
+        return T * h * e // r + (rc.kept_bytes(plan, T, e) if rec == "selective_ops" else 0)
     heads = m.heads // t
     r_in = r if settings.sp_inputs == "shard" else 1
     mlp_in = T * h * e // (r if m.is_moe else r_in)  # the MoE routes this rank's tokens, no all-gather
@@ -289,7 +296,7 @@ def layer_activation_bytes(plan: Plan, settings: Settings = DEFAULT) -> int:
         attn += T * q * e  # the attention output twice: by heads (SDPA's), by sequence (o_proj's)
     if m.is_moe:
         slots, choices = routed_slots(plan, settings.imbalance), routed_tokens(plan) * m.top_k
-        mlp = routed_tokens(plan) * m.experts * 4 + slots * (h + 4 * m.ffn) * e + choices * h * e
+        mlp = routed_tokens(plan) * (m.experts * 4 + 4 * m.shared_experts * m.ffn * e) + slots * (h + 4 * m.ffn) * e + choices * h * e
     else:
         mlp = T * f * e * (2 if arch.of(m).mlp == "gelu" else 4)  # GELU in, out; SwiGLU gate, up, silu, product
     return rep + attn + mlp
@@ -309,7 +316,13 @@ def edge_activation_bytes(plan: Plan, settings: Settings = DEFAULT) -> tuple[int
 
 @dataclass(frozen=True)
 class StageMemory:
-    """Bytes held by the worst rank of one pipeline stage."""
+    """Bytes held by the worst rank of one pipeline stage at its peak.
+
+    The peak is the larger of two moments: the backward of the last forward (model states,
+    the activations in flight, ZeRO's unsharded weights and gradients, the loss's
+    gradient buffers) and the optimizer step (model states and its temporaries; the
+    activations are gone). PyTorch's caching allocator reserves ``allocator`` more than it
+    hands out, and the process holds ``context`` outside it (:data:`dslc.catalog.ALLOWANCES`)."""
 
     stage: int
     params: int
@@ -319,10 +332,29 @@ class StageMemory:
     inflight: int  # (micro-batch, chunk) activations held at the peak
     layers: int
     transient: int = 0  # unsharded weights and gradients of ZeRO-2/3 (transient_bytes)
+    buffers: int = 0  # the loss's logits gradient (fp32 and 16-bit), last stage
+    step_temp: int = 0  # the optimizer step's temporaries (foreach Adam: one fp32 tensor per parameter)
+    allocator: float = 0.0
+    context: int = 0
+
+    @property
+    def states(self) -> int:
+        return self.params + self.grads + self.optimizer
+
+    @property
+    def allocated(self) -> int:
+        """What tensors hold at the peak: PyTorch's max_memory_allocated."""
+        return self.states + max(self.activations + self.transient + self.buffers, self.step_temp)
+
+    @property
+    def reserved(self) -> int:
+        """What the caching allocator holds: PyTorch's max_memory_reserved."""
+        return ceil(self.allocated * (1 + self.allocator))
 
     @property
     def total(self) -> int:
-        return self.params + self.grads + self.optimizer + self.activations + self.transient
+        """What the process needs of the device: reserved + the context."""
+        return self.reserved + self.context
 
 
 def actions(plan: Plan):
@@ -337,9 +369,9 @@ def memory(plan: Plan, settings: Settings = DEFAULT, peaks: tuple[int, ...] | No
     stage; gpipe: m; interleaved: p·v + p − 1 chunks on the first, i.e. ×(1 + (p−1)/(p·v)))."""
     w, g, k = state_bytes_per_param(plan)
     zero, v = plan.data_parallel.zero, plan.pipeline.virtual_stages
+    allow = catalog.allowance(plan.cluster.device.name)
     if peaks is None:
         peaks = sched.peak_inflight(actions(plan))  # the order alone sets it: no simulation
-    per_layer = layer_activation_bytes(plan, settings)
     emb, head = edge_activation_bytes(plan, settings)
     out = []
     for s, (sp, chunks) in enumerate(zip(stage_params(plan), chunk_layers(plan))):
@@ -348,11 +380,15 @@ def memory(plan: Plan, settings: Settings = DEFAULT, peaks: tuple[int, ...] | No
             dense = zero3_state(plan, s, w, g, k)  # padded per unit
         expert = zero_state(sp.expert, group_size(plan, grad_group(plan, True)), zero, w, g, k)
         held = peaks[s]
+        per_layer = layer_activation_bytes(plan, settings, rc.stage_layer_ids(plan, s))  # full every N: per stage
         act = round(held * sum(chunks) / v * per_layer)
         if s == 0:
             act += ceil(held / v) * emb
         if s == plan.pp - 1:
             act += ceil(held / v) * head
+        last = s == plan.pp - 1
+        buffers = (4 + dtype_bytes(plan)) * local_tokens(plan) * arch.vocab_per_rank(plan.model, plan.tp) if last else 0
+        step_temp = (dense[2] + expert[2]) * 4 // k if k else 0  # the optimizer's shard, one fp32 temporary each
         out.append(StageMemory(s, dense[0] + expert[0], dense[1] + expert[1], dense[2] + expert[2], act, held, sum(chunks),
-                               transient_bytes(plan, s)))
+                               transient_bytes(plan, s), buffers, step_temp, allow.allocator, allow.context))
     return tuple(out)

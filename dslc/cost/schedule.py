@@ -52,6 +52,7 @@ for ``t_comm``, a receive blocks until the matching send has completed.
 from __future__ import annotations
 
 from collections import defaultdict, deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..check import shape_problems
@@ -224,11 +225,15 @@ class Simulation:
         return self.bubble_fraction / (1 + self.bubble_fraction)
 
 
-def simulate(actions: Actions, t_f: float, t_b: float, t_w: float = 0.0,
+Cost = float | Sequence[float]
+
+
+def simulate(actions: Actions, t_f: Cost, t_b: Cost, t_w: Cost = 0.0,
              t_comm: float = 0.0) -> Simulation:
     """Event simulation of the action lists.
 
-    t_f, t_b: forward/backward time of ONE chunk for one micro-batch (for zb_h1, t_b is
+    t_f, t_b: forward/backward time of one chunk for one micro-batch, the same for every
+    chunk or one per global chunk (chunk · pp + rank) (for zb_h1, t_b is
     backward-for-inputs and t_w the weight part; for the other schedules B covers both: pass t_b
     as the full backward). t_comm: p2p time per send. A rank runs its list in order; a send
     occupies it for t_comm; a receive starts when the rank reaches it and ends when the matching
@@ -239,7 +244,9 @@ def simulate(actions: Actions, t_f: float, t_b: float, t_w: float = 0.0,
     passes (activations are kept for the weight gradient), else at B. With v = 1: micro-batches.
 
     Raises ScheduleError naming the stuck ranks when the lists cannot finish."""
-    p, cost = len(actions), {"F": t_f, "B": t_b, "W": t_w}
+    p = len(actions)
+    chunks = p * (1 + max((a.chunk for acts in actions for a in acts), default=0))
+    cost = {k: [t] * chunks if isinstance(t, (int, float)) else list(t) for k, t in (("F", t_f), ("B", t_b), ("W", t_w))}
     clock, pos = [0.0] * p, [0] * p
     sent: dict[tuple, float] = {}
     waiting: dict[tuple, list[int]] = defaultdict(list)
@@ -259,7 +266,7 @@ def simulate(actions: Actions, t_f: float, t_b: float, t_w: float = 0.0,
                     break
                 end = max(start, sent[key])
             elif a.kind in cost:
-                end = start + cost[a.kind]
+                end = start + cost[a.kind][a.chunk * p + r]
             else:
                 raise ScheduleError(f"{locate(r, pos[r], a)}: unknown kind {a.kind!r}")
             rows[r].append((r, a, start, end))

@@ -1,7 +1,8 @@
-"""Step time: chunk compute from FLOPs at a stated efficiency of the device peak, the
-exposed collectives on top, the pipeline schedule simulated over them
-(:func:`dslc.cost.schedule.simulate`), and the once-per-step communication that the
-backward or forward does not hide.
+"""Step time: each pipeline chunk's compute from its own kernels (:mod:`dslc.cost.compute`:
+GEMMs, attention and elementwise work, each at its calibrated rate) with the exposed
+collectives on top, the pipeline schedule simulated over them
+(:func:`dslc.cost.schedule.simulate`), then the once-per-step communication that the
+backward or forward does not hide and the optimizer step.
 """
 
 from __future__ import annotations
@@ -9,13 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from math import ceil
 
-from .. import arch
 from ..ir import Plan
 from . import memory as mem
 from . import schedule as sched
 from . import traffic
 from .collectives import Comm
-from .flops import batch_tokens, flops, layer_rank_flops, peak_flops
+from .compute import Kernels, Rates, edge_kernels, layer_kernels, rates
+from .flops import batch_tokens, flops, peak_flops
+from .recompute import shares
 from .topology import Topology
 
 
@@ -23,13 +25,13 @@ from .topology import Topology
 class Timing:
     """Step time. Exposed (on the critical path): tp, Ulysses and ep collectives inside each
     chunk, pp sends, ZeRO-1/2 param all-gathers after the step, SP and tied-embedding grad
-    all-reduces. Overlapped: ring-attention KV passes with the attention core; the dp grad
-    reduction (and ZeRO-3 backward gathers) with the backward of the last micro-batch,
-    ZeRO-3 forward gathers with the first forward — only what exceeds those windows is
-    exposed. The optimizer step itself is not timed."""
+    all-reduces, the optimizer step. Overlapped: ring-attention KV passes with the
+    attention core; the dp grad reduction (and ZeRO-3 backward gathers) with the backward
+    of the last micro-batch, ZeRO-3 forward gathers with the first forward — only what
+    exceeds those windows is exposed."""
 
     peak: float  # FLOP/s per GPU in the plan's dtype (fp32 runs TF32 at half the bf16 peak)
-    efficiency: float
+    rates: Rates
     t_f: float  # per chunk per micro-batch, slowest chunk, compute + exposed comm
     t_b: float
     t_w: float
@@ -42,20 +44,38 @@ class Timing:
     tokens_per_s: float
     mfu: float
     hfu: float
+    chunks: tuple[tuple[float, float, float], ...] = ()  # (t_f, t_b, t_w) of each global chunk
+    optimizer: float = 0.0  # the optimizer step, worst stage
+    kernels: Kernels = Kernels()  # one layer's forward by class
+
+
+def recompute_kernels(plan: Plan, k: Kernels) -> float:
+    """Forward seconds one layer re-runs in backward, averaged over the layers: selective the
+    attention core, selective_ops the elementwise kernels and every other GEMM (by FLOPs; the
+    others' outputs are saved), full the whole forward (``full every N``: on 1/N of the
+    layers) — the shares of :func:`dslc.cost.recompute.shares`, as the HFU's FLOPs."""
+    gemm, attention, elementwise = shares(plan)
+    return gemm * k.gemm + attention * k.attention + elementwise * k.elementwise
+
+
+def optimizer_seconds(plan: Plan, states: mem.StageMemory, r: Rates) -> float:
+    """The optimizer step of a rank: memory-bound, it reads its weights, optimizer state
+    and gradients and writes the weights and the state back."""
+    return r.bytes_seconds(2 * (states.params + states.optimizer) + states.grads)
 
 
 def timing(plan: Plan, topo: Topology, settings: mem.Settings = mem.DEFAULT, stages=None, acts=None) -> tuple[Timing, sched.Simulation]:
-    """Chunk times t_f, t_b (t_w for zb_h1) from FLOPs at ``peak × efficiency`` (per rank:
-    :func:`~dslc.cost.flops.layer_rank_flops`) plus the exposed collectives, simulated over
-    the schedule; step = makespan + exposed step comm. A dropless MoE at
-    ``settings.imbalance`` r costs the busiest ep rank r× its expert FLOPs and ep bytes.
-    MFU = model FLOPs / (step × GPUs × peak) (Chowdhery et al. 2022); HFU counts recompute."""
-    m, p, v, T = plan.model, plan.pp, plan.pipeline.virtual_stages, mem.local_tokens(plan)
+    """Each chunk's t_f, t_b (t_w for zb_h1) from its layers' and edges' kernels
+    (:func:`~dslc.cost.compute.layer_kernels`) plus the exposed collectives, simulated
+    over the schedule; step = makespan + exposed step comm + optimizer step (each the worst stage's). A dropless
+    MoE at ``settings.imbalance`` r costs the busiest ep rank r× its expert work and ep
+    bytes. MFU = model FLOPs / (step × GPUs × peak) (Chowdhery et al. 2022); HFU counts
+    recompute."""
+    p, v = plan.pp, plan.pipeline.virtual_stages
     stages = stages if stages is not None else traffic.traffic(plan)
-    rate = peak_flops(plan) * settings.efficiency or 1e-300  # no peak: infinite times (null in JSON)
-    dense, core, experts = layer_rank_flops(plan, settings.imbalance)  # per layer per micro-batch
-    mm = dense + experts
-    rec = {"none": 0.0, "selective": core, "full": mm + core}[plan.train.recompute]
+    r = rates(plan)
+    k = layer_kernels(plan, r, settings)
+    rec = recompute_kernels(plan, k)
     zb = plan.pipeline.schedule == "zb_h1"
 
     def secs(specs, attr: str, overlap: str) -> float:
@@ -64,33 +84,39 @@ def timing(plan: Plan, topo: Topology, settings: mem.Settings = mem.DEFAULT, sta
     specs = traffic.layer_specs(plan)
     if settings.imbalance != 1.0 and mem.expert_capacity(plan) is None:  # the busiest ep rank receives r×
         specs = [replace(sp, nbytes=ceil(sp.nbytes * settings.imbalance)) if sp.axes == ("ep",) else sp for sp in specs]
-    lay_f = secs(specs, "fwd", "exposed") + max(0.0, secs(specs, "fwd", "attention") - core / rate)
-    lay_b = secs(specs, "bwd", "exposed") + max(0.0, secs(specs, "bwd", "attention") - 2 * core / rate)
-    t_f = t_b = t_w = 0.0
+    lay_f = secs(specs, "fwd", "exposed") + max(0.0, secs(specs, "fwd", "attention") - k.attention)
+    lay_b = secs(specs, "bwd", "exposed") + max(0.0, secs(specs, "bwd", "attention") - k.attention_backward * k.attention)
+    chunks = []
     for g, n in enumerate(plan.stage_layers()):
-        last = g == p * v - 1
-        head = 2 * T * m.hidden * arch.vocab_per_rank(m, plan.tp) if last else 0
-        fwd = n * (mm + core) + head
-        edge = traffic.edge_specs(plan, g == 0, last)
-        t_f = max(t_f, fwd / rate + n * lay_f + secs(edge, "fwd", "exposed"))
-        # zb_h1 (as the generated script splits it): W is the linear layers' dW, as many
-        # FLOPs as their forward; B is everything else, the attention core's backward too
-        w = n * mm + head if zb else 0.0
-        t_b = max(t_b, (2 * fwd - w + n * rec) / rate + n * lay_b + secs(edge, "bwd", "exposed"))
-        t_w = max(t_w, w / rate)
+        first, last = g == 0, g == p * v - 1
+        work = k * n + edge_kernels(plan, r, first, last)
+        edge = traffic.edge_specs(plan, first, last)
+        # zb_h1 (as the generated script splits it): W is the linear layers' weight
+        # gradients, one GEMM per forward GEMM; B is everything else
+        w = work.gemm if zb else 0.0
+        chunks.append((work.forward + n * lay_f + secs(edge, "fwd", "exposed"),
+                       work.backward - w + n * (rec + lay_b) + secs(edge, "bwd", "exposed"), w))
+    t_f, t_b, t_w = (tuple(c[i] for c in chunks) for i in range(3))
     t_comm = Comm("pp", ("pp",), "send", "", 1, traffic.pp_bytes(plan), p).call_seconds(topo) if p > 1 else 0.0
-    sim = sched.simulate(acts if acts is not None else mem.actions(plan), t_f, t_b, t_w, t_comm)
-    exposed = overlapped = 0.0
-    for rows in stages:
+    acts = acts if acts is not None else mem.actions(plan)
+    sim = sched.simulate(acts, t_f, t_b, t_w, t_comm)
+    states = mem.memory(plan, settings, sim.peak_inflight)
+    exposed = overlapped = opt = 0.0
+    for s, rows in enumerate(stages):
         step_rows = [(c, c.seconds(topo)) for c in rows if c.per == "step"]
-        late = sum(s for c, s in step_rows if c.overlap == "backward")
-        early = sum(s for c, s in step_rows if c.overlap == "forward")
-        out = sum(s for c, s in step_rows if c.overlap == "exposed")
+        late = sum(t for c, t in step_rows if c.overlap == "backward")
+        early = sum(t for c, t in step_rows if c.overlap == "forward")
+        out = sum(t for c, t in step_rows if c.overlap == "exposed")
         ring = sum(c.seconds(topo) for c in rows if c.overlap == "attention")
-        ex = max(0.0, late - v * t_b) + max(0.0, early - v * t_f) + out
+        # the last backward and first forward of the stage's chunks hide the step's comm
+        window_b = sum(t_b[c * p + s] for c in range(v))
+        window_f = sum(t_f[c * p + s] for c in range(v))
+        ex = max(0.0, late - window_b) + max(0.0, early - window_f) + out
         exposed, overlapped = max(exposed, ex), max(overlapped, late + early + out - ex + ring)
-    step = sim.makespan + exposed
+        opt = max(opt, optimizer_seconds(plan, states[s], r))
+    step = sim.makespan + exposed + opt
     fl, tokens = flops(plan), batch_tokens(plan)
     denom = step * plan.world_size * peak_flops(plan) or 1.0
-    return Timing(peak_flops(plan), settings.efficiency, t_f, t_b, t_w, t_comm, sim.makespan, sim.bubble_fraction, exposed,
-                  overlapped, step, tokens / step if step else 0.0, fl.model / denom, fl.hardware / denom), sim
+    return Timing(peak_flops(plan), r, max(t_f), max(t_b), max(t_w), t_comm, sim.makespan, sim.bubble_fraction, exposed,
+                  overlapped, step, tokens / step if step else 0.0, fl.model / denom, fl.hardware / denom,
+                  tuple(chunks), opt, k), sim

@@ -26,7 +26,7 @@ from functools import cached_property
 
 import networkx as nx
 
-from ..groups import GroupClass, axes_of, group_classes
+from ..groups import GroupClass, axes_of, group_classes, group_mesh
 from ..ir import Cluster, Link, Mesh, Plan
 
 # ---------------------------------------------------------------------------- graph
@@ -87,7 +87,8 @@ class Topology:
 
     @classmethod
     def of(cls, plan: Plan) -> Topology:
-        return cls(plan.cluster, plan.mesh)
+        """The plan's groups' mesh (:func:`dslc.groups.group_mesh`: HSDP splits dp)."""
+        return cls(plan.cluster, group_mesh(plan))
 
     @cached_property
     def graph(self) -> nx.Graph:

@@ -22,7 +22,9 @@ all-to-all (n−1)/n·S, send S. Calls per step:
   Full recompute repeats the forward ones up to the last tensor the layer saves: the
   generated script's checkpoint (non-reentrant, with autograd's early stop) never re-runs
   the MLP's exit (all-reduce, or reduce-scatter under SP), whose output nothing in the
-  layer saves — unless a dropout mask follows it. Vocab-parallel embedding: all-reduce of its
+  layer saves — unless a dropout mask follows it; selective_ops re-runs the same (its
+  checkpoint keeps op outputs, never a collective's), ``full every N`` on every N-th
+  layer (:mod:`dslc.cost.recompute`). Vocab-parallel embedding: all-reduce of its
   output (SP: reduce-scatter forward, all-gather backward); head: all-reduce of its input
   gradient (SP: all-gather forward, reduce-scatter backward); vocab-parallel cross-entropy:
   3 fp32 all-reduces of T elements (max, sum-exp, target logit). With SP the grads of
@@ -51,6 +53,9 @@ all-to-all (n−1)/n·S, send S. Calls per step:
   reshard_after_forward twice per micro-batch, without it once per micro-batch unless
   the pipeline schedule runs a backward of the chunk between two forwards
   (:func:`unit_gathers` replays the rank's action list).
+* HSDP (``data_parallel.shard`` below dp): ZeRO's groups are the shard groups
+  (dp_shard × cp × ep, :func:`dslc.groups.group_mesh`), and each reduced gradient shard
+  (per bucket set, ZeRO-3 per unit) is all-reduced over dp_replicate once per step.
 
 Scalar reductions (loss for logging, grad-norm) are not counted.
 """
@@ -60,9 +65,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from math import ceil
 
-from ..arch import widths
-from ..groups import axes_of
+from ..arch import layer_model, widths
+from ..groups import axes_of, group_mesh, replica_group
 from ..ir import Plan
+from . import recompute as rc
 from .collectives import Comm
 from .memory import (
     StageParams,
@@ -93,10 +99,11 @@ class _Spec:
     ends: bool = False  # only the first and the last rank of the group take part
 
 
-def layer_specs(plan: Plan) -> list[_Spec]:
-    """Collectives of one layer for one micro-batch (ep ones on MoE layers only)."""
+def layer_specs(plan: Plan, reruns: bool | None = None) -> list[_Spec]:
+    """Collectives of one layer for one micro-batch (ep ones on MoE layers only); ``reruns``:
+    whether backward re-runs its forward (default: under the plan's policy)."""
     m, e, T, t, cp = plan.model, dtype_bytes(plan), local_tokens(plan), plan.tp, plan.cp
-    full = plan.train.recompute == "full"
+    full = plan.train.recompute in rc.RERUNS if reruns is None else reruns
     fp = 2 if full else 1
     q, kv, _ = widths(m, t)
     out: list[_Spec] = []
@@ -149,6 +156,7 @@ def step_specs(plan: Plan, sp_params: StageParams) -> list[_Spec]:
         if zero == 3 and not expert and not sp_params.expert:  # per unit: zero3_specs
             continue
         out.append(_Spec(axes, "reduce_scatter", f"{tag} grads", padded, 0, 1, "backward"))
+        out += replica_specs(plan, f"{tag} grad shard", padded // n, 1)
         if zero < 3:
             out.append(_Spec(axes, "all_gather", f"{tag} params after the step", padded, 1))
         else:
@@ -189,10 +197,19 @@ def zero3_specs(plan: Plan, stage: int) -> list[_Spec]:
     out = [_Spec(axes, "all_gather", "block params (forward)", block * e, fwd, 0, "forward"),
            _Spec(axes, "all_gather", "block params (backward)", block * e, 0, bwd, "backward"),
            _Spec(axes, "reduce_scatter", "block grads", block * e, 0, layers, "backward")]
+    out += replica_specs(plan, "block grad shards", block * e // n, layers)
     if outer:
         out += [_Spec(axes, "all_gather", "outer unit params (embeddings, head)", outer * e, 1),
                 _Spec(axes, "reduce_scatter", "outer unit grads", outer * e, 0, 1)]
+        out += replica_specs(plan, "outer unit grad shard", outer * e // n, 1)
     return out
+
+
+def replica_specs(plan: Plan, what: str, nbytes: int, calls: int) -> list[_Spec]:
+    """HSDP: each reduced gradient shard (one per bucket set or ZeRO-3 unit) all-reduced
+    over the replicas, dp_replicate, once per step after its reduce-scatter."""
+    axes = replica_group(plan)
+    return [_Spec(axes, "all_reduce", what, nbytes, 0, calls, "backward")] if axes else []
 
 
 def pp_sends(plan: Plan, stage: int) -> tuple[int, int]:
@@ -211,7 +228,7 @@ def pp_bytes(plan: Plan) -> int:
 
 
 def to_comm(plan: Plan, sp: _Spec, calls: int, per: str = "micro-batch") -> Comm:
-    axes = axes_of(plan.mesh, sp.axes)
+    axes = axes_of(group_mesh(plan), sp.axes)
     members = (0, plan.pp - 1) if sp.ends else None
     group = 2 if members else group_size(plan, axes)
     return Comm("+".join(axes), axes, sp.kind, sp.what, calls, sp.nbytes, group, per, sp.overlap, members)
@@ -220,8 +237,12 @@ def to_comm(plan: Plan, sp: _Spec, calls: int, per: str = "micro-batch") -> Comm
 def stage_traffic(plan: Plan, stage: int) -> list[Comm]:
     """Every collective a rank of pipeline ``stage`` calls in one step, per rank."""
     m, p, v = plan.microbatches, plan.pp, plan.pipeline.virtual_stages
-    layers = sum(chunk_layers(plan)[stage])
-    rows = [to_comm(plan, sp, m * layers * (sp.fwd + sp.bwd)) for sp in layer_specs(plan)]
+    ids, rows = rc.stage_layer_ids(plan, stage), []
+    for moe in sorted({plan.model.moe_layer(i) for i in ids}):  # a dense prefix's blocks, then MoE blocks
+        layers = [i for i in ids if plan.model.moe_layer(i) == moe]
+        kind, rerun = replace(plan, model=layer_model(plan.model, layers[0])), rc.recomputed_layers(plan, layers)  # full every N: not all
+        rows += [to_comm(plan, sp, m * n * (sp.fwd + sp.bwd)) for n, again in ((rerun, True), (len(layers) - rerun, False))
+                 for sp in layer_specs(kind, again)]
     for g in range(stage, p * v, p):
         rows += [to_comm(plan, sp, m * (sp.fwd + sp.bwd)) for sp in edge_specs(plan, g == 0, g == p * v - 1)]
     sends = zip(("activations to the next stage", "gradients to the previous stage"), (False, True), pp_sends(plan, stage))

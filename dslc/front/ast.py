@@ -63,7 +63,18 @@ class List:
     span: Span
 
 
-Value = Number | Quantity | String | Bool | Ident | Call | Tuple | List
+@dataclass(frozen=True)
+class Every:
+    """A name applied to every N-th layer: ``full every 2`` (``count`` is the value after
+    ``every``, checked where the key is read)."""
+
+    name: str
+    name_span: Span
+    count: Value
+    span: Span
+
+
+Value = Number | Quantity | String | Bool | Ident | Call | Tuple | List | Every
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 not written. docs/language.md lists each of them (tests/test_docs.py keeps it honest).
 
 Defaults that depend on other values (``model.ffn``, ``model.tie_embeddings`` from the
-architecture, ``train.precision`` from the device, batch sizes from each other, and
+architecture, ``model.head_dim`` = hidden / heads, ``train.seq_len`` = the model's,
+``train.precision`` from the device, batch sizes from each other, and
 ``lr_schedule.min_lr`` = lr / 10) are computed where they are lowered and described in
 the docs; they are not in this table. Below the defaults, :data:`BOUNDS`: the range every
 number of a plan may take, so that every value lint accepts is one the cost model, the
@@ -21,6 +22,8 @@ DEFAULTS: dict[str, object] = {
     "model.aux_loss_weight": 0.01,
     "model.router": "topk_softmax",
     "model.z_loss_weight": 0.0,
+    "model.dense_layers": 0,
+    "model.shared_experts": 0,
     "tensor_parallel.sequence_parallel": False,
     "data_parallel.zero": 0,
     "data_parallel.reshard_after_forward": True,
@@ -58,7 +61,7 @@ ROUTERS = ("topk_softmax", "softmax_topk")
 # The most a plan may ask of dslc: explain, schedule and compile stay within a few seconds
 # at these sizes (tests/test_bounds.py times them), far above any real training run.
 MAX_RANKS = 2**18  # GPUs in a cluster and ranks in a mesh (the largest runs use ~10⁵)
-MAX_SCHEDULE = 2**13  # chunk forwards per step: pp × virtual_stages × microbatches
+MAX_SCHEDULE = 2**15  # chunk forwards per step: pp × virtual_stages × microbatches
 
 STEPS = 10**9  # 30 years at one step a second; any integer type holds it
 MAX_BLEND = 1024  # sources of a blend (lint reads each one's header)
@@ -72,6 +75,7 @@ BOUNDS: dict[str, tuple[object, object]] = {
     "cluster.gpus_per_node": (1, MAX_RANKS),
     "cluster.peak_flops": ("1 GFLOP/s", "1000000 PFLOP/s"),
     "cluster.device_memory": ("1 MiB", "1024 TiB"),
+    "cluster.efficiency": (0.01, 1.0),
     "link.bandwidth": ("1 MB/s", "1000 TB/s"),
     "link.latency": ("0 s", "10 s"),
     "mesh.size": (1, MAX_RANKS),  # of each axis
@@ -79,6 +83,7 @@ BOUNDS: dict[str, tuple[object, object]] = {
     "model.hidden": (1, 2**20),
     "model.heads": (1, 2**20),
     "model.kv_heads": (1, 2**20),
+    "model.head_dim": (1, 2**16),
     "model.ffn": (1, 2**22),
     "model.vocab": (1, 2**24),
     "model.seq_len": (1, 2**24),
@@ -95,10 +100,18 @@ BOUNDS: dict[str, tuple[object, object]] = {
     "experts.capacity_factor": (0.0, 1000.0),
     "experts.aux_loss_weight": (0.0, 1000.0),
     "experts.z_loss_weight": (0.0, 1000.0),
+    "model.dense_layers": (0, 2**16),
+    "model.dense_ffn": (1, 2**22),
+    "model.shared_experts": (0, 2**10),
+    "experts.dense_layers": (0, 2**16),
+    "experts.dense_ffn": (1, 2**22),
+    "experts.shared": (0, 2**10),
+    "data_parallel.shard": (2, MAX_RANKS),
     "pipeline.virtual_stages": (1, MAX_SCHEDULE),
     "pipeline.microbatches": (1, MAX_SCHEDULE),
     "train.steps": (1, STEPS),
     "train.micro_batch": (1, 2**16),
+    "train.seq_len": (1, 2**24),
     "train.global_batch": (1, 2**40),
     "train.grad_clip": (0.0, 1e30),
     "train.seed": (0, 2**63 - 1),

@@ -119,13 +119,14 @@ class Lowerer:
     # -- cluster ------------------------------------------------------------
     def cluster(self, block: ast.Block) -> ir.Cluster | None:
         r = self.r
-        f = r.fields(block, ("nodes", "gpus_per_node", "device", "peak_flops", "device_memory"), blocks=("link",))
+        f = r.fields(block, ("nodes", "gpus_per_node", "device", "peak_flops", "device_memory", "efficiency"), blocks=("link",))
         nodes = r.int(f, "nodes", required=True)
         gpn = r.int(f, "gpus_per_node", required=True)
         dev_name = r.choice(f, "device", tuple(DEVICES), required=True)
         dev = DEVICES.get(dev_name) if dev_name else None
         peak = r.quantity(f, "peak_flops", "flops", dev.peak_flops if dev else None)
         mem = r.quantity(f, "device_memory", "size", dev.memory if dev else None)
+        efficiency = r.float(f, "efficiency")
         links: list[ir.Link] = []
         for lb in f.blocks.get("link", []):
             if lb.name is None:
@@ -146,11 +147,12 @@ class Lowerer:
             return None
         if None in (nodes, gpn, dev, peak, mem):
             return None
-        return ir.Cluster(block.name or "cluster", nodes, gpn, ir.Device(dev.name, float(peak), int(mem)), tuple(links), block.span)
+        device = ir.Device(dev.name, float(peak), int(mem), dev.bandwidth)
+        return ir.Cluster(block.name or "cluster", nodes, gpn, device, tuple(links), block.span, efficiency)
 
     # -- model --------------------------------------------------------------
-    MODEL_KEYS = ("arch", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len", "norm_eps", "rope_theta", "tie_embeddings", "dropout")
-    EXPERT_KEYS = ("experts", "top_k", "capacity_factor", "aux_loss_weight", "router", "z_loss_weight")
+    MODEL_KEYS = ("arch", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len", "head_dim", "norm_eps", "rope_theta", "tie_embeddings", "dropout")
+    EXPERT_KEYS = ("experts", "top_k", "capacity_factor", "aux_loss_weight", "router", "z_loss_weight", "dense_layers", "dense_ffn", "shared_experts")
 
     def model(self, block: ast.Block) -> ir.Model | None:
         r = self.r
@@ -167,6 +169,8 @@ class Lowerer:
         vocab = r.int(f, "vocab", required=True)
         seq_len = r.int(f, "seq_len", required=True)
         kv_heads = r.int(f, "kv_heads", heads)
+        # hidden / heads unless written (E040 when that is not whole: check.model_shapes)
+        head_dim = r.int(f, "head_dim", max(1, hidden // heads) if hidden and heads else None)
         spec = archs.ARCHS.get(arch)
         ffn = r.int(f, "ffn", spec.default_ffn(hidden) if spec and hidden else None)
         norm_eps = r.float(f, "norm_eps", D["model.norm_eps"])
@@ -184,10 +188,12 @@ class Lowerer:
         aux = r.float(f, "aux_loss_weight", D["model.aux_loss_weight"]) if moe else 0.0
         router = (r.choice(f, "router", ROUTERS, D["model.router"]) or D["model.router"]) if moe else ""
         z_loss = r.float(f, "z_loss_weight", D["model.z_loss_weight"]) if moe else 0.0
+        # DeepSeek-style: a dense prefix (its MLP dense_ffn wide, ffn if left out) and shared experts
+        deepseek = {k: r.int(f, k, D[f"model.{k}"] if k != "dense_ffn" else 0) if moe else 0 for k in ("dense_layers", "dense_ffn", "shared_experts")}
         values = (arch, layers, hidden, heads, kv_heads, ffn, vocab, seq_len, norm_eps, rope_theta, tie, dropout, experts, top_k, cap, aux, router, z_loss)
-        if any(v is None for v in values):
+        if any(v is None for v in (*values, *deepseek.values())) or head_dim is None:
             return None
-        return ir.Model(block.name or arch, *values, block.span)
+        return ir.Model(block.name or arch, *values, block.span, head_dim=head_dim, max_positions=seq_len, **deepseek)
 
     # -- plan ---------------------------------------------------------------
     def plan(self, block: ast.Block) -> ir.Plan | None:

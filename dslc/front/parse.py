@@ -40,6 +40,7 @@ _WORDS = {
     "COMMA": "','",
     "IMPORT": "'import'",
     "ON": "'on' and a link name",
+    "EVERY": "'every' and a number",
     "TRUE": "true",
     "FALSE": "false",
     "$END": "the end of the file",
@@ -119,6 +120,11 @@ class _Build(Transformer_NonRecursive):
         keywords = tuple(a for a in args if isinstance(a, ast.Assign))
         values = tuple(a for a in args if not isinstance(a, ast.Assign))
         return ast.Call(str(name), values, self.sp(meta), keywords)
+
+    @v_args(meta=True)
+    def every(self, meta, children):
+        name, _, count = children
+        return ast.Every(str(name), self.sp(name), count, self.sp(meta))
 
     @v_args(meta=True)
     def tuple(self, meta, children):

@@ -17,9 +17,12 @@ from ..source import Span
 from . import ast
 from .defaults import BOUNDS, MAX_BLEND, MAX_RANKS, ROUTERS
 from .defaults import DEFAULTS as D
+from .recompute import recompute_policy
 from .schema import Fields, Reader, as_float, shown
 
-EXPERT_KEYS = ("count", "top_k", "capacity_factor", "aux_loss_weight", "router", "z_loss_weight")
+EXPERT_KEYS = ("count", "top_k", "capacity_factor", "aux_loss_weight", "router", "z_loss_weight", "dense_layers", "dense_ffn", "shared")
+# the model's name of a key of the experts block (the others are the same)
+MODEL_KEY = {"count": "experts", "shared": "shared_experts"}
 PLAN_BLOCKS = ("model", "cluster", "mesh", "tensor_parallel", "data_parallel", "pipeline", "context_parallel", "experts", "train")
 
 # resolve(kind, fields, spans): the plan's model or cluster, by reference or inline
@@ -51,9 +54,10 @@ def lower_plan(r: Reader, block: ast.Block, resolve: Resolve) -> ir.Plan | None:
     tpf = sub("tensor_parallel", ("sequence_parallel",))
     tp = ir.TensorParallel(r.bool(tpf, "sequence_parallel", D["tensor_parallel.sequence_parallel"]), spans.get("tensor_parallel"))
 
-    dpf = sub("data_parallel", ("zero", "reshard_after_forward"))
+    dpf = sub("data_parallel", ("zero", "reshard_after_forward", "shard"))
     dp = ir.DataParallel(r.int(dpf, "zero", D["data_parallel.zero"]), spans.get("data_parallel"),
-                         r.bool(dpf, "reshard_after_forward", D["data_parallel.reshard_after_forward"]))
+                         r.bool(dpf, "reshard_after_forward", D["data_parallel.reshard_after_forward"]),
+                         r.int(dpf, "shard", 0))  # 0: every dp rank (the docs' default `dp`)
 
     cpf = sub("context_parallel", ("method", "load_balance"))
     cp = ir.ContextParallel(r.choice(cpf, "method", ir.CP_METHODS, D["context_parallel.method"]) or D["context_parallel.method"], r.bool(cpf, "load_balance", D["context_parallel.load_balance"]), spans.get("context_parallel"))
@@ -65,7 +69,7 @@ def lower_plan(r: Reader, block: ast.Block, resolve: Resolve) -> ir.Plan | None:
             r.diags.append(error("E072", spans["experts"], f"an experts block needs a mixture-of-experts model, but {model.arch} is dense", "use arch = mixtral"))
         else:
             for key in EXPERT_KEYS:
-                if key in ef.assigns and f"model.{'experts' if key == 'count' else key}" in spans:
+                if key in ef.assigns and f"model.{MODEL_KEY.get(key, key)}" in spans:
                     r.diags.append(error("E011", ef.assigns[key].key_span, f"'{key}' is set both in the model and in the experts block"))
             model = replace(
                 model,
@@ -75,15 +79,18 @@ def lower_plan(r: Reader, block: ast.Block, resolve: Resolve) -> ir.Plan | None:
                 aux_loss_weight=r.float(ef, "aux_loss_weight", model.aux_loss_weight),
                 router=r.choice(ef, "router", ROUTERS, model.router) or model.router,
                 z_loss_weight=r.float(ef, "z_loss_weight", model.z_loss_weight),
+                dense_layers=r.int(ef, "dense_layers", model.dense_layers),
+                dense_ffn=r.int(ef, "dense_ffn", model.dense_ffn),
+                shared_experts=r.int(ef, "shared", model.shared_experts),
             )
             spans.update({"model.experts": spans.get("experts.count", spans["experts"]), "model.top_k": spans.get("experts.top_k", spans["experts"])})
-            spans.update({f"model.{key}": spans[f"experts.{key}"] for key in EXPERT_KEYS if key not in ("count", "top_k") and f"experts.{key}" in spans})
+            spans.update({f"model.{MODEL_KEY.get(key, key)}": spans[f"experts.{key}"] for key in EXPERT_KEYS if key not in ("count", "top_k") and f"experts.{key}" in spans})
 
     if model is not None and archs.of(model).moe and model.experts == 0:
         r.diags.append(error("E012", spans.get("model", block.span), "a mixtral model needs its number of experts", "set `experts = 8` in the model, or `experts { count = 8 }` in the plan"))
         model = None
 
-    tf = sub("train", ("steps", "micro_batch", "global_batch", "precision", "recompute", "grad_clip", "seed", "loss_scale", "data", "timeout", "init"), blocks=("optimizer", "lr_schedule", "checkpoint", "eval"))
+    tf = sub("train", ("steps", "micro_batch", "global_batch", "precision", "recompute", "grad_clip", "seed", "loss_scale", "data", "timeout", "init", "seq_len"), blocks=("optimizer", "lr_schedule", "checkpoint", "eval"))
     ppf = sub("pipeline", ("schedule", "virtual_stages", "microbatches", "layers_per_stage"))
     micro_batch = r.int(tf, "micro_batch", D["train.micro_batch"])
     global_batch = r.int(tf, "global_batch", None)
@@ -104,10 +111,24 @@ def lower_plan(r: Reader, block: ast.Block, resolve: Resolve) -> ir.Plan | None:
     )
 
     train = _train(r, tf, block, cluster, micro_batch, global_batch, spans)
+    model = _stage_seq_len(r, tf, model, spans)
 
     if model is None or cluster is None or mesh is None or train is None:
         return None
     return ir.Plan(block.name, block.span.file, model, cluster, mesh, tp, dp, pipeline, cp, train, block.span, spans)
+
+
+def _stage_seq_len(r: Reader, f: Fields, model: ir.Model | None, spans: dict[str, Span]) -> ir.Model | None:
+    """``train { seq_len = N }``: this plan trains the model at N tokens a sequence (Llama 3
+    trains at 8K, then at 128K). Everything after lowering reads ``model.seq_len``, so the
+    plan's model is N long; a learned position table keeps the model's rows (N at most:
+    E066, check.py), rotary positions have none."""
+    seq_len = r.int(f, "seq_len", None)
+    if seq_len is None or model is None:
+        return model
+    spans["model.seq_len"] = spans["train.seq_len"]  # checks of seq_len point at the override
+    learned = archs.of(model).positions == "learned"
+    return replace(model, seq_len=seq_len, max_positions=model.max_positions if learned else seq_len)
 
 
 def capacity_factor(r: Reader, f: Fields, default: float) -> float | None:
@@ -178,7 +199,7 @@ def _train(r: Reader, f: Fields, plan_block, cluster, micro_batch, global_batch,
     steps = r.int(f, "steps", D["train.steps"])
     default_precision = "fp32" if cluster is not None and cluster.device.name == "cpu" else "bf16"
     precision = r.choice(f, "precision", ir.PRECISIONS, default_precision) or default_precision
-    recompute = r.choice(f, "recompute", ir.RECOMPUTE, D["train.recompute"]) or D["train.recompute"]
+    recompute, recompute_every = recompute_policy(r, f)
     grad_clip = r.float(f, "grad_clip", D["train.grad_clip"])
     seed = r.int(f, "seed", D["train.seed"])
     loss_scale = r.choice(f, "loss_scale", ("dynamic", "none"), D["train.loss_scale"]) or D["train.loss_scale"]
@@ -225,7 +246,8 @@ def _train(r: Reader, f: Fields, plan_block, cluster, micro_batch, global_batch,
     if None in (steps, grad_clip, seed, lr, data, micro_batch) or ("eval" in f.blocks and evaluation is None):
         return None
     timeout = r.quantity(f, "timeout", "time", D["train.timeout"])
-    return ir.Train(steps, micro_batch, global_batch, precision, recompute, grad_clip, seed, loss_scale, optimizer, lr_schedule, data, checkpoint, spans.get("train"), evaluation, timeout, _init(r, f, plan_block))
+    return ir.Train(steps, micro_batch, global_batch, precision, recompute, grad_clip, seed, loss_scale, optimizer, lr_schedule, data, checkpoint, spans.get("train"), evaluation, timeout, _init(r, f, plan_block),
+                    recompute_every=recompute_every)
 
 
 def _init(r, f: Fields, plan_block) -> ir.Init | None:

@@ -32,6 +32,42 @@ def suggest(word: str, options: Iterable[str]) -> str | None:
     return close[0] if close else None
 
 
+def _spelled(words: str, hint: str) -> dict[str, str]:
+    return dict.fromkeys(words.split(), hint)
+
+
+# Keys that other frameworks use, or that belong to another block of a plan, and where
+# this language writes them: the hint of E010/E016 for such a key instead of a guess by
+# spelling (grad_accum is not grad_clip). Looked up only for a key that the block does not
+# know, so a real key always wins.
+ELSEWHERE: dict[str, str] = {
+    **_spelled("grad_accum gradient_accumulation gradient_accumulation_steps accumulation_steps accum_steps",
+               "gradient accumulation is `pipeline { microbatches = N }` (left out: global_batch / (micro_batch × dp × ep))"),
+    **_spelled("microbatches num_microbatches micro_batches",
+               "micro-batches per step are `pipeline { microbatches = N }`"),
+    **_spelled("batch_size", "the batch is `train { micro_batch = N }` (sequences per micro-batch per data-parallel rank) "
+               "or `train { global_batch = N }` (sequences per step)"),
+    **_spelled("micro_batch micro_batch_size", "the micro-batch size is `train { micro_batch = N }`"),
+    **_spelled("global_batch global_batch_size", "the global batch is `train { global_batch = N }`"),
+    **_spelled("lr learning_rate", "the learning rate is the optimizer's: `train { optimizer adamw { lr = 3e-4 } }`"),
+    **_spelled("weight_decay", "weight decay is the optimizer's: `train { optimizer adamw { weight_decay = 0.1 } }`"),
+    **_spelled("warmup warmup_steps", "warmup is the lr schedule's: `train { lr_schedule cosine { warmup = N } }`"),
+    **{axis: f"mesh axes are placed in the plan's mesh: `mesh {{ {axis} = N on LINK }}`" for axis in ("dp", "tp", "pp", "cp", "ep")},
+    **_spelled("num_stages pipeline_stages", "pipeline stages are the mesh's pp axis: `mesh { pp = N on LINK }`"),
+    **_spelled("activation_checkpointing gradient_checkpointing activation_recompute checkpoint_activations",
+               "activation checkpointing is `train { recompute = full }` (or `selective`)"),
+    **_spelled("fsdp", "FSDP is `data_parallel { zero = 3 }`"),
+    **_spelled("zero zero_stage", "the ZeRO stage is `data_parallel { zero = N }`"),
+    **_spelled("sequence_parallel", "sequence parallelism is `tensor_parallel { sequence_parallel = true }`"),
+    **_spelled("num_layers n_layer n_layers num_hidden_layers", "the number of transformer blocks is the model's `layers = N`"),
+    **_spelled("n_embd d_model hidden_size", "the model width is the model's `hidden = N`"),
+    **_spelled("num_attention_heads n_head num_heads", "attention heads are the model's `heads = N`"),
+    **_spelled("num_key_value_heads", "key/value heads are the model's `kv_heads = N`"),
+    **_spelled("intermediate_size", "the MLP's inner size is the model's `ffn = N`"),
+    **_spelled("max_position_embeddings block_size context_length seq_length", "the sequence length is the model's `seq_len = N`"),
+}
+
+
 def describe(v: ast.Value) -> str:
     match v:
         case ast.Number():
@@ -48,6 +84,8 @@ def describe(v: ast.Value) -> str:
             return f"a call of {v.name}(…)"
         case ast.Tuple() | ast.List():
             return "a list"
+        case ast.Every():
+            return f"'{v.name} every …'"
     return "a value"  # pragma: no cover
 
 
@@ -87,15 +125,13 @@ class Reader:
     def __init__(self, diags: list[Diagnostic]):
         self.diags = diags
 
-    def unknown(self, code: str, message: str, word: str, options: Iterable[str], span: Span) -> Diagnostic:
+    def unknown(self, code: str, message: str, word: str, options: Iterable[str], span: Span, hint: str | None = None) -> Diagnostic:
+        """``hint`` (where the language writes ``word``, :data:`ELSEWHERE`) wins over a guess."""
         opts = sorted(options)
-        guess = suggest(word, opts)
-        if guess:
+        if hint is None and (guess := suggest(word, opts)):
             hint = f"did you mean '{guess}'?"
-        elif opts and len(opts) <= 12:
+        elif hint is None and opts and len(opts) <= 12:
             hint = "expected one of: " + ", ".join(opts)
-        else:
-            hint = None
         return error(code, span, message, hint)
 
     def fields(self, block: ast.Block, keys: Iterable[str], blocks: Iterable[str] = (), axes: bool = False) -> Fields:
@@ -106,14 +142,14 @@ class Reader:
             if isinstance(st, ast.Assign):
                 # `model = name` / `cluster = name` refer to a block kind
                 if st.key not in keys and st.key not in blocks:
-                    self.diags.append(self.unknown("E010", f"unknown key '{st.key}' {where}", st.key, keys + blocks, st.key_span))
+                    self.diags.append(self.unknown("E010", f"unknown key '{st.key}' {where}", st.key, keys + blocks, st.key_span, ELSEWHERE.get(st.key)))
                 elif st.key in f.assigns:
                     self.diags.append(error("E011", st.key_span, f"'{st.key}' is set twice {where}", f"first set at {f.assigns[st.key].key_span}"))
                 else:
                     f.assigns[st.key] = st
             elif isinstance(st, ast.Block):
                 if st.kind not in blocks:
-                    self.diags.append(self.unknown("E016", f"unknown block '{st.kind}' {where}", st.kind, blocks + keys, st.kind_span))
+                    self.diags.append(self.unknown("E016", f"unknown block '{st.kind}' {where}", st.kind, blocks + keys, st.kind_span, ELSEWHERE.get(st.kind)))
                 else:
                     f.blocks.setdefault(st.kind, []).append(st)
             elif axes:

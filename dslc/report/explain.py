@@ -134,15 +134,20 @@ def render_text(ex: Explanation) -> str:
     pipe = p.pipeline
     out = [
         f"plan {p.name} ({p.file})",
-        f"  model    {m.arch} {m.name}: {m.layers} layers, hidden {m.hidden}, {m.heads} heads ({m.kv_heads} kv), ffn {m.ffn}"
-        + (f", {m.experts} experts top-{m.top_k}" if m.is_moe else "") + f", vocab {m.vocab}, seq {m.seq_len}: {count(ex.params.total)} params",
+        f"  model    {m.arch} {m.name}: {m.layers} layers, hidden {m.hidden}, {m.heads} heads ({m.kv_heads} kv)"
+        + (f" of {m.head_dim}" if m.heads * m.head_dim != m.hidden else "") + f", ffn {m.ffn}"
+        + (f", {m.experts} experts top-{m.top_k}" if m.is_moe else "") + (f" + {m.shared_experts} shared" if m.is_moe and m.shared_experts else "")
+        + (f", the first {m.dense_layers} layers dense (ffn {m.dense_ffn})" if m.is_moe and m.dense_layers else "") + f", vocab {m.vocab}, seq {m.seq_len}: {count(ex.params.total)} params",
         f"  cluster  {c.name}: {_n(c.nodes, 'node')} × {c.gpus_per_node} {dev.name} ({si(dev.peak_flops, 'FLOP/s')}, {size(dev.memory)}); "
         + ", ".join(f"{lk.name} {lk.bandwidth / 1e9:g} GB/s ({lk.scope})" for lk in c.links),
         f"  mesh     {mesh} = {p.world_size} ranks",
-        f"  train    {p.train.precision}, zero {p.data_parallel.zero}, recompute {p.train.recompute}"
+        f"  train    {p.train.precision}, zero {p.data_parallel.zero}"
+        + (f" (HSDP: shards over {p.data_parallel.shard} dp ranks, {p.dp // p.data_parallel.shard} replicas)" if p.data_parallel.zero and p.data_parallel.hsdp(p.dp) else "")
+        + f", recompute {p.train.recompute_label}"
         + (", sequence parallel" if p.tensor_parallel.sequence_parallel and p.tp > 1 else "")
         + (f", cp {p.context_parallel.method}" if p.cp > 1 else "")
-        + f"; {pipe.schedule} (v={pipe.virtual_stages}), {_n(p.microbatches, 'micro-batch')} of {p.train.micro_batch} × {m.seq_len} tokens",
+        + (f"; pipeline {pipe.schedule}" + (f" (v={pipe.virtual_stages})" if pipe.virtual_stages > 1 else "") if p.pp > 1 else "")
+        + f"; {_n(p.microbatches, 'micro-batch')} of {p.train.micro_batch} × {m.seq_len} tokens",
         f"  data     {_data(p.train.data)}"
         + (f"; validation {_data(p.train.eval.data)}, {_n(p.train.eval.batches, 'global batch')} "
            + (f"every {p.train.eval.every} steps and " if p.train.eval.every else "") + "after the last" if p.train.eval else ""),
@@ -151,12 +156,20 @@ def render_text(ex: Explanation) -> str:
     ]
     unsharded = any(s.transient for s in ex.memory)  # ZeRO-2/3: gathered weights, unsharded grads
     rows = [[str(s.stage), str(s.layers), size(s.params), size(s.grads), size(s.optimizer), size(s.activations)]
-            + [size(s.transient)] * unsharded + [f"{s.inflight}", size(s.total), "yes" if s.total <= dev.memory else "NO"] for s in ex.memory]
-    heads = ["stage", "layers", "params", "grads", "optimizer", "activations"] + ["unsharded"] * unsharded + ["in flight", "total", "fits"]
+            + [size(s.transient)] * unsharded
+            + [size(s.buffers), size(s.step_temp), f"{s.inflight}", size(s.allocated), size(s.reserved), size(s.total),
+               "yes" if s.total <= dev.memory else "NO"] for s in ex.memory]
+    heads = (["stage", "layers", "params", "grads", "optimizer", "activations"] + ["unsharded"] * unsharded
+             + ["loss grads", "step temps", "in flight", "allocated", "reserved", "process", "fits"])
     out += _table(heads, rows, set(range(1, len(heads) - 1)))
     w, g, k = mem.state_bytes_per_param(p)
+    s0 = ex.memory[0]
     out.append(f"  bytes per parameter {w}+{g}+{k} (weights+grads+optimizer) before ZeRO; activations with "
                + ("the paper's stored attention scores" if ex.settings.attention == "paper" else "fused attention (no s² scores)"))
+    out.append("  allocated: the larger of the backward's peak (states + activations" + (" + unsharded" if unsharded else "")
+               + " + loss grads) and the optimizer step's (states + step temps);"
+               + (f" reserved: +{s0.allocator:.0%} for the caching allocator; process: + {size(s0.context)} of CUDA context, "
+                  "cuBLAS and NCCL buffers" if s0.context or s0.allocator else " no allocator or context allowance on this device"))
     if unsharded:
         out.append("  unsharded: the most " + ("gathered weights and " if p.data_parallel.zero == 3 else "")
                    + "unsharded gradients held at once" + (" (accumulated over the micro-batches)" if p.microbatches > 1 else ""))
@@ -173,18 +186,26 @@ def render_text(ex: Explanation) -> str:
     out += [
         "",
         "Time per step",
-        f"  compute at {t.efficiency:.0%} of {si(t.peak, 'FLOP/s')}: forward {seconds(t.t_f)}, backward {seconds(t.t_b)}"
-        + (f", weight-grad {seconds(t.t_w)}" if t.t_w else "") + " per chunk per micro-batch (with exposed tp/cp/ep collectives)"
-        + (f"; pp send {seconds(t.t_comm)}" if p.pp > 1 else ""),
-        (f"  pipeline {seconds(t.pipeline)} ({pipe.schedule}, bubble {t.bubble_fraction:.3f} of compute), "
-        f"exposed step communication {seconds(t.exposed)}, overlapped {seconds(t.overlapped)}"),
+        f"  {t.rates.summary}",
+        f"  one layer forward per micro-batch: GEMMs {seconds(t.kernels.gemm)}, attention {seconds(t.kernels.attention)}, "
+        f"elementwise {seconds(t.kernels.elementwise)}",
+        f"  per chunk per micro-batch (with exposed tp/cp/ep collectives): forward {_spread(t.chunks, 0)}, backward {_spread(t.chunks, 1)}"
+        + (f", weight-grad {_spread(t.chunks, 2)}" if t.t_w else "") + (f"; pp send {seconds(t.t_comm)}" if p.pp > 1 else ""),
+        ((f"  pipeline {seconds(t.pipeline)} ({pipe.schedule}" + (f", {pipe.virtual_stages} chunks per stage" if pipe.virtual_stages > 1 else "")
+          + f", bubble {t.bubble_fraction:.3f} of compute), ") if p.pp > 1 else f"  forward and backward {seconds(t.pipeline)}, ")
+        + f"exposed step communication {seconds(t.exposed)}, overlapped {seconds(t.overlapped)}, optimizer step {seconds(t.optimizer)}",
         (f"  step {seconds(t.step)} · {count(t.tokens_per_s)} tokens/s · MFU {t.mfu:.1%} (HFU {t.hfu:.1%}) · "
         f"{si(ex.flops.model, 'FLOP')} model, {si(ex.flops.hardware, 'FLOP')} with recompute per step"),
-        "  assumed exposed: tp, Ulysses and ep collectives, pp sends, ZeRO param all-gathers after the step; overlapped:",
-        "  dp grad reduction with the last backward, ZeRO-3 gathers by prefetch, ring-attention K/V passes with attention;",
-        "  the optimizer step is not timed",
+        "  assumed exposed: tp, Ulysses and ep collectives, pp sends, ZeRO param all-gathers after the step, the optimizer step;",
+        "  overlapped: dp grad reduction with the last backward, ZeRO-3 gathers by prefetch, ring-attention K/V passes with attention",
     ] + _routing_lines(ex)
     return "\n".join(out) + "\n"
+
+
+def _spread(chunks: tuple[tuple[float, float, float], ...], i: int) -> str:
+    """One chunk's time, or the lightest and heaviest chunk's when they differ."""
+    lo, hi = min(c[i] for c in chunks), max(c[i] for c in chunks)
+    return seconds(hi) if hi - lo <= 1e-9 * hi else f"{seconds(lo)}–{seconds(hi)}"
 
 
 def _n(count: int, noun: str) -> str:
@@ -230,7 +251,8 @@ def to_json(ex: Explanation) -> dict:
                    "experts_per_layer": pr.experts, "final_norm": pr.final_norm, "head": pr.head},
         "device_memory": p.cluster.device.memory,
         "memory": [{"stage": s.stage, "params": s.params, "grads": s.grads, "optimizer": s.optimizer, "activations": s.activations,
-                    "unsharded": s.transient, "total": s.total, "layers": s.layers, "inflight": s.inflight, "fits": s.total <= p.cluster.device.memory} for s in ex.memory],
+                    "unsharded": s.transient, "loss_grad_buffers": s.buffers, "optimizer_temporaries": s.step_temp,
+                    "allocated": s.allocated, "reserved": s.reserved, "total": s.total, "layers": s.layers, "inflight": s.inflight, "fits": s.total <= p.cluster.device.memory} for s in ex.memory],
         "flops_per_step": ex.flops.model,
         "hardware_flops_per_step": ex.flops.hardware,
         "traffic": [_row(r.comm, r.stage, r.link, r.seconds) for r in ex.rows],
@@ -240,8 +262,12 @@ def to_json(ex: Explanation) -> dict:
         "pipeline": {"schedule": p.pipeline.schedule, "stages": p.pp, "virtual_stages": p.pipeline.virtual_stages,
                      "microbatches": p.microbatches, "bubble_fraction": t.bubble_fraction, "makespan_s": t.pipeline,
                      "peak_inflight": list(ex.peak_inflight)},
-        "time": {"peak_flops": t.peak, "efficiency": t.efficiency, "t_forward_s": t.t_f, "t_backward_s": t.t_b, "t_weight_grad_s": t.t_w,
-                 "t_p2p_s": t.t_comm, "exposed_comm_s": t.exposed, "overlapped_comm_s": t.overlapped},
+        "time": {"peak_flops": t.peak, "calibration": {"row": t.rates.row, "gemm": t.rates.gemm, "gemm_half": t.rates.gemm_half,
+                                                        "attention": t.rates.attention, "bandwidth": t.rates.bandwidth, "source": t.rates.source},
+                 "layer_forward_s": {"gemm": t.kernels.gemm, "attention": t.kernels.attention, "elementwise": t.kernels.elementwise},
+                 "t_forward_s": t.t_f, "t_backward_s": t.t_b, "t_weight_grad_s": t.t_w,
+                 "chunks_s": [{"forward": f, "backward": b, "weight_grad": w} for f, b, w in t.chunks],
+                 "t_p2p_s": t.t_comm, "exposed_comm_s": t.exposed, "overlapped_comm_s": t.overlapped, "optimizer_s": t.optimizer},
         "step_time_s": t.step,
         "tokens_per_s": t.tokens_per_s,
         "mfu": t.mfu,

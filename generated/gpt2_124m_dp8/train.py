@@ -118,7 +118,7 @@ parser.add_argument("--resume", action="store_true", help="from the latest check
 outputs = {  # written after training, so refused now if they cannot be
     "--dump-losses": "the global loss of every step, as JSON",
     "--dump-weights": "the full weights, gathered (torch.save)",
-    "--measure": "bytes sent, held and saved, as JSON: FILE.rank<R>.json for rank R",
+    "--measure": "bytes sent, held and saved by autograd, as JSON, one file per rank: FILE with .rank<R> before its extension (m.json: m.rank0.json, m.rank1.json, ...)",
 }
 for flag, what in outputs.items():
     parser.add_argument(flag, metavar="FILE", help="write " + what)
@@ -764,6 +764,8 @@ FINGERPRINT = {
         "hidden": 768,
         "heads": 12,
         "kv_heads": 12,
+        "head_dim": 64,
+        "max_positions": 1024,
         "ffn": 3072,
         "vocab": 50304,
         "norm_eps": 1e-05,

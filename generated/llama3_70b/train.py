@@ -125,7 +125,7 @@ parser.add_argument("--resume", action="store_true", help="from the latest check
 outputs = {  # written after training, so refused now if they cannot be
     "--dump-losses": "the global loss of every step, as JSON",
     "--dump-weights": "the full weights, gathered (torch.save)",
-    "--measure": "bytes sent, held and saved, as JSON: FILE.rank<R>.json for rank R",
+    "--measure": "bytes sent, held and saved by autograd, as JSON, one file per rank: FILE with .rank<R> before its extension (m.json: m.rank0.json, m.rank1.json, ...)",
     "--trace": "when every rank ran each action of the last step (Chrome trace JSON)",
 }
 for flag, what in outputs.items():
@@ -1039,6 +1039,8 @@ FINGERPRINT = {
         "hidden": 8192,
         "heads": 64,
         "kv_heads": 8,
+        "head_dim": 128,
+        "max_positions": 8192,
         "ffn": 28672,
         "vocab": 128256,
         "norm_eps": 1e-05,

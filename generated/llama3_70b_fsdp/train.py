@@ -121,7 +121,7 @@ parser.add_argument("--resume", action="store_true", help="from the latest check
 outputs = {  # written after training, so refused now if they cannot be
     "--dump-losses": "the global loss of every step, as JSON",
     "--dump-weights": "the full weights, gathered (torch.save)",
-    "--measure": "bytes sent, held and saved, as JSON: FILE.rank<R>.json for rank R",
+    "--measure": "bytes sent, held and saved by autograd, as JSON, one file per rank: FILE with .rank<R> before its extension (m.json: m.rank0.json, m.rank1.json, ...)",
 }
 for flag, what in outputs.items():
     parser.add_argument(flag, metavar="FILE", help="write " + what)
@@ -695,7 +695,9 @@ class FullyShardedUnits:
 
     def _before_forward(self, unit, after):
         def hook(module, inputs):
-            if unit.in_backward:  # recomputed in backward (recompute = full): gathered
+            if (
+                unit.in_backward
+            ):  # re-run in backward (recompute = full, selective_ops): gathered
                 return
             unit.gather()
             if after is not None:
@@ -1065,6 +1067,8 @@ FINGERPRINT = {
         "hidden": 8192,
         "heads": 64,
         "kv_heads": 8,
+        "head_dim": 128,
+        "max_positions": 8192,
         "ffn": 28672,
         "vocab": 128256,
         "norm_eps": 1e-05,

@@ -109,7 +109,7 @@ parser.add_argument("--device", choices=["cpu", "cuda"], help="cuda if present")
 outputs = {  # written after training, so refused now if they cannot be
     "--dump-losses": "the global loss of every step, as JSON",
     "--dump-weights": "the full weights, gathered (torch.save)",
-    "--measure": "bytes sent, held and saved, as JSON: FILE.rank<R>.json for rank R",
+    "--measure": "bytes sent, held and saved by autograd, as JSON, one file per rank: FILE with .rank<R> before its extension (m.json: m.rank0.json, m.rank1.json, ...)",
     "--trace": "when every rank ran each action of the last step (Chrome trace JSON)",
 }
 for flag, what in outputs.items():

@@ -111,7 +111,7 @@ parser.add_argument(
 outputs = {  # written after training, so refused now if they cannot be
     "--dump-losses": "the global loss of every step, as JSON",
     "--dump-weights": "the full weights, gathered (torch.save)",
-    "--measure": "bytes sent, held and saved, as JSON: FILE.rank<R>.json for rank R",
+    "--measure": "bytes sent, held and saved by autograd, as JSON, one file per rank: FILE with .rank<R> before its extension (m.json: m.rank0.json, m.rank1.json, ...)",
 }
 for flag, what in outputs.items():
     parser.add_argument(flag, metavar="FILE", help="write " + what)

@@ -1,0 +1,147 @@
+"""Compute time of the kernels one rank runs, by class of operation.
+
+Each class runs at its own rate (:class:`Rates`, from the catalog's calibration table
+:data:`dslc.catalog.CALIBRATION` or the cluster's ``efficiency``):
+
+* GEMMs (every linear layer, the router, the experts, the head): 2·m·n·k FLOPs at
+  ``gemm · d/(d + gemm_half)`` of the peak, d the GEMM's smallest dimension — its
+  backward is two GEMMs of the same shape (input and weight gradients);
+* the attention core (a fused causal kernel): half the counted 4·s·q FLOPs per token
+  (the masked half is skipped) at ``attention`` of the peak, its backward 2.5× the
+  forward's FLOPs (FlashAttention recomputes QKᵀ);
+* elementwise kernels (norms, residual adds, rope, the MLP's activation, dropout, the
+  MoE's permutations, the loss's softmax in fp32): the bytes they read and write at
+  ``bandwidth`` of the HBM bandwidth, their backward twice the forward's bytes.
+
+Notation as in :mod:`dslc.cost.memory`; times are per rank per micro-batch, forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .. import arch, catalog
+from ..ir import Plan
+from .flops import peak_flops
+from .memory import DEFAULT, Settings, dtype_bytes, local_tokens, routed_slots, routed_tokens
+
+
+@dataclass(frozen=True)
+class Rates:
+    """The rates compute is charged at on the plan's device."""
+
+    peak: float  # FLOP/s in the plan's precision
+    gemm: float  # fraction of peak of a large GEMM
+    gemm_half: int  # smallest GEMM dimension at which a GEMM runs at half of ``gemm``
+    attention: float  # fraction of peak of the fused attention kernel
+    bandwidth: float  # bytes/s elementwise kernels move (HBM × the calibrated fraction)
+    row: str  # the calibration row ("cluster" when the plan sets efficiency)
+    source: str
+
+    def gemm_seconds(self, flops: float, *dims: int) -> float:
+        d = min(dims)
+        eff = self.gemm * d / (d + self.gemm_half)
+        return flops / (self.peak * eff) if self.peak and eff else float("inf") if flops else 0.0
+
+    def bytes_seconds(self, nbytes: float) -> float:
+        return nbytes / self.bandwidth if self.bandwidth else 0.0
+
+    @property
+    def summary(self) -> str:
+        """One line for the report: the assumption, and where it comes from."""
+        if self.row == "cluster":
+            return (f"GEMMs and attention at {self.gemm:.0%} of peak (the cluster's efficiency), elementwise kernels at "
+                    f"{self.bandwidth / 1e9:.0f} GB/s")
+        return (f"GEMMs at {self.gemm:.0%}·d/(d+{self.gemm_half}) of peak (d: a GEMM's smallest dimension), attention at "
+                f"{self.attention:.0%}, elementwise kernels at {self.bandwidth / 1e9:.0f} GB/s (calibration '{self.row}': {self.source})")
+
+
+def rates(plan: Plan) -> Rates:
+    dev, eff = plan.cluster.device, plan.cluster.efficiency
+    row, cal = catalog.calibration(dev.name)
+    bandwidth = dev.bandwidth * cal.bandwidth
+    if eff is not None:
+        return Rates(peak_flops(plan), eff, 0, eff, bandwidth, "cluster", "set in the plan")
+    return Rates(peak_flops(plan), cal.gemm, cal.gemm_half, cal.attention, bandwidth, row, cal.source)
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """Forward seconds of one piece of the model (a layer, or a chunk's edges) by class."""
+
+    gemm: float = 0.0
+    attention: float = 0.0  # the attention core, fused or not
+    elementwise: float = 0.0
+    attention_backward: float = 2.5  # its backward over its forward: 2.5 fused (QKᵀ again), 2 unfused
+
+    @property
+    def forward(self) -> float:
+        return self.gemm + self.attention + self.elementwise
+
+    @property
+    def backward(self) -> float:
+        """Input and weight gradients: 2× the GEMMs and elementwise, 2.5× a fused attention."""
+        return 2 * self.gemm + self.attention_backward * self.attention + 2 * self.elementwise
+
+    def __add__(self, other: Kernels) -> Kernels:
+        return Kernels(self.gemm + other.gemm, self.attention + other.attention, self.elementwise + other.elementwise,
+                       self.attention_backward if self.attention else other.attention_backward)
+
+    def __mul__(self, n: float) -> Kernels:
+        return Kernels(self.gemm * n, self.attention * n, self.elementwise * n, self.attention_backward)
+
+
+def layer_kernels(plan: Plan, r: Rates, settings: Settings = DEFAULT) -> Kernels:
+    """One transformer layer on one rank for one micro-batch of T tokens (T/t of them
+    under sequence parallelism for the norms, residuals and dropout). Elements read and
+    written forward: 2 norms 4·h and 2 residual adds 6·h per token (+ 2·h per dropout,
+    3 of them when dropout is on), rope 2·(q + kv) on q and k, the MLP's activation
+    (SwiGLU reads gate and up and writes their product: 3·f; GELU 2·f); an MoE layer's
+    experts run on :func:`~dslc.cost.memory.routed_slots` rows (at a load imbalance r,
+    r× on the busiest rank) and permute them twice (2·2·h per slot). The attention core
+    is one fused kernel, or, with ``settings.attention == "paper"`` (Megatron before flash
+    attention), two batched GEMMs of all the counted FLOPs (d = head_dim) with the scores
+    between them written, softmaxed, masked and dropped out (4·e + 1 bytes per score)."""
+    imbalance = settings.imbalance
+    m, T, e = plan.model, local_tokens(plan), dtype_bytes(plan)
+    a, h = arch.of(m), m.hidden
+    q, kv, f = arch.widths(m, plan.tp)
+    sp = plan.tp if plan.tensor_parallel.sequence_parallel else 1
+    gemm = 0.0
+    for w in arch.weights(m, plan.tp):
+        if len(w.shape) != 2 or w.part != "layer":
+            continue
+        rows = routed_tokens(plan) if w.name.endswith("router") else T
+        gemm += r.gemm_seconds(2 * rows * w.numel, rows, *w.shape)
+    elems = T // sp * (10 + (6 if m.dropout > 0 else 0)) * h
+    elems += T * 2 * (q + kv) if a.positions == "rope" else 0
+    if m.is_moe:
+        slots = routed_slots(plan, imbalance)
+        per_expert = max(1, slots * plan.ep // m.experts)  # the rows one local expert's GEMMs run on
+        for w in arch.weights(m, plan.tp):
+            if w.part == "expert":
+                gemm += r.gemm_seconds(2 * slots * w.numel, per_expert, *w.shape)
+        elems += slots * (3 * m.ffn + 4 * h)
+    else:
+        elems += T * f * (3 if a.mlp == "swiglu" else 2)
+    _, core = arch.layer_flops(m, m.seq_len, plan.tp)
+    if settings.attention == "paper":
+        scores = q // m.head_dim * m.seq_len * T
+        attention = r.gemm_seconds(T * core, m.head_dim, m.seq_len) + r.bytes_seconds(scores * (4 * e + 1))
+        return Kernels(gemm, attention, r.bytes_seconds(elems * e), 2.0)
+    attention = T * core / 2 / (r.peak * r.attention) if r.peak and r.attention else 0.0
+    return Kernels(gemm, attention, r.bytes_seconds(elems * e))
+
+
+def edge_kernels(plan: Plan, r: Rates, first: bool, last: bool) -> Kernels:
+    """The first chunk's embedding (a gather writing T·h) and the last chunk's final
+    norm (2·h per token), head GEMM (T × h × V/t) and loss: the logits cast to fp32 and
+    their softmax, read and written (e + 3·4 bytes per logit)."""
+    m, T, e = plan.model, local_tokens(plan), dtype_bytes(plan)
+    sp = plan.tp if plan.tensor_parallel.sequence_parallel else 1
+    V = arch.vocab_per_rank(m, plan.tp)
+    out = Kernels(elementwise=r.bytes_seconds(T // sp * m.hidden * e)) if first else Kernels()
+    if last:
+        head = r.gemm_seconds(2 * T * m.hidden * V, T, m.hidden, V)
+        out += Kernels(head, 0.0, r.bytes_seconds(T // sp * 2 * m.hidden * e + T * V * (e + 12)))
+    return out
