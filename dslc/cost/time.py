@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from math import ceil
 
+from .. import arch
 from ..ir import Plan
 from . import memory as mem
 from . import schedule as sched
@@ -74,28 +75,39 @@ def timing(plan: Plan, topo: Topology, settings: mem.Settings = mem.DEFAULT, sta
     p, v = plan.pp, plan.pipeline.virtual_stages
     stages = stages if stages is not None else traffic.traffic(plan)
     r = rates(plan)
-    k = layer_kernels(plan, r, settings)
-    rec = recompute_kernels(plan, k)
     zb = plan.pipeline.schedule == "zb_h1"
 
     def secs(specs, attr: str, overlap: str) -> float:
         return sum(traffic.to_comm(plan, sp, getattr(sp, attr)).seconds(topo) for sp in specs if sp.overlap == overlap and getattr(sp, attr))
 
-    specs = traffic.layer_specs(plan)
-    if settings.imbalance != 1.0 and mem.expert_capacity(plan) is None:  # the busiest ep rank receives r×
-        specs = [replace(sp, nbytes=ceil(sp.nbytes * settings.imbalance)) if sp.axes == ("ep",) else sp for sp in specs]
-    lay_f = secs(specs, "fwd", "exposed") + max(0.0, secs(specs, "fwd", "attention") - k.attention)
-    lay_b = secs(specs, "bwd", "exposed") + max(0.0, secs(specs, "bwd", "attention") - k.attention_backward * k.attention)
-    chunks = []
+    def layer(km) -> tuple[Kernels, float, float, float]:
+        """One block of a kind (a dense-prefix block or a MoE block, or the model's one
+        kind): its kernels, the seconds it re-runs, its exposed forward and backward comm."""
+        kp = replace(plan, model=km)
+        k = layer_kernels(kp, r, settings)
+        specs = traffic.layer_specs(kp)
+        if settings.imbalance != 1.0 and mem.expert_capacity(kp) is None:  # the busiest ep rank receives r×
+            specs = [replace(sp, nbytes=ceil(sp.nbytes * settings.imbalance)) if sp.axes == ("ep",) else sp for sp in specs]
+        lay_f = secs(specs, "fwd", "exposed") + max(0.0, secs(specs, "fwd", "attention") - k.attention)
+        lay_b = secs(specs, "bwd", "exposed") + max(0.0, secs(specs, "bwd", "attention") - k.attention_backward * k.attention)
+        return k, recompute_kernels(plan, k), lay_f, lay_b
+
+    kinds = {km: layer(km) for _, km in arch.kinds(plan.model)}
+    chunks, start = [], 0
     for g, n in enumerate(plan.stage_layers()):
         first, last = g == 0, g == p * v - 1
-        work = k * n + edge_kernels(plan, r, first, last)
+        work, extra_f, extra_b = edge_kernels(plan, r, first, last), 0.0, 0.0
+        for count, km in arch.kinds(plan.model, range(start, start + n)):
+            k, rec, lay_f, lay_b = kinds[km]
+            work, extra_f, extra_b = work + k * count, extra_f + count * lay_f, extra_b + count * (rec + lay_b)
+        start += n
         edge = traffic.edge_specs(plan, first, last)
         # zb_h1 (as the generated script splits it): W is the linear layers' weight
         # gradients, one GEMM per forward GEMM; B is everything else
         w = work.gemm if zb else 0.0
-        chunks.append((work.forward + n * lay_f + secs(edge, "fwd", "exposed"),
-                       work.backward - w + n * (rec + lay_b) + secs(edge, "bwd", "exposed"), w))
+        chunks.append((work.forward + extra_f + secs(edge, "fwd", "exposed"),
+                       work.backward - w + extra_b + secs(edge, "bwd", "exposed"), w))
+    k = kinds[arch.kinds(plan.model)[-1][1]][0]  # the report's layer: the last kind (a MoE block)
     t_f, t_b, t_w = (tuple(c[i] for c in chunks) for i in range(3))
     t_comm = Comm("pp", ("pp",), "send", "", 1, traffic.pp_bytes(plan), p).call_seconds(topo) if p > 1 else 0.0
     acts = acts if acts is not None else mem.actions(plan)

@@ -248,7 +248,8 @@ def to_json(ex: Explanation) -> dict:
         "file": p.file,
         "world_size": p.world_size,
         "params": {"total": pr.total, "embedding": pr.embedding, "positions": pr.positions, "per_layer": pr.layer,
-                   "experts_per_layer": pr.experts, "final_norm": pr.final_norm, "head": pr.head},
+                   "experts_per_layer": pr.experts, "final_norm": pr.final_norm, "head": pr.head,
+                   "dense_layers": pr.dense_layers, "per_dense_layer": pr.dense_layer},  # a dense prefix (per_layer: the MoE ones)
         "device_memory": p.cluster.device.memory,
         "memory": [{"stage": s.stage, "params": s.params, "grads": s.grads, "optimizer": s.optimizer, "activations": s.activations,
                     "unsharded": s.transient, "loss_grad_buffers": s.buffers, "optimizer_temporaries": s.step_temp,
