@@ -37,7 +37,3 @@ def test_the_estimate_is_within_15_percent_of_the_published_run(run):
         assert abs(c.memory_error) <= TOLERANCE, f"{run.plan}: estimated {c.memory:.1f} GiB, published {run.memory} GiB"
     assert bool(c.ex.diagnostics) != run.fits, c.ex.diagnostics  # a run that ran fits, unless the row says why not
 
-
-def test_the_rows_not_held_say_why():
-    for r in published.RUNS:
-        assert r.not_held == "" or len(r.not_held) > 40

@@ -17,7 +17,7 @@ from . import schedule as sched
 from . import traffic
 from .collectives import Comm
 from .compute import Kernels, Rates, edge_kernels, layer_kernels, rates
-from .flops import batch_tokens, flops, peak_flops
+from .flops import batch_tokens, flops
 from .recompute import shares
 from .topology import Topology
 
@@ -128,7 +128,7 @@ def timing(plan: Plan, topo: Topology, settings: mem.Settings = mem.DEFAULT, sta
         opt = max(opt, optimizer_seconds(plan, states[s], r))
     step = sim.makespan + exposed + opt
     fl, tokens = flops(plan), batch_tokens(plan)
-    denom = step * plan.world_size * peak_flops(plan) or 1.0
-    return Timing(peak_flops(plan), r, max(t_f), max(t_b), max(t_w), t_comm, sim.makespan, sim.bubble_fraction, exposed,
+    denom = step * plan.world_size * r.peak or 1.0
+    return Timing(r.peak, r, max(t_f), max(t_b), max(t_w), t_comm, sim.makespan, sim.bubble_fraction, exposed,
                   overlapped, step, tokens / step if step else 0.0, fl.model / denom, fl.hardware / denom,
                   tuple(chunks), opt, k), sim
