@@ -1,7 +1,7 @@
 """The token files a plan names, as lint sees them: the format found from the file, where
 its ids start, their type and count, read from headers without reading the whole file.
 
-The generated script reads the same formats (templates/data.jinja) and checks the same
+The generated script reads the same formats (templates/data.py.jinja) and checks the same
 things when it starts; this module is its twin for ``dslc lint``. Three formats:
 
 - raw ids (nanoGPT's ``train.bin``): no header; the type from the plan (``dtype =``) or

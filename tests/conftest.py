@@ -1,8 +1,10 @@
 """Shared fixtures: the golden plans, a launcher for generated scripts and the cached
-training runs of the golden tests; the hypothesis profile for CI."""
+training runs of the golden tests; importing a generated package's modules; the
+hypothesis profile for CI."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -20,6 +22,7 @@ settings.register_profile("ci", derandomize=True, database=None)
 if os.environ.get("CI"):
     settings.load_profile("ci")
 GOLDEN = ROOT / "tests" / "golden"
+RUN_PROGRAMS = ROOT / "tests" / "run_programs.py"
 
 
 @pytest.fixture(scope="session")
@@ -36,12 +39,13 @@ def golden_plans():
 @pytest.fixture(scope="session")
 def run_script():
     """run(train_py, nproc, *args, env=..., torchrun=...) -> CompletedProcess: one process
-    with python (no torchrun variables unless ``env`` sets them), more with torchrun
-    --standalone (a free port each time, so runs may overlap) and its extra flags."""
+    with python (no torchrun variables unless ``env`` sets them), more, or one with
+    ``torchrun`` given, with torchrun --standalone (a free port each time, so runs may
+    overlap) and its extra flags ``torchrun``."""
 
-    def run(train_py: Path, nproc: int, *args: str, timeout: float = 600, cwd=None, env=None, torchrun=()):
-        if nproc > 1:
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", *map(str, torchrun)]
+    def run(train_py: Path, nproc: int, *args: str, timeout: float = 600, cwd=None, env=None, torchrun=None):
+        if nproc > 1 or torchrun is not None:
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", *map(str, torchrun or ())]
             cmd += [f"--nproc-per-node={nproc}", str(train_py)]
         else:
             cmd = [sys.executable, str(train_py)]
@@ -63,32 +67,101 @@ def run_script():
 
 
 @pytest.fixture(scope="session")
-def trained(run_script, tmp_path_factory):
+def run_programs(run_script, tmp_path_factory):
+    """run(jobs, nproc) -> {folder: standard output of rank 0} of the jobs, [(folder of a
+    generated program, [arguments])], that ran to the end: one torchrun job of nproc
+    processes runs them one after another (tests/run_programs.py), so that a table of
+    small plans does not start a job, and import torch in each process, per plan. A
+    failed program ends the job; the jobs after it are not in the result."""
+    root = tmp_path_factory.mktemp("jobs")
+
+    def run(jobs, nproc):
+        listing = root / f"jobs{len(list(root.iterdir()))}.json"
+        listing.write_text(json.dumps([[str(f), [str(a) for a in args]] for f, args in jobs]))
+        run_script(RUN_PROGRAMS, nproc, listing, timeout=60 + 120 * len(jobs), torchrun=())
+        done = {}
+        for folder, _ in jobs:
+            folder = Path(folder)
+            status = [(folder / f"rank{r}.status") for r in range(nproc)]
+            if all(f.exists() and f.read_text() == "0" for f in status):
+                done[folder] = (folder / "rank0.log").read_text()
+        return done
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def trained(run_script, run_programs, golden_plans, tmp_path_factory):
     """trained(plan, *flags) -> (losses, weights): the plan compiled and run (torchrun
     for more than one process) with --dump-losses and --dump-weights, at most once per
     plan name and flags; trained.logs[(name, flags)] is its standard output and
-    trained.validation[(name, flags)] its validation losses, [step, loss] each."""
+    trained.validation[(name, flags)] its validation losses, [step, loss] each.
+
+    The first time a plan of the golden table is asked for, every golden plan of its
+    world size that has not run yet runs with it, in one job (run_programs); a plan
+    that did not finish there runs again on its own, so a failure is its own."""
     torch = pytest.importorskip("torch")
     from dslc import codegen
 
     root = tmp_path_factory.mktemp("golden")
     cache = {}
 
+    def flags(plan, args):
+        losses, weights = root / f"{plan.name}.json", root / f"{plan.name}.pt"
+        return ["--dump-losses", losses, "--dump-weights", weights, *args]
+
+    def keep(plan, args, stdout):
+        key = (plan.name, args)
+        dumped = json.loads((root / f"{plan.name}.json").read_text())
+        cache[key] = (dumped["loss"], torch.load(root / f"{plan.name}.pt"))
+        train.logs[key] = stdout
+        train.validation[key] = dumped["val_loss"]
+
     def train(plan, *args):
         key = (plan.name, args)
+        if key not in cache and not args and golden_plans.get(plan.name) == plan:
+            batch = [plan] + [
+                p for name, p in golden_plans.items()
+                if name != plan.name and (name, ()) not in cache and p.world_size == plan.world_size
+            ]
+            jobs = [(codegen.write(p, root), flags(p, ())) for p in batch]
+            done = run_programs(jobs, plan.world_size)
+            for p, (folder, _) in zip(batch, jobs):
+                if folder in done:
+                    keep(p, (), done[folder])
         if key not in cache:
             script = codegen.write(plan, root) / "train.py"
-            losses, weights = root / f"{plan.name}.json", root / f"{plan.name}.pt"
-            flags = ["--dump-losses", losses, "--dump-weights", weights, *args]
-            out = run_script(script, plan.world_size, *flags)
+            out = run_script(script, plan.world_size, *flags(plan, args))
             assert (
                 out.returncode == 0
             ), f"{plan.name} failed:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}"
-            dumped = json.loads(losses.read_text())
-            cache[key] = (dumped["loss"], torch.load(weights))
-            train.logs[key] = out.stdout
-            train.validation[key] = dumped["val_loss"]
+            keep(plan, args, out.stdout)
         return cache[key]
 
     train.logs, train.validation = {}, {}
     return train
+
+
+@pytest.fixture(scope="session")
+def import_generated():
+    """import_generated(folder, *names) -> [module]: see load_generated."""
+    return load_generated
+
+
+def load_generated(folder: Path, *names: str) -> list:
+    """Modules of the generated package in ``folder``, imported as train.py imports them
+    (its folder first on the path), afresh: the package's module names are taken out of
+    sys.modules before and after, so another folder's modules of the same names import
+    anew and nothing of this one stays behind."""
+    from dslc.codegen.package import MODULES
+
+    package = {m.removesuffix(".py") for m in MODULES}
+    saved = {n: sys.modules.pop(n) for n in package if n in sys.modules}
+    sys.path.insert(0, str(folder))
+    try:
+        return [importlib.import_module(n) for n in names]
+    finally:
+        sys.path.remove(str(folder))
+        for n in package:
+            sys.modules.pop(n, None)
+        sys.modules.update(saved)

@@ -95,7 +95,7 @@ def launch(run_script, tmp_path):
     (tmp_path / "inject").mkdir()
     (tmp_path / "inject" / "sitecustomize.py").write_text(INJECT)
 
-    def run(plan, *flags, fail=None, ok=True, torchrun=()):
+    def run(plan, *flags, fail=None, ok=True, torchrun=None):
         script = codegen.write(plan, tmp_path / "out") / "train.py"
         dump = tmp_path / f"{plan.name}.json"
         dump.unlink(missing_ok=True)

@@ -1,16 +1,15 @@
 """The context-parallel kernels of a generated script against PyTorch's attention.
 
-The script's context-parallel section (ring attention or Ulysses) is cut out of the
-generated train.py as it is, run under torchrun (CPU, gloo) on random q, k, v, and each
-rank's output and gradients compared with ``scaled_dot_product_attention`` over the whole
-sequence at that rank's positions: forward and backward, grouped-query attention, the
-load-balanced and the contiguous layout (where rank 0 attends only to its own diagonal
-block and the last rank to every block).
+The generated package's context_parallel.py (ring attention or Ulysses) is imported as
+it is, with the process groups its mesh.py builds, run under torchrun (CPU, gloo) on
+random q, k, v, and each rank's output and gradients compared with
+``scaled_dot_product_attention`` over the whole sequence at that rank's positions: forward
+and backward, grouped-query attention, the load-balanced and the contiguous layout (where
+rank 0 attends only to its own diagonal block and the last rank to every block).
 """
 
 from __future__ import annotations
 
-import ast
 import textwrap
 
 import pytest
@@ -32,18 +31,19 @@ plan p {{
 }}
 """
 
-# Runs on every rank: the kernels from the script, then the comparison.
+# Runs on every rank: the generated modules, then the comparison.
 DRIVER = textwrap.dedent(
     """
-    import math, sys
+    import datetime, sys
     import torch, torch.distributed as dist, torch.nn.functional as F
 
-    source, heads, kv, seq = sys.argv[1], *map(int, sys.argv[2:])
+    folder, heads, kv, seq = sys.argv[1], *map(int, sys.argv[2:])
+    sys.path.insert(0, folder)
+    import mesh, context_parallel
+
     dist.init_process_group("gloo")
     CP, CP_RANK = dist.get_world_size(), dist.get_rank()
-    ns = dict(torch=torch, dist=dist, math=math, F=F, METER=None, CALLING=[""], device=torch.device("cpu"),
-              SEQ_LEN=seq, CP=CP, CP_RANK=CP_RANK, GROUPS={"cp": dist.group.WORLD})
-    exec(compile(open(source).read(), source, "exec"), ns)
+    mesh.build_process_groups(CP_RANK, (("cp", CP),), (("cp",),), datetime.timedelta(seconds=60))
 
     B, hs = 2, 16
     g = torch.Generator().manual_seed(0)  # the same global tensors on every rank
@@ -52,29 +52,19 @@ DRIVER = textwrap.dedent(
     want = F.scaled_dot_product_attention(*full, is_causal=True, enable_gqa=heads != kv)
     (want * w).sum().backward()
 
-    at = ns["POSITIONS"]
+    at = context_parallel.positions()
     # this rank's tokens, laid out (B, T, n, hs) as the model's projections leave them
     mine = [t[:, :, at].transpose(1, 2).contiguous().transpose(1, 2).requires_grad_() for t in (q, k, v)]
-    got = ns["context_attention"](*mine)
+    got = context_parallel.context_attention(*mine)
     (got * w[:, :, at]).sum().backward()
     torch.testing.assert_close(got, want[:, :, at])
     for name, mine_t, full_t in zip("qkv", mine, full):
         torch.testing.assert_close(mine_t.grad, full_t.grad[:, :, at], msg=lambda m: f"d{name}: {m}")
     print(f"rank {CP_RANK} ok: positions {at.tolist()}")
+    mesh.GROUPS.clear()
     dist.destroy_process_group()
     """
 )
-
-
-def kernel_source(script: str) -> str:
-    """The top-level statements of the script's context-parallel section, and the mesh's
-    all_to_all (Ulysses)."""
-    lines = script.splitlines(keepends=True)
-    start = next(i for i, line in enumerate(lines) if line.startswith("# Context parallel:"))
-    end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("# ----"))
-    tree = ast.parse(script)
-    keep = [n for n in tree.body if start < n.lineno <= end or getattr(n, "name", "") == "all_to_all"]
-    return "\n\n".join(ast.get_source_segment(script, n) for n in keep) + "\n"
 
 
 @pytest.mark.parametrize(
@@ -88,8 +78,8 @@ def kernel_source(script: str) -> str:
 )
 def test_context_attention_equals_sdpa_on_the_whole_sequence(method, balance, cp, heads, kv, seq, run_script, tmp_path):
     plan = load_text(PLAN.format(cp=cp, heads=heads, kv=kv, seq=seq, method=method, balance=balance)).program.plans[0]
-    (tmp_path / "kernels.py").write_text(kernel_source(codegen.render(plan)["train.py"]))
+    folder = codegen.write(plan, tmp_path / "out")
     (tmp_path / "driver.py").write_text(DRIVER)
-    out = run_script(tmp_path / "driver.py", cp, tmp_path / "kernels.py", heads, kv, seq)
+    out = run_script(tmp_path / "driver.py", cp, folder, heads, kv, seq)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     assert out.stdout.count(" ok: positions ") == cp

@@ -61,20 +61,14 @@ def compile_plan(tmp: Path, name: str, model: str, init: str, mesh: str = "", n:
     return codegen.write(res.program.plans[0], tmp / name) / "train.py"
 
 
-def model_section(script: Path) -> dict:
-    """The settings and model sections (and the experts') of a generated train.py, run."""
-    text = script.read_text()
-    lines = text.splitlines(keepends=True)
-
-    def section(title: str) -> str:
-        start = next(i for i, line in enumerate(lines) if line.startswith("# " + title))
-        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("# ----")), len(lines))
-        return "".join(lines[start:end - 1])
-
-    titles = ["Settings", "Mixture of experts", "Model:"]
-    source = "".join(section(t) for t in titles if f"\n# {t}" in text)
-    ns = dict(torch=torch, nn=torch.nn, F=torch.nn.functional, math=math, device=torch.device("cpu"))
-    exec(compile(source, str(script), "exec"), ns)
+def model_section(script: Path, import_generated) -> dict:
+    """The generated serial model: the names of its plan.py, model.py and moe.py (if any),
+    imported from the script's folder."""
+    folder = script.parent
+    names = ["plan", "model"] + ["moe"] * (folder / "moe.py").exists()
+    ns = {}
+    for module in import_generated(folder, *names):
+        ns.update(vars(module))
     return ns
 
 
@@ -84,7 +78,7 @@ def our_logits(ns: dict, weights: dict, x):
     model.load_state_dict(weights)
     model.eval()
     if "ROUTING" in ns:
-        ns["ROUTING"].begin(1.0)
+        ns["ROUTING"].begin(1.0, torch.device("cpu"))
     with torch.no_grad():
         h = model.embed(x)
         rope = (model.rope_cos, model.rope_sin) if hasattr(model, "rope_cos") else ()
@@ -99,7 +93,7 @@ def hf_model(folder: Path):
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama", "llamahd", "mixtral"])
-def test_transformers_computes_our_logits(family, golden_plans, run_script, tmp_path):
+def test_transformers_computes_our_logits(family, golden_plans, run_script, tmp_path, import_generated):
     plan = golden_plans[f"{family}_serial"]
     script = codegen.write(plan, tmp_path) / "train.py"
     out, weights = tmp_path / "hf", tmp_path / "w.pt"
@@ -107,7 +101,7 @@ def test_transformers_computes_our_logits(family, golden_plans, run_script, tmp_
     assert run.returncode == 0, run.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
 
-    ns = model_section(script)
+    ns = model_section(script, import_generated)
     x = torch.randint(ns["VOCAB"], (2, ns["SEQ_LEN"]), generator=torch.Generator().manual_seed(0))
     ours = our_logits(ns, torch.load(weights), x)
     with torch.no_grad():

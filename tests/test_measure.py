@@ -179,26 +179,42 @@ def plans(golden_plans, pipeline_plans):
 
 
 @pytest.fixture(scope="module")
-def measured(plans, run_script, tmp_path_factory):
-    """measured(name) -> (plan, [record of rank 0, 1, ...]), running each plan once."""
+def measured(plans, run_script, run_programs, tmp_path_factory):
+    """measured(name) -> (plan, [record of rank 0, 1, ...]), running each plan once: the
+    first time a plan of a world size is asked for, with every plan of that size that
+    has not run yet (one job, run_programs); one that did not finish there, on its own."""
     pytest.importorskip("torch")
     root = tmp_path_factory.mktemp("measure")
     cache = {}
 
+    def flags(name):
+        return ["--steps", "1", "--measure", root / f"{name}.json"]
+
+    def keep(name):
+        plan = plans[name]
+        if plan.world_size == 1:
+            files = [root / f"{name}.json"]
+        else:
+            files = [root / f"{name}.rank{r}.json" for r in range(plan.world_size)]
+        cache[name] = (plan, [json.loads(f.read_text()) for f in files])
+
     def measure(name):
+        if name not in cache:
+            size = plans[name].world_size
+            batch = [name] + [n for n, p in plans.items() if n != name and n not in cache and p.world_size == size]
+            jobs = [(codegen.write(plans[n], root), flags(n)) for n in batch]
+            done = run_programs(jobs, size)
+            for n, (folder, _) in zip(batch, jobs):
+                if folder in done:
+                    keep(n)
         if name not in cache:
             plan = plans[name]
             script = codegen.write(plan, root) / "train.py"
-            out_file = root / f"{name}.json"
-            run = run_script(script, plan.world_size, "--steps", "1", "--measure", out_file)
+            run = run_script(script, plan.world_size, *flags(name))
             assert (
                 run.returncode == 0
             ), f"{name} failed:\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
-            if plan.world_size == 1:
-                files = [out_file]
-            else:
-                files = [root / f"{name}.rank{r}.json" for r in range(plan.world_size)]
-            cache[name] = (plan, [json.loads(f.read_text()) for f in files])
+            keep(name)
         return cache[name]
 
     return measure
@@ -333,8 +349,9 @@ def test_params_total_is_the_generated_models_parameter_count(case):
 
 
 def test_measuring_costs_nothing_without_the_flag(golden_plans, pipeline_plans):
-    """Without --measure METER is None, and every use of it sits behind a test of it:
-    the training path gains one `if METER` per collective and per micro-batch."""
+    """Without --measure METER is off, and every use of it but the switch that turns it
+    on (METER.start, behind the flag) sits behind a test of METER.on: the training path
+    gains one `if METER.on` per collective and per micro-batch, in every module."""
     import ast
 
     for plan in (
@@ -342,18 +359,22 @@ def test_measuring_costs_nothing_without_the_flag(golden_plans, pipeline_plans):
         golden_plans["llama_dp2_tp2_sp_zero1"],
         pipeline_plans["dp2_pp2_tp2"],
     ):
-        tree = ast.parse(codegen.render(plan)["train.py"])
-        parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
-        uses = [
-            n
-            for n in ast.walk(tree)
-            if isinstance(n, ast.Attribute) and getattr(n.value, "id", None) == "METER"
-        ]
-        assert len(uses) >= 5
-        for use in uses:
-            node, guarded = use, False
-            while node in parents and not guarded:
-                node = parents[node]
-                test = getattr(node, "test", None)
-                guarded = isinstance(node, (ast.If, ast.IfExp)) and "METER" in ast.unparse(test)
-            assert guarded, f"{plan.name}: line {use.lineno} uses METER unguarded"
+        uses = 0
+        for name, source in codegen.render(plan).items():
+            if not name.endswith(".py"):
+                continue
+            tree = ast.parse(source)
+            parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+            for use in ast.walk(tree):
+                if not (isinstance(use, ast.Attribute) and getattr(use.value, "id", None) == "METER"):
+                    continue
+                uses += 1
+                node, guarded = use, use.attr in ("on", "start")
+                while node in parents and not guarded:
+                    node = parents[node]
+                    test = getattr(node, "test", None)
+                    guarded = isinstance(node, (ast.If, ast.IfExp)) and "METER.on" in ast.unparse(test)
+                assert guarded, f"{plan.name}: {name} line {use.lineno} uses METER unguarded"
+                if use.attr == "start":
+                    assert "args.measure" in ast.unparse(parents[parents[parents[use]]].test)
+        assert uses >= 5

@@ -112,8 +112,8 @@ def test_every_json_the_scripts_write_is_strict():
     plans = [p for p in plans if p.name in ("gpt2pp_serial", "gpt2pp_dp2_pp2_tp2")]
     assert len(plans) == 2
     for plan in plans:
-        tree = ast.parse(codegen.render(plan)["train.py"])
-        calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+        modules = [text for name, text in codegen.render(plan).items() if name.endswith(".py")]
+        calls = [n for text in modules for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Call)]
         dumps = [c for c in calls if ast.unparse(c.func) in ("json.dump", "json.dumps")]
         assert dumps, plan.name
         for call in dumps:

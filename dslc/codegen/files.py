@@ -1,10 +1,12 @@
 """Writing a plan's output folder, ``root/<plan>/``: only the files dslc owns.
 
 The folder is the user's too: checkpoints, loss dumps and notes kept there survive a
-recompile. :func:`write` replaces ``train.py``, ``launch.sh`` and ``schedule.json`` each
-by a rename (every new file is written first, so a failure leaves the previous output as
-it was), removes nothing it did not write, and refuses a folder that holds plan sources
-or is a link to somewhere else. :func:`stale` is ``dslc compile --check``.
+recompile. :func:`write` replaces each file of the generated package, ``launch.sh`` and
+``schedule.json`` by a rename (every new file is written first, so a failure leaves the
+previous output as it was); it removes a module or schedule.json that it wrote for this
+plan earlier and the plan no longer needs, and nothing else; it refuses a folder that
+holds plan sources or is a link to somewhere else. :func:`stale` is
+``dslc compile --check``: every file that a write would change, add or remove.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from pathlib import Path
 
 from ..ir import Plan
 from .errors import CodegenError
-from .render import SCHEDULE_FILE, render
+from .package import MODULES
+from .render import SCHEDULE_FILE, render, shared_stamp
 from .view import DEFAULT_ROOT
 
 NAME_MAX = 255  # bytes in one folder name, on the file systems dslc writes to
@@ -51,19 +54,37 @@ def write(plan: Plan, root: Path = DEFAULT_ROOT, sources: Iterable[str] = ()) ->
     finally:
         for tmp in temps.values():
             tmp.unlink(missing_ok=True)
-    if SCHEDULE_FILE not in files and _wrote_schedule(target / SCHEDULE_FILE, plan.name):
-        (target / SCHEDULE_FILE).unlink()  # the plan no longer pipelines
+    for name in _left_over(target, files, plan.name):
+        (target / name).unlink()  # the plan no longer needs it
     return target
 
 
 def stale(plan: Plan, root: Path = DEFAULT_ROOT) -> list[str]:
-    """Paths under ``root/<plan>/`` that are missing or differ from a fresh render."""
+    """Paths under ``root/<plan>/`` that are missing or differ from a fresh render, and
+    the files dslc wrote there earlier that the plan no longer needs."""
     target = Path(root) / plan.name
-    out = []
-    for name, text in render(plan, root).items():
-        if _read(target / name) != text:
-            out.append(str(target / name))
-    return out
+    files = render(plan, root)
+    out = [str(target / name) for name, text in files.items() if _read(target / name) != text]
+    return out + [str(target / name) for name in _left_over(target, files, plan.name)]
+
+
+def _left_over(target: Path, files: dict[str, str], plan_name: str) -> list[str]:
+    """The modules and schedule.json in ``target`` that dslc wrote for this plan and that
+    ``files`` (a fresh render) no longer has."""
+    gone = [name for name in (*MODULES, SCHEDULE_FILE) if name not in files]
+    return [name for name in gone if _wrote(target / name, plan_name)]
+
+
+def _wrote(path: Path, plan_name: str) -> bool:
+    """Whether ``path`` is a file that dslc wrote for this plan: a module with its stamp,
+    or a schedule.json of the plan."""
+    if path.name == SCHEDULE_FILE:
+        return _wrote_schedule(path, plan_name)
+    head = (_read(path) or "").splitlines()[:3]
+    shared = shared_stamp().splitlines()
+    return len(head) == 3 and head[:2] == shared[:2] and (
+        head[2] == shared[2] or head[2].startswith(f"# Plan {plan_name} from ")
+    )
 
 
 def _refuse(target: Path, root: Path, sources: Iterable[str]) -> None:

@@ -1,5 +1,5 @@
 """The view of Hugging Face checkpoints: what ``--export-hf`` writes and what
-``init = hf("DIR")`` reads, as literals for templates/hf.jinja (the names and layouts
+``init = hf("DIR")`` reads, as literals for templates/hf.py.jinja (the names and layouts
 are the architecture's, :mod:`dslc.arch.hf`)."""
 
 from __future__ import annotations

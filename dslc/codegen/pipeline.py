@@ -1,6 +1,6 @@
 """The pipeline-parallel part of the view model, and the schedule.json sidecar.
 
-Everything the pipeline runtime (``templates/parallel/pp.jinja``) needs is decided here:
+Everything the pipeline runtime (``templates/pipeline_parallel.py.jinja``) needs is decided here:
 which layers each pipeline rank's model chunks hold (``Plan.stage_layers``, chunk g on
 pp rank g % pp as local chunk g // pp), the stride between a pipeline's ranks (the
 script pairs first and last stages for the tied embedding's gradient), and the action lists of
@@ -43,7 +43,7 @@ def pipeline_view(plan: Plan) -> dict:
         "pp_schedule": pl.schedule,
         "virtual_stages": v,
         "split_backward": split,
-        # zb_h1: every linear layer defers its weight gradient to W (parallel/zb.jinja)
+        # zb_h1: every linear layer defers its weight gradient to W (zero_bubble.py)
         "linear": "linear" if split else "F.linear",
         "pp_stride": plan.mesh.stride("pp"),
         "chunk_layers": repr(chunk_layers),

@@ -1,7 +1,10 @@
-"""Rendering: view model → Jinja → black → ``{relative path: text}``.
+"""Rendering: view model → Jinja → imports → black → ``{relative path: text}``.
 
-:func:`render` gives the files of a plan's output folder; pipeline plans also get
-``schedule.json``, the action lists the script executes (its hash is in the script).
+:func:`render` gives the files of a plan's output folder: the modules of the generated
+package that the plan needs (the view's ``package``, each from ``templates/<file>.jinja``),
+``launch.sh``, ``README.md`` (which file holds what), and for pipelines ``schedule.json``,
+the action lists the program executes (its hash is in the program). Each module gets its
+stamp and then its imports from :mod:`.link`; which files a plan has is :mod:`.package`.
 Writing them is :mod:`.files`.
 """
 
@@ -16,10 +19,13 @@ import jinja2
 from ..ir import Plan
 from ..resources import resource_dir
 from .errors import CodegenError
+from .link import link
+from .package import MODULES, SHARED
 from .view import DEFAULT_ROOT, view_model
 
-TEMPLATES = ("train.py", "launch.sh")
 SCHEDULE_FILE = "schedule.json"
+LAUNCHER = "launch.sh"
+README = "README.md"  # the folder's guide: how to run it, which file holds what
 
 
 def render(plan: Plan, root: Path = DEFAULT_ROOT) -> dict[str, str]:
@@ -29,13 +35,24 @@ def render(plan: Plan, root: Path = DEFAULT_ROOT) -> dict[str, str]:
     relative to the generated script, and the stamp's regenerate command)."""
     view = view_model(plan, Path(root))
     env = _environment()
+    stamp = env.get_template("macros.jinja").module.stamp
+    names = ["train.py"] + [name for name, _ in view["package"] if name in MODULES]
+    bodies = {name[:-3]: env.get_template(f"{name}.jinja").render(**view) for name in names}
     out = {}
-    for name in TEMPLATES:
-        text = env.get_template(f"{name}.jinja").render(**view)
-        out[name] = _format_python(text, name) if name.endswith(".py") else text
+    for module, text in link(bodies).items():
+        name = f"{module}.py"
+        head = stamp(view["plan_file"], view["plan_name"], view["regenerate"], shared=name in SHARED)
+        out[name] = _format_python(str(head) + text, name)
+    out[LAUNCHER] = env.get_template(f"{LAUNCHER}.jinja").render(**view)
+    out[README] = env.get_template(f"{README}.jinja").render(**view)
     if view["schedule_json"] is not None:
         out[SCHEDULE_FILE] = view["schedule_json"]
     return out
+
+
+def shared_stamp() -> str:
+    """The stamp of a module in :data:`.package.SHARED`; its first two lines open every module."""
+    return str(_environment().get_template("macros.jinja").module.stamp("", "", "", shared=True))
 
 
 @lru_cache(maxsize=1)

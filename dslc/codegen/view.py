@@ -27,6 +27,7 @@ from ..ir import Plan
 from .errors import Unsupported
 from .hf import hf_view
 from .literals import comment_safe, identifier, number
+from .package import package
 from .pipeline import pipeline_view
 
 DEFAULT_ROOT = Path("generated")
@@ -59,6 +60,7 @@ def view_model(plan: Plan, root: Path = DEFAULT_ROOT) -> dict:
     }
     # schedule.json, the data files and init's checkpoint (unless absolute) are found from the script's folder
     view["needs_script_dir"] = view["pipeline_parallel"] or view["reads_files"] or view["hf_init"]
+    view["package"] = package(view)
     return view
 
 
@@ -136,7 +138,6 @@ def _parallel(plan: Plan) -> dict:
     return {
         "mesh": repr(tuple(axes)),
         "group_axes": repr(tuple(group_axes)),
-        "parallel_axes": parallel,
         "world_size": world,
         "distributed": world > 1,
         "dp": dp,
@@ -153,8 +154,7 @@ def _parallel(plan: Plan) -> dict:
         "data_ranks": _data_ranks(plan),
         "loss_ranks": _loss_ranks(plan),
         "splits_rows": bool(data),  # dp (and ep) ranks take their own rows of the batch
-        "data_rank": {("ep",): "EP_RANK", ("dp", "ep"): "(DP_RANK * EP + EP_RANK)"}.get(data, "DP_RANK"),
-        "bucket_shards": "self.shards" if plan.model.is_moe else "SHARDS",  # a group per bucket
+        "data_rank": {("ep",): 'COORDS["ep"]', ("dp", "ep"): '(COORDS["dp"] * EP + COORDS["ep"])'}.get(data, 'COORDS["dp"]'),
         "tensor_parallel": tp > 1,
         "sequence_parallel": sp,
         "layout": layout,
@@ -165,11 +165,6 @@ def _parallel(plan: Plan) -> dict:
         "zero3": zero_stage == 3,
         "reshard_after_forward": plan.data_parallel.reshard_after_forward,
         "shard_optimizer": shard_optimizer,
-        "uses_all_gather": tp > 1 or shard_optimizer or plan.ep > 1,
-        "uses_all_to_all": plan.ep > 1 or (plan.cp > 1 and plan.context_parallel.method == "ulysses"),
-        "uses_reduce_scatter": sp or shard_optimizer,
-        # a MoE under SP all-gathers its tp slices' expert counts: bookkeeping, not predicted
-        "gathers_bookkeeping": sp and plan.model.is_moe,
         "column_linear": "ColumnParallelLinear" if tp > 1 else "Linear",
         "row_linear": "RowParallelLinear" if tp > 1 else "Linear",
         "bucket_bytes": BUCKET_BYTES,
