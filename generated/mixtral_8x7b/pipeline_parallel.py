@@ -65,8 +65,9 @@ def p2p(ops):
 
 def run_schedule(model, actions, x, y, scale, buckets):
     """Runs this rank's `actions` on a step's micro-batches x, y, each loss scaled by
-    `scale` before backward; returns the sum of the losses (0 but on the last stage).    A chunk's gradient `buckets` start their reduction in its last backward.
-    """
+    `scale` before backward; returns the sum of the losses (0 but on the last
+    stage). The gradient `buckets` of a chunk start their reduction in its last
+    backward."""
     inputs = {}  # (micro-batch, chunk) -> received activation (a leaf)
     outputs = {}  # -> the chunk's output, or its scaled loss on the last chunk
     grads = {}  # -> received gradient of the output
