@@ -58,15 +58,17 @@ SIDES = {  # name -> (mesh, options)
 }
 
 
-def allgather_attention(ns: dict):
-    """The Llama 3 paper's context parallel, on the generated script's layout: K and V
-    all-gathered over cp in rank order, each rank's queries attending the keys at or
-    before their positions."""
-    torch, dist, F = ns["torch"], ns["dist"], ns["F"]
-    cp, group = ns["CP"], ns["GROUPS"]["cp"]
-    chunk = ns["CHUNK"]
-    everyone = torch.cat([torch.arange(c * chunk, (c + 1) * chunk) for r in range(cp) for c in ns["cp_chunks"](r)])
-    allowed = everyone[None, :] <= ns["POSITIONS"][:, None]  # (T, cp·T)
+def allgather_attention(cp_module):
+    """The Llama 3 paper's context parallel, on the generated program's layout (its
+    context_parallel module): K and V all-gathered over cp in rank order, each rank's
+    queries attending the keys at or before their positions."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    cp, group, chunk = cp_module.CP, cp_module.GROUPS["cp"], cp_module.CHUNK
+    everyone = torch.cat([torch.arange(c * chunk, (c + 1) * chunk) for r in range(cp) for c in cp_module.cp_chunks(r)])
+    allowed = everyone[None, :] <= cp_module.positions()[:, None]  # (T, cp·T)
 
     class Gather(torch.autograd.Function):
         @staticmethod
@@ -92,12 +94,15 @@ def allgather_attention(ns: dict):
 
 
 def worker(script: str, peer: bool) -> None:
-    """Runs a generated train.py in this process; with `peer`, on all-gather-KV attention."""
+    """Runs a generated train.py in this process; with `peer`, its model attends through
+    all-gather-KV attention in place of the program's context_attention."""
+    import runpy
+
     sys.argv = [script, *sys.argv[sys.argv.index("--") + 1 :]]
-    ns = {"__name__": "bench", "__file__": script}
-    exec(compile(Path(script).read_text(), script, "exec"), ns)  # noqa: S102 - dslc's own output
+    sys.path.insert(0, str(Path(script).parent))  # the program's modules, as train.py finds them
+    ns = runpy.run_path(script, run_name="bench")  # start-up and the model; main() not yet
     if peer:
-        ns["context_attention"] = allgather_attention(ns)
+        sys.modules["model"].context_attention = allgather_attention(sys.modules["context_parallel"])
     ns["main"]()
 
 

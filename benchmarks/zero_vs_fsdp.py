@@ -65,6 +65,7 @@ def generated_worker(script: str) -> None:
 
     base = rss_bytes()
     sys.argv = [script, *sys.argv[sys.argv.index("--") + 1 :]]
+    sys.path.insert(0, os.path.dirname(script))  # the program's modules, as train.py finds them
     runpy.run_path(script, run_name="__main__")
     print(f"RSS {os.environ['RANK']} {rss_bytes() - base}", flush=True)
 

@@ -97,14 +97,16 @@ def trained(run_script, run_programs, golden_plans, tmp_path_factory):
     plan name and flags; trained.logs[(name, flags)] is its standard output and
     trained.validation[(name, flags)] its validation losses, [step, loss] each.
 
-    The first time a plan of the golden table is asked for, every golden plan of its
-    world size that has not run yet runs with it, in one job (run_programs); a plan
-    that did not finish there runs again on its own, so a failure is its own."""
+    The first time a plan of the golden table (or one a test module announced with
+    trained.expect(plan, ...)) is asked for without flags, every such plan of its world
+    size that has not run yet runs with it, in one job (run_programs); a plan that did
+    not finish there runs again on its own, so a failure is its own."""
     torch = pytest.importorskip("torch")
     from dslc import codegen
 
     root = tmp_path_factory.mktemp("golden")
     cache = {}
+    pool = dict(golden_plans)  # the plans a job may train before a test asks for them
 
     def flags(plan, args):
         losses, weights = root / f"{plan.name}.json", root / f"{plan.name}.pt"
@@ -119,9 +121,9 @@ def trained(run_script, run_programs, golden_plans, tmp_path_factory):
 
     def train(plan, *args):
         key = (plan.name, args)
-        if key not in cache and not args and golden_plans.get(plan.name) == plan:
+        if key not in cache and not args and pool.get(plan.name) == plan:
             batch = [plan] + [
-                p for name, p in golden_plans.items()
+                p for name, p in pool.items()
                 if name != plan.name and (name, ()) not in cache and p.world_size == plan.world_size
             ]
             jobs = [(codegen.write(p, root), flags(p, ())) for p in batch]
@@ -138,7 +140,10 @@ def trained(run_script, run_programs, golden_plans, tmp_path_factory):
             keep(plan, args, out.stdout)
         return cache[key]
 
-    train.logs, train.validation = {}, {}
+    def expect(*plans):
+        pool.update((p.name, p) for p in plans)
+
+    train.logs, train.validation, train.expect = {}, {}, expect
     return train
 
 

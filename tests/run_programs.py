@@ -17,6 +17,7 @@ status, and the caller runs them again on their own.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import runpy
@@ -47,6 +48,7 @@ def run(folder: str, args: list[str], attempt: int) -> int:
         return 1
     finally:
         sys.path.remove(folder)
+        gc.collect()  # the program's model and optimizer, before the next one's
 
 
 def main() -> None:

@@ -188,14 +188,38 @@ RECOMPUTE = {
 }
 
 
+def recompute_variant(golden_plans, name):
+    policy, every = RECOMPUTE[name]
+    plan = golden_plans[name]
+    train = dataclasses.replace(plan.train, recompute=policy, recompute_every=every)
+    return dataclasses.replace(plan, name=f"{name}_{policy}_every{every}", train=train)
+
+
+# 16-bit working weights: each family's serial plan and these, in bf16 and fp16
+MIXED = {"llama": ("llama_dp2_tp2_sp_zero1", "llama_dp4_zero2", "llama_dp2_zero3_full", "llama_cp2"),
+         "mixtral": ("mixtral_dp2_ep2_zero1",)}
+
+
+def precision_variant(golden_plans, name, precision):
+    plan = golden_plans[name]
+    return dataclasses.replace(plan, name=f"{name}_{precision}", train=dataclasses.replace(plan.train, precision=precision))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def variants(golden_plans, trained):
+    """The plans of the tests below that are not in the table train in its jobs too."""
+    trained.expect(*(recompute_variant(golden_plans, name) for name in RECOMPUTE))
+    trained.expect(*(
+        precision_variant(golden_plans, name, precision)
+        for family, parallel in MIXED.items() for name in (f"{family}_serial", *parallel) for precision in ("bf16", "fp16")
+    ))
+
+
 @pytest.mark.parametrize("name", sorted(RECOMPUTE))
 def test_recompute_policies_match_serial(name, golden_plans, trained):
     import torch
 
-    policy, every = RECOMPUTE[name]
-    plan, ref = golden_plans[name], golden_plans[serial_of(name)]
-    train = dataclasses.replace(plan.train, recompute=policy, recompute_every=every)
-    plan = dataclasses.replace(plan, name=f"{name}_{policy}_every{every}", train=train)
+    plan, ref = recompute_variant(golden_plans, name), golden_plans[serial_of(name)]
     assert ref.train.recompute == "none" and plan.train.precision == "fp32"
     losses, weights = trained(plan)
     ref_losses, ref_weights = trained(ref)
@@ -302,16 +326,9 @@ def test_mixed_precision_tracks_fp32(precision, family, golden_plans, trained):
     parallel ones (llama: dp2 x tp2 + sp with ZeRO-1, dp4 with ZeRO-2, dp2 with ZeRO-3
     and 16-bit gathers, cp2 ring attention with 16-bit K/V passes; mixtral: dp2 x ep2,
     ZeRO-1) stay within 16-bit rounding of the fp32 serial run."""
-    parallel = {"llama": ("llama_dp2_tp2_sp_zero1", "llama_dp4_zero2", "llama_dp2_zero3_full", "llama_cp2"),
-                "mixtral": ("mixtral_dp2_ep2_zero1",)}[family]
     ref_losses = trained(golden_plans[f"{family}_serial"])[0]
-    for name in (f"{family}_serial", *parallel):
-        plan = golden_plans[name]
-        plan = dataclasses.replace(
-            plan,
-            name=f"{name}_{precision}",
-            train=dataclasses.replace(plan.train, precision=precision),
-        )
+    for name in (f"{family}_serial", *MIXED[family]):
+        plan = precision_variant(golden_plans, name, precision)
         losses = trained(plan)[0]
         for got, want in zip(losses, ref_losses):
             assert abs(got - want) <= 1e-3 * want, (plan.name, losses, ref_losses)

@@ -42,7 +42,7 @@ def render(plan: Plan, root: Path = DEFAULT_ROOT) -> dict[str, str]:
     for module, text in link(bodies).items():
         name = f"{module}.py"
         head = stamp(view["plan_file"], view["plan_name"], view["regenerate"], shared=name in SHARED)
-        out[name] = _format_python(str(head) + text, name)
+        out[name] = str(head) + _format_python(text, name)  # the stamp: comments, as they are
     out[LAUNCHER] = env.get_template(f"{LAUNCHER}.jinja").render(**view)
     out[README] = env.get_template(f"{README}.jinja").render(**view)
     if view["schedule_json"] is not None:
@@ -75,7 +75,10 @@ def templates_dir() -> Path:
         raise CodegenError(str(e)) from None
 
 
+@lru_cache(maxsize=512)
 def _format_python(text: str, name: str) -> str:
+    """black's layout of a module. Many modules come out the same in many plans (the stamp
+    aside, which is left out), so a run that compiles many plans formats each text once."""
     try:
         return black.format_str(text, mode=black.Mode())
     except black.InvalidInput as e:  # a template bug, not a plan error
