@@ -4,6 +4,7 @@ hypothesis profile for CI."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import os
@@ -23,6 +24,48 @@ if os.environ.get("CI"):
     settings.load_profile("ci")
 GOLDEN = ROOT / "tests" / "golden"
 RUN_PROGRAMS = ROOT / "tests" / "run_programs.py"
+
+
+# The longest files first: make test runs each file on one worker (--dist loadfile),
+# and a long file handed out last would run on alone at the end.
+LONGEST = ("test_golden.py", "test_checkpoint.py", "test_measure.py", "test_codegen.py", "test_data.py", "test_hf.py")
+
+
+def pytest_collection_modifyitems(items):
+    first = {name: i for i, name in enumerate(LONGEST)}
+    items.sort(key=lambda item: first.get(item.path.name, len(LONGEST)))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def black_layouts_shared(tmp_path_factory):
+    """black's layout of a module's text, kept on disk for this run's other worker too:
+    the workers compile many of the same plans (the golden table, in its tests and in
+    test_codegen's), and black is most of a compile. A content-addressed cache of a pure
+    function: the compiled files are the same bytes."""
+    import black
+
+    import dslc.codegen  # noqa: F401
+
+    render = sys.modules["dslc.codegen.render"]  # the module: dslc.codegen.render is the function
+    base = tmp_path_factory.getbasetemp()  # under xdist, the workers' share a parent: this run's
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "black-layouts"
+    shared.mkdir(exist_ok=True)
+    layout = render._format_python
+
+    def cached(text, name):
+        path = shared / hashlib.sha256(f"{black.__version__}\n{text}".encode()).hexdigest()
+        try:
+            return path.read_text()
+        except FileNotFoundError:
+            out = layout(text, name)
+            tmp = path.with_suffix(f".{os.getpid()}")
+            tmp.write_text(out)
+            os.replace(tmp, path)  # whole or absent: another worker may read it now
+            return out
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(render, "_format_python", cached)
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -30,7 +30,7 @@ from dslc import codegen
 from dslc.driver import load_text
 from dslc.ir import Checkpoint
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("golden")]
+pytestmark = pytest.mark.slow
 
 CLUSTERS = Path(__file__).resolve().parent / "golden" / "clusters.plan"
 INJECT = '''
@@ -87,19 +87,18 @@ plan ck_{layout} {{
     return res.program.plans[0]
 
 
-@pytest.fixture
-def launch(run_script, tmp_path):
+def launcher(run_script, folder: Path):
     """launch(plan, *flags, fail=None) -> (losses, first step, completed process): the plan
-    compiled and run (torchrun for several ranks) with --dump-losses; fail: the
-    environment of the injected failure."""
-    (tmp_path / "inject").mkdir()
-    (tmp_path / "inject" / "sitecustomize.py").write_text(INJECT)
+    compiled into ``folder`` and run (torchrun for several ranks) with --dump-losses;
+    fail: the environment of the injected failure."""
+    (folder / "inject").mkdir()
+    (folder / "inject" / "sitecustomize.py").write_text(INJECT)
 
     def run(plan, *flags, fail=None, ok=True, torchrun=None):
-        script = codegen.write(plan, tmp_path / "out") / "train.py"
-        dump = tmp_path / f"{plan.name}.json"
+        script = codegen.write(plan, folder / "out") / "train.py"
+        dump = folder / f"{plan.name}.json"
         dump.unlink(missing_ok=True)
-        env = {"PYTHONPATH": str(tmp_path / "inject"), **(fail or {})}
+        env = {"PYTHONPATH": str(folder / "inject"), **(fail or {})}
         out = run_script(script, plan.world_size, "--dump-losses", dump, *flags, env=env, timeout=300, torchrun=torchrun)
         if not ok:
             return None, None, out
@@ -108,6 +107,23 @@ def launch(run_script, tmp_path):
         return dumped["loss"], dumped["first_step"], out
 
     return run
+
+
+@pytest.fixture
+def launch(run_script, tmp_path):
+    return launcher(run_script, tmp_path)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(run_script, tmp_path_factory):
+    """(losses, checkpoint folder) of the dp2 x tp2 plan run to the end, saving every 2
+    steps in the background: the run the tests below compare with and read from (copy
+    the folder to change it). Saving does not change training: its losses are a
+    synchronous save's too."""
+    base = tmp_path_factory.mktemp("uninterrupted")
+    ck = base / "ck"
+    losses, _, _ = launcher(run_script, base)(gpt2_plan(base, "dp2_tp2", ck, extra="; async = true"))
+    return losses, ck
 
 
 def steps(ck: Path) -> list[str]:
@@ -130,15 +146,14 @@ def error_line(out) -> str:
     return lines.pop().removeprefix("train.py: error: ")
 
 
-def test_a_save_killed_on_every_rank_leaves_the_one_before(tmp_path, launch):
+def test_a_save_killed_on_every_rank_leaves_the_one_before(tmp_path, launch, uninterrupted):
     """SIGKILL on every rank after the second save's data is written and before its
     commit: step 4's folder stays .partial, --resume takes step 2, and the resumed run's
     losses are the uninterrupted run's bit for bit (the same layout: dp2 x tp2)."""
+    whole, written = uninterrupted
+    assert steps(written) == ["step0000002", "step0000004"]
     ck = tmp_path / "ck"
     plan = gpt2_plan(tmp_path, "dp2_tp2", ck)
-    whole, _, _ = launch(plan)
-    assert steps(ck) == ["step0000002", "step0000004"]
-    shutil.rmtree(ck)
     _, _, out = launch(plan, fail={"FAIL_AT_SAVE": "2", "FAIL_HOW": "kill_after_write"}, ok=False)
     assert out.returncode != 0
     assert steps(ck) == ["step0000002", "step0000004.partial"]
@@ -150,18 +165,12 @@ def test_a_save_killed_on_every_rank_leaves_the_one_before(tmp_path, launch):
 
 
 @pytest.mark.parametrize("reader", ["pp2_tp2", "serial", "dp2_zero3"])
-def test_a_checkpoint_resumes_under_another_layout(tmp_path_factory, launch, reader):
+def test_a_checkpoint_resumes_under_another_layout(tmp_path, launch, uninterrupted, reader):
     """Written by dp2 x tp2 (tp shards; saved in the background), read by tp2 x pp2 with sp (stages, the tied
     embedding's copy on the last stage), by one process, and by ZeRO-3 over dp2 (flat
     shards cut across parameters): steps 3-4 equal the writer's within 1e-5."""
-    base = tmp_path_factory.getbasetemp() / "ck_writer"
-    ck = base / "ck"
-    if not (base / "losses.json").exists():
-        base.mkdir(exist_ok=True)
-        whole, _, _ = launch(gpt2_plan(base, "dp2_tp2", ck, extra="; async = true"))
-        (base / "losses.json").write_text(json.dumps(whole))
-    whole = json.loads((base / "losses.json").read_text())
-    mine = tmp_path_factory.mktemp(reader) / "ck"
+    whole, ck = uninterrupted
+    mine = tmp_path / "ck"
     shutil.copytree(ck, mine)
     only_up_to(mine, 2)
     resumed, first, out = launch(gpt2_plan(mine.parent, reader, mine), "--resume")
@@ -203,13 +212,12 @@ def test_fp16_with_dropout_resumes_bit_for_bit_and_keeps_the_newest(tmp_path, la
     assert first == 3 and resumed == whole[3:]
 
 
-def test_a_killed_rank_restarts_the_job_by_itself(tmp_path, launch):
+def test_a_killed_rank_restarts_the_job_by_itself(tmp_path, launch, uninterrupted):
     """max_restarts = 1: rank 1 dies before the second save; torchrun restarts every rank,
     which resume from step 2 on their own and finish with the uninterrupted run's losses."""
+    whole, _ = uninterrupted
     ck = tmp_path / "ck"
     plan = gpt2_plan(tmp_path, "dp2_tp2", ck, extra="; max_restarts = 1")
-    whole, _, _ = launch(plan)
-    shutil.rmtree(ck)
     fail = {"FAIL_AT_SAVE": "2", "FAIL_HOW": "kill", "FAIL_RANK": "1"}
     losses, first, out = launch(plan, fail=fail, torchrun=("--max-restarts", plan.train.checkpoint.max_restarts))
     assert "a peer is gone or hung" in out.stderr  # the survivors said which collective
@@ -228,12 +236,11 @@ def test_a_hung_peer_is_named_after_the_timeout(tmp_path, launch):
     assert 'train.py", line' not in out.stderr
 
 
-def test_bad_checkpoints_are_refused_in_one_line(tmp_path, launch, golden_plans):
+def test_bad_checkpoints_are_refused_in_one_line(tmp_path, launch, uninterrupted):
     """A truncated shard, a missing shard, another model's checkpoint and a metadata
     pickle that would run code: exit 1 with one line naming the file, nothing loaded."""
     ck = tmp_path / "ck"
-    writer = gpt2_plan(tmp_path, "dp2_tp2", ck, every=4)
-    launch(writer)
+    shutil.copytree(uninterrupted[1], ck)  # dp2 x tp2's, the newest at step 4
     reader = gpt2_plan(tmp_path, "serial", ck, every=4)
     step = ck / "step0000004"
 

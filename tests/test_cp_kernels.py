@@ -10,6 +10,8 @@ rank 0 attends only to its own diagonal block and the last rank to every block).
 
 from __future__ import annotations
 
+import json
+import re
 import textwrap
 
 import pytest
@@ -17,7 +19,7 @@ import pytest
 from dslc import codegen
 from dslc.driver import load_text
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("golden")]
+pytestmark = pytest.mark.slow
 
 PLAN = """
 cluster c {{ nodes = 1; gpus_per_node = {cp}; device = cpu
@@ -31,55 +33,77 @@ plan p {{
 }}
 """
 
-# Runs on every rank: the generated modules, then the comparison.
+# Runs on every rank: for each case, the generated modules, then the comparison. The cases
+# of one world size share a torchrun job; each imports its own package afresh.
 DRIVER = textwrap.dedent(
     """
-    import datetime, sys
+    import datetime, json, sys, traceback
     import torch, torch.distributed as dist, torch.nn.functional as F
-
-    folder, heads, kv, seq = sys.argv[1], *map(int, sys.argv[2:])
-    sys.path.insert(0, folder)
-    import mesh, context_parallel
 
     dist.init_process_group("gloo")
     CP, CP_RANK = dist.get_world_size(), dist.get_rank()
-    mesh.build_process_groups(CP_RANK, (("cp", CP),), (("cp",),), datetime.timedelta(seconds=60))
+    for case, (folder, heads, kv, seq) in enumerate(json.loads(sys.argv[1])):
+        for name in ("mesh", "context_parallel", "plan", "meter", "utils"):
+            sys.modules.pop(name, None)
+        sys.path.insert(0, folder)
+        import mesh, context_parallel
+        sys.path.remove(folder)
+        mesh.build_process_groups(CP_RANK, (("cp", CP),), (("cp",),), datetime.timedelta(seconds=60))
 
-    B, hs = 2, 16
-    g = torch.Generator().manual_seed(0)  # the same global tensors on every rank
-    q, k, v, w = (torch.randn(B, n, seq, hs, generator=g) for n in (heads, kv, kv, heads))
-    full = [t.clone().requires_grad_() for t in (q, k, v)]
-    want = F.scaled_dot_product_attention(*full, is_causal=True, enable_gqa=heads != kv)
-    (want * w).sum().backward()
+        B, hs = 2, 16
+        g = torch.Generator().manual_seed(0)  # the same global tensors on every rank
+        q, k, v, w = (torch.randn(B, n, seq, hs, generator=g) for n in (heads, kv, kv, heads))
+        full = [t.clone().requires_grad_() for t in (q, k, v)]
+        want = F.scaled_dot_product_attention(*full, is_causal=True, enable_gqa=heads != kv)
+        (want * w).sum().backward()
 
-    at = context_parallel.positions()
-    # this rank's tokens, laid out (B, T, n, hs) as the model's projections leave them
-    mine = [t[:, :, at].transpose(1, 2).contiguous().transpose(1, 2).requires_grad_() for t in (q, k, v)]
-    got = context_parallel.context_attention(*mine)
-    (got * w[:, :, at]).sum().backward()
-    torch.testing.assert_close(got, want[:, :, at])
-    for name, mine_t, full_t in zip("qkv", mine, full):
-        torch.testing.assert_close(mine_t.grad, full_t.grad[:, :, at], msg=lambda m: f"d{name}: {m}")
-    print(f"rank {CP_RANK} ok: positions {at.tolist()}")
-    mesh.GROUPS.clear()
+        at = context_parallel.positions()
+        # this rank's tokens, laid out (B, T, n, hs) as the model's projections leave them
+        mine = [t[:, :, at].transpose(1, 2).contiguous().transpose(1, 2).requires_grad_() for t in (q, k, v)]
+        got = context_parallel.context_attention(*mine)
+        (got * w[:, :, at]).sum().backward()
+        try:
+            torch.testing.assert_close(got, want[:, :, at])
+            for name, mine_t, full_t in zip("qkv", mine, full):
+                torch.testing.assert_close(mine_t.grad, full_t.grad[:, :, at], msg=lambda m: f"d{name}: {m}")
+            print(f"case {case} rank {CP_RANK} ok: positions {at.tolist()}", flush=True)
+        except AssertionError:
+            print(f"case {case} rank {CP_RANK} differs:", traceback.format_exc(), flush=True)
+        mesh.GROUPS.clear()
     dist.destroy_process_group()
     """
 )
 
+CASES = [  # method, load_balance, cp, heads, kv heads, sequence
+    ("ring", "true", 4, 4, 2, 32),  # 8 chunks: full, diagonal and skipped blocks; GQA
+    ("ring", "false", 4, 4, 4, 24),  # contiguous: rank 0 one block, rank 3 four
+    ("ring", "true", 2, 2, 1, 16),  # one kv head shared by both query heads
+    ("ulysses", "false", 2, 4, 2, 24),  # heads and kv heads split over cp; GQA
+]
 
-@pytest.mark.parametrize(
-    "method, balance, cp, heads, kv, seq",
-    [
-        ("ring", "true", 4, 4, 2, 32),  # 8 chunks: full, diagonal and skipped blocks; GQA
-        ("ring", "false", 4, 4, 4, 24),  # contiguous: rank 0 one block, rank 3 four
-        ("ring", "true", 2, 2, 1, 16),  # one kv head shared by both query heads
-        ("ulysses", "false", 2, 4, 2, 24),  # heads and kv heads split over cp; GQA
-    ],
-)
-def test_context_attention_equals_sdpa_on_the_whole_sequence(method, balance, cp, heads, kv, seq, run_script, tmp_path):
-    plan = load_text(PLAN.format(cp=cp, heads=heads, kv=kv, seq=seq, method=method, balance=balance)).program.plans[0]
-    folder = codegen.write(plan, tmp_path / "out")
-    (tmp_path / "driver.py").write_text(DRIVER)
-    out = run_script(tmp_path / "driver.py", cp, folder, heads, kv, seq)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
-    assert out.stdout.count(" ok: positions ") == cp
+
+@pytest.fixture(scope="module")
+def runs(run_script, tmp_path_factory):
+    """The driver's output for every case, one torchrun job per cp size."""
+    tmp = tmp_path_factory.mktemp("cp_kernels")
+    (tmp / "driver.py").write_text(DRIVER)
+    out = {}
+    for cp in sorted({c[2] for c in CASES}):
+        cases = [c for c in CASES if c[2] == cp]
+        jobs = []
+        for method, balance, _, heads, kv, seq in cases:
+            text = PLAN.format(cp=cp, heads=heads, kv=kv, seq=seq, method=method, balance=balance)
+            plan = load_text(text).program.plans[0]
+            folder = codegen.write(plan, tmp / f"{method}_{balance}_{cp}_{heads}_{kv}_{seq}")
+            jobs.append([str(folder), heads, kv, seq])
+        run = run_script(tmp / "driver.py", cp, json.dumps(jobs))
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
+        for k, case in enumerate(cases):  # (the ranks' lines may interleave)
+            out[case] = ({int(r) for r in re.findall(rf"case {k} rank (\d+) ok: positions ", run.stdout)}, run.stdout)
+    return out
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+def test_context_attention_equals_sdpa_on_the_whole_sequence(case, runs):
+    ranks, stdout = runs[case]
+    assert ranks == set(range(case[2])), stdout[-4000:]

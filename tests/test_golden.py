@@ -12,8 +12,8 @@ and with a first and last chunk of no layers, mixtral and mixtralcap (experts), 
 (experts after a dense first block, with a shared expert), tokens
 (a 70,000-id vocabulary on uint32 files, blended, with a validation loss compared
 too). ZeRO-2 and ZeRO-3 plans sit in the gpt2, llama and pipeline families (REQUIRED_ZERO),
-context-parallel ones too (REQUIRED_CP). One serial run per family is shared; all
-tests here share one xdist group so multi-process runs never overlap on a small machine.
+context-parallel ones too (REQUIRED_CP). One serial run per family is shared, and the
+plans of one world size train in one torchrun job (conftest's trained and run_programs).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import pytest
 from dslc import codegen
 from dslc.ir import Data
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("golden")]
+pytestmark = pytest.mark.slow
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 ROOT = GOLDEN.parents[1]

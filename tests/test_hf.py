@@ -22,7 +22,7 @@ import pytest
 from dslc import codegen
 from dslc.driver import load_text
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("golden")]
+pytestmark = pytest.mark.slow
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")

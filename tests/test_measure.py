@@ -23,7 +23,7 @@ from dslc.driver import load_text
 from dslc.groups import replica_group
 from dslc.report import explain as report
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("golden")]
+pytestmark = pytest.mark.slow
 
 ACTIVATION_RTOL = 0.10
 
