@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 # Each test file runs on one worker (its module fixtures, such as the golden plans'
 # training jobs, are built once); conftest.py hands out the longest files first.
 test: $(VENV)/.installed
-	$(PY) -m pytest -q -n 2 --dist loadfile tests
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder tests
 
 # Lint the example plans, then compile the tiny CPU plan (dp2 × tp2 with
 # sequence parallel) and train it on the bundled text with 4 gloo processes.

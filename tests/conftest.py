@@ -24,6 +24,7 @@ if os.environ.get("CI"):
     settings.load_profile("ci")
 GOLDEN = ROOT / "tests" / "golden"
 RUN_PROGRAMS = ROOT / "tests" / "run_programs.py"
+FORKSERVER = ROOT / "tests" / "forkserver.py"
 
 
 # The longest files first: make test runs each file on one worker (--dist loadfile),
@@ -80,24 +81,49 @@ def golden_plans():
 
 
 @pytest.fixture(scope="session")
-def run_script():
+def run_script(tmp_path_factory):
     """run(train_py, nproc, *args, env=..., torchrun=...) -> CompletedProcess: one process
-    with python (no torchrun variables unless ``env`` sets them), more, or one with
-    ``torchrun`` given, with torchrun --standalone (a free port each time, so runs may
-    overlap) and its extra flags ``torchrun``."""
+    as ``python train.py`` runs it (no torchrun variables unless ``env`` sets them), more,
+    or one with ``torchrun`` given, with torchrun --standalone (a free port each time, so
+    runs may overlap) and its extra flags ``torchrun``.
+
+    One process is forked from tests/forkserver.py, which has imported torch once,
+    unless ``env`` sets a PYTHON* variable (read when an interpreter starts: a
+    sitecustomize on PYTHONPATH) or ``torchrun`` is given: a real interpreter then."""
+    base = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    base |= {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    outputs = tmp_path_factory.mktemp("runs")
+    server = []  # the fork server, started at its first use
+
+    def forked(argv, env, cwd, timeout):
+        if not server:
+            server.append(subprocess.Popen(
+                [sys.executable, str(FORKSERVER), *package_modules()], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                text=True, env=base,
+            ))
+        n = len(list(outputs.iterdir()))
+        out, err = outputs / f"{n}.out", outputs / f"{n}.err"
+        request = {"argv": argv, "env": env, "cwd": str(cwd or os.getcwd()), "stdout": str(out), "stderr": str(err), "timeout": timeout}
+        server[0].stdin.write(json.dumps(request) + "\n")
+        server[0].stdin.flush()
+        code = json.loads(server[0].stdout.readline())["returncode"]
+        stdout, stderr = out.read_text(), err.read_text()
+        if code is None:
+            raise subprocess.TimeoutExpired(argv, timeout, stdout, stderr)
+        return subprocess.CompletedProcess(argv, code, stdout, stderr)
 
     def run(train_py: Path, nproc: int, *args: str, timeout: float = 600, cwd=None, env=None, torchrun=None):
+        env = base | (env or {})
+        args = [str(a) for a in args]
+        if nproc == 1 and torchrun is None and all(env[k] == base.get(k) for k in env if k.startswith("PYTHON")):
+            return forked([str(train_py), *args], env, cwd, timeout)
         if nproc > 1 or torchrun is not None:
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", *map(str, torchrun or ())]
             cmd += [f"--nproc-per-node={nproc}", str(train_py)]
         else:
             cmd = [sys.executable, str(train_py)]
-        torchrun = ("WORLD_SIZE", "RANK", "LOCAL_RANK")
-        env = {k: v for k, v in os.environ.items() if k not in torchrun} | {
-            "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", **(env or {})
-        }
         return subprocess.run(
-            cmd + [str(a) for a in args],
+            cmd + args,
             check=False,
             capture_output=True,
             text=True,
@@ -106,7 +132,10 @@ def run_script():
             cwd=cwd,
         )
 
-    return run
+    yield run
+    for proc in server:
+        proc.stdin.close()
+        proc.wait()
 
 
 @pytest.fixture(scope="session")
@@ -120,7 +149,8 @@ def run_programs(run_script, tmp_path_factory):
 
     def run(jobs, nproc):
         listing = root / f"jobs{len(list(root.iterdir()))}.json"
-        listing.write_text(json.dumps([[str(f), [str(a) for a in args]] for f, args in jobs]))
+        jobs_listed = [[str(f), [str(a) for a in args]] for f, args in jobs]
+        listing.write_text(json.dumps({"jobs": jobs_listed, "modules": package_modules()}))
         run_script(RUN_PROGRAMS, nproc, listing, timeout=60 + 120 * len(jobs), torchrun=())
         done = {}
         for folder, _ in jobs:
@@ -196,14 +226,19 @@ def import_generated():
     return load_generated
 
 
+def package_modules() -> list[str]:
+    """The names of a generated program's modules."""
+    from dslc.codegen.package import MODULES
+
+    return [m.removesuffix(".py") for m in MODULES]
+
+
 def load_generated(folder: Path, *names: str) -> list:
     """Modules of the generated package in ``folder``, imported as train.py imports them
     (its folder first on the path), afresh: the package's module names are taken out of
     sys.modules before and after, so another folder's modules of the same names import
     anew and nothing of this one stays behind."""
-    from dslc.codegen.package import MODULES
-
-    package = {m.removesuffix(".py") for m in MODULES}
+    package = set(package_modules())
     saved = {n: sys.modules.pop(n) for n in package if n in sys.modules}
     sys.path.insert(0, str(folder))
     try:

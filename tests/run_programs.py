@@ -4,9 +4,11 @@ starting a job (and importing torch in every process) for each.
 
     torchrun --nproc-per-node N run_programs.py JOBS.json
 
-JOBS.json lists ``[folder, [arguments]]``. For each, every rank imports the folder's
-modules afresh, runs its train.py as ``__main__`` with those arguments, and writes what
-it printed to ``folder/rank<R>.log`` and its exit status to ``folder/rank<R>.status``.
+JOBS.json holds "jobs", a list of ``[folder, [arguments]]``, and "modules", the names of
+a generated program's modules (dslc.codegen.package.MODULES). For each job, every rank
+imports the folder's modules afresh, runs its train.py as ``__main__`` with those
+arguments, and writes what it printed to ``folder/rank<R>.log`` and its exit status to
+``folder/rank<R>.status``.
 Each program's process group lives under its own store prefix: the program is told it
 is attempt k of a job that torchrun restarted (TORCHELASTIC_RESTART_COUNT = k), the path
 its start-up takes after a restart, so no key of an earlier program is read. The first
@@ -24,15 +26,9 @@ import runpy
 import sys
 import traceback
 
-PACKAGE = {  # the modules of a generated program (dslc.codegen.package.MODULES)
-    "train", "checkpoint", "data", "hf", "optimizer", "data_parallel", "pipeline_parallel", "model",
-    "moe", "expert_parallel", "context_parallel", "tensor_parallel", "layers", "zero_bubble", "mesh",
-    "meter", "plan", "utils",
-}
 
-
-def run(folder: str, args: list[str], attempt: int) -> int:
-    for name in PACKAGE:
+def run(folder: str, args: list[str], attempt: int, package: list[str]) -> int:
+    for name in package:
         sys.modules.pop(name, None)
     script = os.path.join(folder, "train.py")
     sys.path.insert(0, folder)
@@ -54,12 +50,13 @@ def run(folder: str, args: list[str], attempt: int) -> int:
 def main() -> None:
     rank = os.environ["RANK"]
     with open(sys.argv[1]) as f:
-        jobs = json.load(f)
+        listing = json.load(f)
+    jobs, package = listing["jobs"], listing["modules"]
     first = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     for k, (folder, args) in enumerate(jobs):
         log = os.path.join(folder, f"rank{rank}.log")
         with open(log, "w") as out, contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-            status = run(folder, args, first + k)
+            status = run(folder, args, first + k, package)
         with open(os.path.join(folder, f"rank{rank}.status"), "w") as f:
             f.write(str(status))
         if status:
