@@ -311,6 +311,7 @@ class Train:
     timeout: float = 600.0  # seconds a collective waits for its peers
     init: Init | None = None  # where the weights start: None draws them from the seed
     recompute_every: int = 1  # `full every N`: blocks N-1, 2N-1, … (0-based) are recomputed
+    compile: bool | None = None  # torch.compile each block; None: on CUDA, not on CPU
 
     @property
     def recompute_label(self) -> str:

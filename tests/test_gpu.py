@@ -151,3 +151,35 @@ def test_moe_bf16_on_cuda(experts, run_script, tmp_path):
     print(f"\n{torch.cuda.get_device_name()} ({experts}): {last}")
     assert losses[-1] < losses[0] and "imbalance" in last
     assert 0 < float(re.search(r"mfu ([\d.]+)%", last).group(1)) < 100
+
+
+# Runs train.py as python would, with the host's synchronisations with the GPU turned
+# into errors from the optimizer step of step 2 to that of step 5: steps 3 and 4, which
+# do not log, whole (torch.cuda.set_sync_debug_mode).
+NO_SYNC = r"""
+import os, runpy, sys, torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+script = sys.argv[1]
+sys.path.insert(0, os.path.dirname(script))
+sys.argv = [script, *sys.argv[2:]]
+steps = []
+def after_update(*_):
+    steps.append(1)
+    if len(steps) in (2, 5):
+        torch.cuda.set_sync_debug_mode("error" if len(steps) == 2 else "default")
+register_optimizer_step_post_hook(after_update)
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("compiled", ["--compile", "--no-compile"])
+def test_a_step_that_does_not_log_never_waits_for_the_gpu(compiled, golden_plans, tmp_path):
+    import subprocess
+    import sys
+
+    ref = golden_plans["gpt2_serial"]
+    plan = dataclasses.replace(ref, train=dataclasses.replace(ref.train, precision="bf16"))
+    script = codegen.write(plan, tmp_path) / "train.py"
+    args = ["--steps", "6", "--log-every", "100", "--device", "cuda", compiled]
+    out = subprocess.run([sys.executable, "-c", NO_SYNC, str(script), *args], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]

@@ -103,6 +103,9 @@ def test_a_loss_that_is_not_finite_stops_every_rank(tmp_path, run_script):
     assert out.returncode != 0, out.stdout
     assert re.fullmatch(r"step \d: the loss is (nan|inf|-inf); stopping", error_line(out))
     assert not losses.exists()  # never a file with NaN or Infinity in it
+    # the losses are read at log steps only: the stop still names the step that diverged
+    later = run_script(script, 2, "--steps", 4, "--log-every", 3, timeout=180)
+    assert later.returncode != 0 and error_line(later) == error_line(out)
 
 
 def test_every_json_the_scripts_write_is_strict():

@@ -90,7 +90,7 @@ def lower_plan(r: Reader, block: ast.Block, resolve: Resolve) -> ir.Plan | None:
         r.diags.append(error("E012", spans.get("model", block.span), "a mixtral model needs its number of experts", "set `experts = 8` in the model, or `experts { count = 8 }` in the plan"))
         model = None
 
-    tf = sub("train", ("steps", "micro_batch", "global_batch", "precision", "recompute", "grad_clip", "seed", "loss_scale", "data", "timeout", "init", "seq_len"), blocks=("optimizer", "lr_schedule", "checkpoint", "eval"))
+    tf = sub("train", ("steps", "micro_batch", "global_batch", "precision", "recompute", "grad_clip", "seed", "loss_scale", "data", "timeout", "init", "seq_len", "compile"), blocks=("optimizer", "lr_schedule", "checkpoint", "eval"))
     ppf = sub("pipeline", ("schedule", "virtual_stages", "microbatches", "layers_per_stage"))
     micro_batch = r.int(tf, "micro_batch", D["train.micro_batch"])
     global_batch = r.int(tf, "global_batch", None)
@@ -247,7 +247,7 @@ def _train(r: Reader, f: Fields, plan_block, cluster, micro_batch, global_batch,
         return None
     timeout = r.quantity(f, "timeout", "time", D["train.timeout"])
     return ir.Train(steps, micro_batch, global_batch, precision, recompute, grad_clip, seed, loss_scale, optimizer, lr_schedule, data, checkpoint, spans.get("train"), evaluation, timeout, _init(r, f, plan_block),
-                    recompute_every=recompute_every)
+                    recompute_every=recompute_every, compile=r.bool(f, "compile"))
 
 
 def _init(r, f: Fields, plan_block) -> ir.Init | None:

@@ -99,6 +99,17 @@ class Transformer(nn.Module):
         return self.head_loss(x, targets)
 
 
+def compile_model(model):
+    """torch.compile each block's forward, as torchtitan compiles per block (the blocks
+    are alike: one compiled graph serves them all), and the head's loss, whose fp32
+    logits the compiled kernels never hold whole. What wraps a block stays eager
+    (recompute's checkpoint), and the graph breaks
+    where a block calls a collective (docs/compile.md lists them)."""
+    for block in model.blocks.children():
+        block.forward = torch.compile(block.forward)
+    model.head_loss = torch.compile(model.head_loss)
+
+
 @torch.no_grad()
 def init_weights(named_parameters, seed):
     """Each rank keeps its slice of a *global* tensor drawn by name from the seed: every

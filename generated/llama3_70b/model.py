@@ -32,9 +32,9 @@ from plan import (
 from tensor_parallel import (
     ColumnParallelLinear,
     RowParallelLinear,
-    VocabParallelCrossEntropy,
     VocabParallelEmbedding,
     tp_enter,
+    vocab_parallel_cross_entropy,
 )
 from utils import generator
 
@@ -134,7 +134,7 @@ class Transformer(nn.Module):
     def head_loss(self, x, targets):  # mean cross-entropy over the micro-batch's tokens
         x = self.norm(x)
         logits = F.linear(tp_enter(x), self.lm_head)  # (B, T, VOCAB_PER_RANK)
-        return VocabParallelCrossEntropy.apply(logits, targets).mean()
+        return vocab_parallel_cross_entropy(logits, targets).mean()
 
     def chunk_forward(self, chunk, x, targets):
         """Local chunk `chunk`: token ids (B, T) into the model's first chunk,
@@ -147,6 +147,17 @@ class Transformer(nn.Module):
         if self.is_last and chunk == VIRTUAL_STAGES - 1:
             return self.head_loss(x, targets)
         return x
+
+
+def compile_model(model):
+    """torch.compile each block's forward, as torchtitan compiles per block (the blocks
+    are alike: one compiled graph serves them all), and the head's loss, whose fp32
+    logits the compiled kernels never hold whole. What wraps a block stays eager
+    (recompute's checkpoint), and the graph breaks
+    where a block calls a collective (docs/compile.md lists them)."""
+    for block in model.blocks.children():
+        block.forward = torch.compile(block.forward)
+    model.head_loss = torch.compile(model.head_loss)
 
 
 @torch.no_grad()

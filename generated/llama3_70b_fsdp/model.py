@@ -30,9 +30,9 @@ from plan import (
 from tensor_parallel import (
     ColumnParallelLinear,
     RowParallelLinear,
-    VocabParallelCrossEntropy,
     VocabParallelEmbedding,
     tp_enter,
+    vocab_parallel_cross_entropy,
 )
 from utils import generator
 
@@ -123,7 +123,7 @@ class Transformer(nn.Module):
     def head_loss(self, x, targets):  # mean cross-entropy over the micro-batch's tokens
         x = self.norm(x)
         logits = F.linear(tp_enter(x), self.lm_head)  # (B, T, VOCAB_PER_RANK)
-        return VocabParallelCrossEntropy.apply(logits, targets).mean()
+        return vocab_parallel_cross_entropy(logits, targets).mean()
 
     def forward(self, idx, targets):
         x = self.embed(idx)
@@ -132,6 +132,17 @@ class Transformer(nn.Module):
                 block, x, self.rope_cos, self.rope_sin, use_reentrant=False
             )  # recomputed in backward
         return self.head_loss(x, targets)
+
+
+def compile_model(model):
+    """torch.compile each block's forward, as torchtitan compiles per block (the blocks
+    are alike: one compiled graph serves them all), and the head's loss, whose fp32
+    logits the compiled kernels never hold whole. What wraps a block stays eager
+    (recompute's checkpoint, ZeRO-3's gather and free hooks), and the graph breaks
+    where a block calls a collective (docs/compile.md lists them)."""
+    for block in model.blocks.children():
+        block.forward = torch.compile(block.forward)
+    model.head_loss = torch.compile(model.head_loss)
 
 
 @torch.no_grad()

@@ -2,8 +2,9 @@
 #
 # The same in every plan that has it; train.py names the plan and how to regenerate.
 """Helpers that every module of this program uses: one-line errors, the seeded random
-generators that make every plan of a model draw the same weights and data, and the
-import of safetensors, which only Hugging Face checkpoints need."""
+generators that make every plan of a model draw the same weights and data, copies to the
+device and between lists of tensors, and the import of safetensors, which only Hugging
+Face checkpoints need."""
 
 import hashlib
 import os
@@ -21,6 +22,19 @@ def generator(seed, *key):
     """A CPU generator keyed by the seed and `key`: the same draws in every plan."""
     digest = hashlib.blake2b(repr((seed, *key)).encode(), digest_size=8).digest()
     return torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
+
+
+def to_device(tensor, device):
+    """`tensor` on `device`: to a GPU from pinned memory, without the host waiting."""
+    if device.type == "cuda":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
+
+
+def copy_all(dst, src):
+    """dst[i].copy_(src[i]) for every i, in a few kernels (rounding as copy_ does)."""
+    if dst:
+        torch._foreach_copy_(dst, src)
 
 
 def import_safetensors():

@@ -255,6 +255,7 @@ class RingAttention(torch.autograd.Function):
         )
 
 
+@torch.compiler.disable  # a compiled block's graph breaks here: the collectives run eagerly
 def context_attention(
     q, k, v
 ):  # (B, nh, T, hs), (B, nkv, T, hs) x 2, T this rank's tokens

@@ -35,7 +35,7 @@ from mesh import (
     init_process_group,
 )
 from meter import METER, measure_block
-from model import Transformer, init_weights
+from model import Transformer, compile_model, init_weights
 from optimizer import build_optimizer, get_lr, grad_norm
 from plan import (
     CP,
@@ -49,7 +49,7 @@ from plan import (
     TP,
     WORLD_SIZE,
 )
-from utils import fail
+from utils import fail, to_device
 
 # -----------------------------------------------------------------------------
 # Settings of the run, from the plan (the model's, the mesh's and the batch's are in plan.py)
@@ -63,16 +63,18 @@ GROUP_AXES = (("cp",),)  # a process group over each
 DATA = [
     (1.0, "text", "../../data/verse.txt", "uint8"),
 ]
+COMPILE = None  # torch.compile each block; None: on CUDA, not on CPU
 MODEL_FLOPS_PER_TOKEN = 3_981_312  # forward and backward, as dslc explain counts
 PEAK_FLOPS = 5e11  # per device (cpu, fp32), for MFU
 
 # -----------------------------------------------------------------------------
 # Start-up: flags, device, processes
-parser = argparse.ArgumentParser(description="Train plan long_context_cp4.")
+parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 parser.add_argument("--steps", type=int, default=STEPS)
 parser.add_argument("--seed", type=int, default=SEED)
 parser.add_argument("--log-every", type=int, default=1, metavar="N")
 parser.add_argument("--device", choices=["cpu", "cuda"], help="cuda if present")
+parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=COMPILE)
 parser.add_argument(
     "--data", metavar="FILE", help="instead of the plan's training data"
 )
@@ -90,6 +92,7 @@ parser.add_argument(
 )
 args = parser.parse_args()
 args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+args.compile = args.device == "cuda" if args.compile is None else args.compile
 for flag in outputs:
     path = getattr(args, flag[2:].replace("-", "_"))
     folder = os.path.dirname(os.path.abspath(path)) if path else None
@@ -118,9 +121,8 @@ if args.device == "cuda":
     torch.cuda.set_device(LOCAL_RANK)
     torch.set_float32_matmul_precision("high")  # tf32 matmuls for fp32 work
     device = torch.device("cuda", LOCAL_RANK)
-init_process_group(
-    "nccl" if args.device == "cuda" else "gloo", RANK, WORLD_SIZE, TIMEOUT
-)
+backend = "nccl" if args.device == "cuda" else "gloo"
+init_process_group(backend, RANK, WORLD_SIZE, TIMEOUT)
 build_process_groups(RANK, MESH, GROUP_AXES, TIMEOUT)
 master = RANK == 0  # logs and writes files
 TRAIN = open_data(DATA, here, seed=args.seed, override=args.data)
@@ -134,6 +136,8 @@ params = list(model.parameters())
 grad_buckets = GradientBuckets(params)
 owners = weights = opt_params = params  # what the optimizer steps, in place
 optimizer = build_optimizer(owners, opt_params)
+if args.compile and not args.measure:  # --measure counts what eager autograd saves
+    compile_model(model)
 if args.measure:
     METER.start(args.measure, model, params)
 
@@ -152,7 +156,7 @@ def split(batch):
     """This rank's rows of a global batch, and of each row the tokens at this cp rank's
     positions, as (inputs, targets) per micro-batch."""
     batch, at = batch.view(MICRO_STEPS, MICRO_BATCH, SEQ_LEN + 1), positions()
-    return batch[..., at].to(device), batch[..., at + 1].to(device)
+    return to_device(batch[..., at], device), to_device(batch[..., at + 1], device)
 
 
 def train_step(step):
@@ -183,7 +187,7 @@ def train_step(step):
         )
     for bucket in grad_buckets.buckets:  # the gradients are views: zero them in place
         bucket.grad.zero_()
-    return loss.item(), lr, norm.item()
+    return loss, lr, norm  # on the device: read at log steps
 
 
 # -----------------------------------------------------------------------------
@@ -197,18 +201,30 @@ def main():
         print(f"plan long_context_cp4: {n_params / 1e6:.2f}M parameters", end=", ")
         print(f"{LAYOUT}, {PRECISION}, {args.device}")
     losses, validation = [], []  # validation: [step, loss]
+    # (step, lr, the step's values on the device): the host waits for the device only in
+    # the steps that read them, those that log or end the run
+    pending, t_read = [], time.perf_counter()
     for step in range(args.steps):
-        t0 = time.perf_counter()
         if METER.on:
             METER.step = step  # what is sent from now on is this step's
         loss, lr, norm = train_step(step)
-        if not math.isfinite(loss):  # reduced over every rank: they all stop here
-            fail(f"step {step + 1}: the loss is {loss}; stopping")
-        if args.device == "cuda":
-            torch.cuda.synchronize()
-        dt = time.perf_counter() - t0
-        losses.append(loss)
-        if master and (step % max(1, args.log_every) == 0 or step + 1 == args.steps):
+        pending.append((step, lr, torch.stack([loss, norm])))
+        logs = step % max(1, args.log_every) == 0 or step + 1 == args.steps
+        if not (logs):
+            continue
+        values = torch.stack(
+            [v for _, _, v in pending]
+        ).tolist()  # waits for the device
+        for (s, _, _), (loss, *_) in zip(pending, values):
+            if not math.isfinite(loss):  # reduced over every rank: they all stop here
+                fail(f"step {s + 1}: the loss is {loss}; stopping")
+        dt = (time.perf_counter() - t_read) / len(
+            pending
+        )  # per step since the last read
+        losses += [v[0] for v in values]
+        lr, (loss, norm) = pending[-1][1], values[-1]
+        pending.clear()
+        if master and logs:
             line = f"step {step + 1}/{args.steps} | loss {loss:.4f} | lr {lr:.2e}"
             line += f" | grad norm {norm:.3f} | {dt * 1000:.1f} ms"
             line += f" | {tokens_per_step / dt:,.0f} tok/s"
@@ -218,6 +234,7 @@ def main():
                 peak = torch.cuda.max_memory_allocated() / 2**30
                 line += f" | mfu {mfu:.1%} | peak mem {peak:.2f} GiB"
             print(line, flush=True)
+        t_read = time.perf_counter()
     if METER.on:
         METER.step = None
         METER.dump(n_params, RANK, COORDS)

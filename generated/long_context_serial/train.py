@@ -23,7 +23,7 @@ import torch
 from data import open_data
 from hf import check_export_folder, export_hf, gather_weights
 from meter import METER, measure_block
-from model import Transformer, init_weights
+from model import Transformer, compile_model, init_weights
 from optimizer import build_optimizer, get_lr, grad_norm
 from plan import (
     DP,
@@ -35,7 +35,7 @@ from plan import (
     TP,
     WORLD_SIZE,
 )
-from utils import fail
+from utils import fail, to_device
 
 # -----------------------------------------------------------------------------
 # Settings of the run, from the plan (the model's, the mesh's and the batch's are in plan.py)
@@ -47,16 +47,18 @@ GRAD_CLIP = 1.0  # max global gradient norm
 DATA = [
     (1.0, "text", "../../data/verse.txt", "uint8"),
 ]
+COMPILE = None  # torch.compile each block; None: on CUDA, not on CPU
 MODEL_FLOPS_PER_TOKEN = 3_981_312  # forward and backward, as dslc explain counts
 PEAK_FLOPS = 5e11  # per device (cpu, fp32), for MFU
 
 # -----------------------------------------------------------------------------
 # Start-up: flags, device
-parser = argparse.ArgumentParser(description="Train plan long_context_serial.")
+parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 parser.add_argument("--steps", type=int, default=STEPS)
 parser.add_argument("--seed", type=int, default=SEED)
 parser.add_argument("--log-every", type=int, default=1, metavar="N")
 parser.add_argument("--device", choices=["cpu", "cuda"], help="cuda if present")
+parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=COMPILE)
 parser.add_argument(
     "--data", metavar="FILE", help="instead of the plan's training data"
 )
@@ -74,6 +76,7 @@ parser.add_argument(
 )
 args = parser.parse_args()
 args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+args.compile = args.device == "cuda" if args.compile is None else args.compile
 for flag in outputs:
     path = getattr(args, flag[2:].replace("-", "_"))
     folder = os.path.dirname(os.path.abspath(path)) if path else None
@@ -107,6 +110,8 @@ model.to(device)
 params = list(model.parameters())
 owners = weights = opt_params = params  # what the optimizer steps, in place
 optimizer = build_optimizer(owners, opt_params)
+if args.compile and not args.measure:  # --measure counts what eager autograd saves
+    compile_model(model)
 if args.measure:
     METER.start(args.measure, model, params)
 
@@ -123,7 +128,7 @@ def get_batch(step):
 
 def split(batch):
     """This rank's rows of a global batch, as (inputs, targets) per micro-batch."""
-    batch = batch.view(MICRO_STEPS, MICRO_BATCH, SEQ_LEN + 1).to(device)
+    batch = to_device(batch.view(MICRO_STEPS, MICRO_BATCH, SEQ_LEN + 1), device)
     return batch[..., :-1], batch[..., 1:]
 
 
@@ -151,7 +156,7 @@ def train_step(step):
         )
     for p in params:
         p.grad = None
-    return loss.item(), lr, norm.item()
+    return loss, lr, norm  # on the device: read at log steps
 
 
 # -----------------------------------------------------------------------------
@@ -165,18 +170,30 @@ def main():
         print(f"plan long_context_serial: {n_params / 1e6:.2f}M parameters", end=", ")
         print(f"{LAYOUT}, {PRECISION}, {args.device}")
     losses, validation = [], []  # validation: [step, loss]
+    # (step, lr, the step's values on the device): the host waits for the device only in
+    # the steps that read them, those that log or end the run
+    pending, t_read = [], time.perf_counter()
     for step in range(args.steps):
-        t0 = time.perf_counter()
         if METER.on:
             METER.step = step  # what is sent from now on is this step's
         loss, lr, norm = train_step(step)
-        if not math.isfinite(loss):  # reduced over every rank: they all stop here
-            fail(f"step {step + 1}: the loss is {loss}; stopping")
-        if args.device == "cuda":
-            torch.cuda.synchronize()
-        dt = time.perf_counter() - t0
-        losses.append(loss)
-        if master and (step % max(1, args.log_every) == 0 or step + 1 == args.steps):
+        pending.append((step, lr, torch.stack([loss, norm])))
+        logs = step % max(1, args.log_every) == 0 or step + 1 == args.steps
+        if not (logs):
+            continue
+        values = torch.stack(
+            [v for _, _, v in pending]
+        ).tolist()  # waits for the device
+        for (s, _, _), (loss, *_) in zip(pending, values):
+            if not math.isfinite(loss):  # reduced over every rank: they all stop here
+                fail(f"step {s + 1}: the loss is {loss}; stopping")
+        dt = (time.perf_counter() - t_read) / len(
+            pending
+        )  # per step since the last read
+        losses += [v[0] for v in values]
+        lr, (loss, norm) = pending[-1][1], values[-1]
+        pending.clear()
+        if master and logs:
             line = f"step {step + 1}/{args.steps} | loss {loss:.4f} | lr {lr:.2e}"
             line += f" | grad norm {norm:.3f} | {dt * 1000:.1f} ms"
             line += f" | {tokens_per_step / dt:,.0f} tok/s"
@@ -186,6 +203,7 @@ def main():
                 peak = torch.cuda.max_memory_allocated() / 2**30
                 line += f" | mfu {mfu:.1%} | peak mem {peak:.2f} GiB"
             print(line, flush=True)
+        t_read = time.perf_counter()
     if METER.on:
         METER.step = None
         METER.dump(n_params, RANK, {})

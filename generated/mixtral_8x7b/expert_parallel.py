@@ -40,6 +40,7 @@ class AllToAll(torch.autograd.Function):
         )
 
 
+@torch.compiler.disable  # a compiled block's graph breaks here: the all-to-all runs eagerly
 def dispatch(buffer):
     """GShard's dispatch with a capacity: (N_EXPERTS, n, C) slots, padded, one block per
     expert -> (LOCAL_EXPERTS, EP * n, C), this rank's experts' slots from every rank.
@@ -56,6 +57,7 @@ def dispatch(buffer):
     )
 
 
+@torch.compiler.disable
 def combine(out):
     """GShard's combine: the reverse of dispatch, (LOCAL_EXPERTS, EP * n, C) ->
     (N_EXPERTS * n, C) slots back on the rank they came from, by expert."""

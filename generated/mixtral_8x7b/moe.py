@@ -52,16 +52,18 @@ class Routing:
             self.load[layer, -1] += dropped
 
     def reduce(self):
-        """(aux loss, z-loss, load imbalance, choices dropped, choices) of the global batch: the
-        losses are means over layers and micro-batches; the imbalance is max / mean choices
-        per expert, of the worst layer."""
+        """(aux loss, z-loss, load imbalance, choices dropped, choices) of the global batch,
+        on the device: the losses are means over layers and micro-batches; the imbalance
+        is max / mean choices per expert, of the worst layer."""
         stats = torch.cat([self.losses, self.load.view(-1)])
         all_reduce(stats, "pp+ep", scalar=True)  # every rank's layers and tokens
-        aux, z = (stats[:2] / (N_LAYER * MICRO_STEPS * DATA_RANKS)).tolist()
+        losses = stats[:2] / (N_LAYER * MICRO_STEPS * DATA_RANKS)
         load = stats[2:].view(N_LAYER, N_EXPERTS + 1)
         choices, dropped = load[:, :-1], load[:, -1]
-        imbalance = (choices.max(dim=1).values / choices.mean(dim=1)).max().item()
-        return aux, z, imbalance, int(dropped.sum()), int(choices.sum())
+        imbalance = (choices.max(dim=1).values / choices.mean(dim=1)).max()
+        return torch.cat(
+            [losses, torch.stack([imbalance, dropped.sum(), choices.sum()])]
+        )
 
 
 ROUTING = Routing()

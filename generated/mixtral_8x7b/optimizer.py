@@ -28,7 +28,9 @@ def build_optimizer(owners, opt_params):
         {"params": decay, "weight_decay": WEIGHT_DECAY},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(param_groups, lr=LR, betas=BETAS, eps=EPS)
+    # one fused kernel over every tensor on a GPU, the foreach kernels elsewhere
+    fast = {"fused": True} if any(q.is_cuda for q in opt_params) else {"foreach": True}
+    return torch.optim.AdamW(param_groups, lr=LR, betas=BETAS, eps=EPS, **fast)
 
 
 def get_lr(step):
@@ -43,14 +45,19 @@ def get_lr(step):
 def grad_norm(grads, owners, device):
     """Global L2 norm of the whole model's gradient: the squares are summed over
     GRAD_GROUP (the ZeRO shards), ep (each rank's experts) and pp (the stages)."""
-    sharded = [p.tp_dim is not None for p in owners]  # grads[i] is owners[i]'s gradient
     experts = [p.expert for p in owners]
     norms = torch._foreach_norm(grads) if grads else []
     zero = torch.zeros((), device=device)
-    squares = [(n.float() ** 2, s, x) for n, s, x in zip(norms, sharded, experts)]
-    expert_sq = sum((q for q, _, x in squares if x), zero)  # whole on every tp rank
-    dense_sq = sum((q for q, _, x in squares if not x), zero)
+    expert_sq = sum_sq(
+        [n for n, x in zip(norms, experts) if x], zero
+    )  # whole on every tp rank
+    dense_sq = sum_sq([n for n, x in zip(norms, experts) if not x], zero)
     total_sq = dense_sq + expert_sq
     all_reduce(total_sq, GRAD_GROUP, scalar=True)  # ZeRO shards, each ep rank's experts
     all_reduce(total_sq, "pp", scalar=True)
     return total_sq.sqrt()
+
+
+def sum_sq(norms, zero):
+    """The sum of the squares of `norms`, in fp32: one kernel, not two per tensor."""
+    return torch.stack(norms).float().square().sum() if norms else zero

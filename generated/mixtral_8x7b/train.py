@@ -34,7 +34,7 @@ from mesh import (
     init_process_group,
 )
 from meter import METER
-from model import Transformer, init_weights
+from model import Transformer, compile_model, init_weights
 from moe import ROUTING
 from optimizer import build_optimizer, get_lr, grad_norm
 from pipeline_parallel import TIMELINE, load_schedule, run_schedule
@@ -53,7 +53,7 @@ from plan import (
     VOCAB,
     WORLD_SIZE,
 )
-from utils import fail, generator
+from utils import copy_all, fail, generator, to_device
 
 # -----------------------------------------------------------------------------
 # Settings of the run, from the plan (the model's, the mesh's and the batch's are in plan.py)
@@ -63,16 +63,18 @@ PRECISION = "bf16"
 GRAD_CLIP = 1.0  # max global gradient norm
 MESH = (("pp", 4), ("ep", 8))  # outermost first; the last axis has stride 1
 GROUP_AXES = (("pp",), ("ep",), ("pp", "ep"))  # a process group over each
+COMPILE = None  # torch.compile each block; None: on CUDA, not on CPU
 MODEL_FLOPS_PER_TOKEN = 82_933_972_992  # forward and backward, as dslc explain counts
 PEAK_FLOPS = 989e12  # per device (h100_sxm, bf16), for MFU
 
 # -----------------------------------------------------------------------------
 # Start-up: flags, device, processes
-parser = argparse.ArgumentParser(description="Train plan mixtral_8x7b.")
+parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 parser.add_argument("--steps", type=int, default=STEPS)
 parser.add_argument("--seed", type=int, default=SEED)
 parser.add_argument("--log-every", type=int, default=1, metavar="N")
 parser.add_argument("--device", choices=["cpu", "cuda"], help="cuda if present")
+parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=COMPILE)
 outputs = {  # written after training, so refused now if they cannot be
     "--dump-losses": "the global loss of every step, as JSON",
     "--dump-weights": "the full weights, gathered (torch.save)",
@@ -88,6 +90,7 @@ parser.add_argument(
 )
 args = parser.parse_args()
 args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+args.compile = args.device == "cuda" if args.compile is None else args.compile
 for flag in outputs:
     path = getattr(args, flag[2:].replace("-", "_"))
     folder = os.path.dirname(os.path.abspath(path)) if path else None
@@ -117,9 +120,8 @@ if args.device == "cuda":
     torch.cuda.set_device(LOCAL_RANK)
     torch.set_float32_matmul_precision("high")  # tf32 matmuls for fp32 work
     device = torch.device("cuda", LOCAL_RANK)
-init_process_group(
-    "nccl" if args.device == "cuda" else "gloo", RANK, WORLD_SIZE, TIMEOUT
-)
+backend = "nccl" if args.device == "cuda" else "gloo"
+init_process_group(backend, RANK, WORLD_SIZE, TIMEOUT)
 build_process_groups(RANK, MESH, GROUP_AXES, TIMEOUT)
 master = RANK == 0  # logs and writes files
 
@@ -141,6 +143,8 @@ starts = [s for _, _, _, s in pieces]  # where each starts in its parameter, fla
 master_params = [w.detach().float() for w in weights]
 opt_params = master_params
 optimizer = build_optimizer(owners, opt_params)
+if args.compile and not args.measure:  # --measure counts what eager autograd saves
+    compile_model(model)
 if args.measure:
     METER.start(args.measure, model, params)
 
@@ -165,7 +169,7 @@ def split(batch):
     """This rank's rows of a global batch, as (inputs, targets) per micro-batch."""
     rows = GLOBAL_BATCH // DATA_RANKS
     batch = batch[COORDS["ep"] * rows : (COORDS["ep"] + 1) * rows]
-    batch = batch.view(MICRO_STEPS, MICRO_BATCH, SEQ_LEN + 1).to(device)
+    batch = to_device(batch.view(MICRO_STEPS, MICRO_BATCH, SEQ_LEN + 1), device)
     return batch[..., :-1], batch[..., 1:]
 
 
@@ -190,21 +194,23 @@ def train_step(step):
     all_reduce(loss, "pp", scalar=True)  # only the last stage computed it
     all_reduce(loss, "ep", scalar=True)  # the log's mean over the global batch
     loss /= MICRO_STEPS * DATA_RANKS
-    routing = ROUTING.reduce()
+    routing = ROUTING.reduce()  # (aux, z, imbalance, dropped, choices), on the device
     loss += AUX_LOSS_WEIGHT * routing[0]
     lr = get_lr(step)
     for group in optimizer.param_groups:
         group["lr"] = lr
-    for q, g in zip(master_params, grads):
-        q.grad = g.float()
-    grads = [q.grad for q in master_params]
+    fp32_grads = [torch.empty_like(q) for q in master_params]  # freed after the update
+    copy_all(fp32_grads, grads)
+    for q, g in zip(master_params, fp32_grads):
+        q.grad = g
+    grads = fp32_grads
     norm = grad_norm(grads, owners, device)
     torch._foreach_mul_(grads, (GRAD_CLIP / (norm + 1e-6)).clamp(max=1.0))
     optimizer.step()
-    with torch.no_grad():
-        for q, w in zip(master_params, weights):
-            w.copy_(q)  # round the updated master weights to the working precision
-            q.grad = None
+    with torch.no_grad():  # round the updated master weights to the working precision
+        copy_all(weights, master_params)
+    for q in master_params:
+        q.grad = None
     grad_buckets.gather_params()
     if METER.on and METER.state is None:  # while the gradients exist
         METER.state = METER.model_state(
@@ -215,7 +221,7 @@ def train_step(step):
         )
     for bucket in grad_buckets.buckets:  # the gradients are views: zero them in place
         bucket.grad.zero_()
-    return loss.item(), lr, norm.item(), routing
+    return loss, lr, norm, routing  # on the device: read at log steps
 
 
 # -----------------------------------------------------------------------------
@@ -238,8 +244,10 @@ def main():
         print(f"plan mixtral_8x7b: {n_params / 1e6:.2f}M parameters", end=", ")
         print(f"{LAYOUT}, {PRECISION}, {args.device}")
     losses, validation = [], []  # validation: [step, loss]
+    # (step, lr, the step's values on the device): the host waits for the device only in
+    # the steps that read them, those that log or end the run
+    pending, t_read = [], time.perf_counter()
     for step in range(args.steps):
-        t0 = time.perf_counter()
         if METER.on:
             METER.step = step  # what is sent from now on is this step's
         if args.trace and step + 1 == args.steps:
@@ -247,28 +255,37 @@ def main():
                 f"rank {RANK}: pp stage {COORDS['pp']}", args.device == "cuda"
             )
         loss, lr, norm, routing = train_step(step)
-        if not math.isfinite(loss):  # reduced over every rank: they all stop here
-            fail(f"step {step + 1}: the loss is {loss}; stopping")
-        if args.device == "cuda":
-            torch.cuda.synchronize()
-        dt = time.perf_counter() - t0
-        losses.append(loss)
-        if master and (step % max(1, args.log_every) == 0 or step + 1 == args.steps):
+        pending.append((step, lr, torch.stack([loss, norm, *routing])))
+        logs = step % max(1, args.log_every) == 0 or step + 1 == args.steps
+        if not (logs):
+            continue
+        values = torch.stack(
+            [v for _, _, v in pending]
+        ).tolist()  # waits for the device
+        for (s, _, _), (loss, *_) in zip(pending, values):
+            if not math.isfinite(loss):  # reduced over every rank: they all stop here
+                fail(f"step {s + 1}: the loss is {loss}; stopping")
+        dt = (time.perf_counter() - t_read) / len(
+            pending
+        )  # per step since the last read
+        losses += [v[0] for v in values]
+        lr, (loss, norm, *routing) = pending[-1][1], values[-1]
+        pending.clear()
+        if master and logs:
             line = f"step {step + 1}/{args.steps} | loss {loss:.4f} | lr {lr:.2e}"
             line += f" | grad norm {norm:.3f} | {dt * 1000:.1f} ms"
             line += f" | {tokens_per_step / dt:,.0f} tok/s"
             # the imbalance: max / mean choices per expert, in the worst layer
             aux, z, imbalance, dropped, choices = routing
             line += f" | aux {aux:.3f} | imbalance {imbalance:.2f}"
-            line += (
-                f" | dropped {dropped} of {choices} choices ({dropped / choices:.1%})"
-            )
+            line += f" | dropped {dropped:.0f} of {choices:.0f} choices ({dropped / choices:.1%})"
             if args.device == "cuda":
                 flops = MODEL_FLOPS_PER_TOKEN * tokens_per_step / dt
                 mfu = flops / (PEAK_FLOPS * WORLD_SIZE)
                 peak = torch.cuda.max_memory_allocated() / 2**30
                 line += f" | mfu {mfu:.1%} | peak mem {peak:.2f} GiB"
             print(line, flush=True)
+        t_read = time.perf_counter()
     if METER.on:
         METER.step = None
         METER.dump(n_params, RANK, COORDS)

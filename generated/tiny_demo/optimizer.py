@@ -27,7 +27,9 @@ def build_optimizer(owners, opt_params):
         {"params": decay, "weight_decay": WEIGHT_DECAY},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(param_groups, lr=LR, betas=BETAS, eps=EPS)
+    # one fused kernel over every tensor on a GPU, the foreach kernels elsewhere
+    fast = {"fused": True} if any(q.is_cuda for q in opt_params) else {"foreach": True}
+    return torch.optim.AdamW(param_groups, lr=LR, betas=BETAS, eps=EPS, **fast)
 
 
 def get_lr(step):
@@ -45,8 +47,13 @@ def grad_norm(grads, owners, device):
     sharded = [p.tp_dim is not None for p in owners]  # grads[i] is owners[i]'s gradient
     norms = torch._foreach_norm(grads) if grads else []
     zero = torch.zeros((), device=device)
-    sharded_sq = sum((n.float() ** 2 for n, s in zip(norms, sharded) if s), zero)
-    replicated_sq = sum((n.float() ** 2 for n, s in zip(norms, sharded) if not s), zero)
+    sharded_sq = sum_sq([n for n, s in zip(norms, sharded) if s], zero)
+    replicated_sq = sum_sq([n for n, s in zip(norms, sharded) if not s], zero)
     all_reduce(sharded_sq, "tp", scalar=True)
     total_sq = sharded_sq + replicated_sq
     return total_sq.sqrt()
+
+
+def sum_sq(norms, zero):
+    """The sum of the squares of `norms`, in fp32: one kernel, not two per tensor."""
+    return torch.stack(norms).float().square().sum() if norms else zero

@@ -86,6 +86,11 @@ class VocabParallelCrossEntropy(torch.autograd.Function):
         return grad.to(ctx.input_dtype), None
 
 
+vocab_parallel_cross_entropy = torch.compiler.disable(
+    VocabParallelCrossEntropy.apply
+)  # eager
+
+
 class GatherFromSequenceParallel(torch.autograd.Function):  # the region's entry
     @staticmethod
     def forward(ctx, x):  # (B, T / TP, C) -> (B, T, C)
@@ -106,8 +111,9 @@ class ReduceScatterToSequenceParallel(torch.autograd.Function):  # the region's 
         return all_gather(grad, "tp", dim=1)
 
 
-tp_enter = GatherFromSequenceParallel.apply
-tp_exit = ReduceScatterToSequenceParallel.apply
+# a compiled block's graph breaks here: the collective runs eagerly
+tp_enter = torch.compiler.disable(GatherFromSequenceParallel.apply)
+tp_exit = torch.compiler.disable(ReduceScatterToSequenceParallel.apply)
 
 
 def reduce_sequence_parallel_grads(grads):

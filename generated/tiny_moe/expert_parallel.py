@@ -41,6 +41,7 @@ class AllToAll(torch.autograd.Function):
         )
 
 
+@torch.compiler.disable  # a compiled block's graph breaks here: the all-to-all runs eagerly
 def dispatch(rows, counts):
     """GShard's dispatch, dropless: `rows` sorted by expert (counts[e] for expert e) go to
     their experts' ranks. First the counts are exchanged (bookkeeping: int64 per expert),
@@ -57,6 +58,7 @@ def dispatch(rows, counts):
     return rows[by_expert], got.sum(0), (by_expert, send_splits, recv_splits)
 
 
+@torch.compiler.disable
 def combine(rows, exchange):
     """GShard's combine: the experts' outputs back to the ranks their tokens came from, in
     the order dispatch took them (the reverse all-to-all)."""

@@ -27,7 +27,9 @@ def build_optimizer(owners, opt_params):
         {"params": decay, "weight_decay": WEIGHT_DECAY},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(param_groups, lr=LR, betas=BETAS, eps=EPS)
+    # one fused kernel over every tensor on a GPU, the foreach kernels elsewhere
+    fast = {"fused": True} if any(q.is_cuda for q in opt_params) else {"foreach": True}
+    return torch.optim.AdamW(param_groups, lr=LR, betas=BETAS, eps=EPS, **fast)
 
 
 def get_lr(step):
@@ -42,13 +44,18 @@ def get_lr(step):
 def grad_norm(grads, owners, device):
     """Global L2 norm of the whole model's gradient: the squares are summed over ep
     (each rank's experts)."""
-    sharded = [p.tp_dim is not None for p in owners]  # grads[i] is owners[i]'s gradient
     experts = [p.expert for p in owners]
     norms = torch._foreach_norm(grads) if grads else []
     zero = torch.zeros((), device=device)
-    squares = [(n.float() ** 2, s, x) for n, s, x in zip(norms, sharded, experts)]
-    expert_sq = sum((q for q, _, x in squares if x), zero)  # whole on every tp rank
-    dense_sq = sum((q for q, _, x in squares if not x), zero)
+    expert_sq = sum_sq(
+        [n for n, x in zip(norms, experts) if x], zero
+    )  # whole on every tp rank
+    dense_sq = sum_sq([n for n, x in zip(norms, experts) if not x], zero)
     all_reduce(expert_sq, "ep", scalar=True)  # each ep rank holds other experts
     total_sq = dense_sq + expert_sq
     return total_sq.sqrt()
+
+
+def sum_sq(norms, zero):
+    """The sum of the squares of `norms`, in fp32: one kernel, not two per tensor."""
+    return torch.stack(norms).float().square().sum() if norms else zero

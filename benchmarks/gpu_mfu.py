@@ -1,0 +1,243 @@
+"""MFU on one GPU: the generated serial plans in bf16, eager and compiled, beside
+`dslc explain`'s prediction and a nanoGPT-style loop written here, eager and compiled.
+
+    .venv/bin/python benchmarks/gpu_mfu.py [--steps 30] [--log-every 10] [--only gpt2_124m,moe_dropless] [--profile]
+
+The cases: GPT-2 124M at llm.c's sequence of 1024 (micro-batch 16), a Llama of 1.2B
+(Llama 3.2 1B's shape: 16 layers, hidden 2048, 32 heads / 8 kv, vocab 128256,
+sequence 2048, micro-batch 4) and the 8-expert top-2 MoE of tests/test_gpu.py, dropless
+and with a capacity of 1.25. Each generated script runs in its own process,
+`--log-every` steps between the host's reads of the device; the step time is the
+mean over the steps after the first read past `--warmup` (compilation and the
+allocator's growth happen before). MFU counts the model FLOPs that explain counts
+(MODEL_FLOPS_PER_TOKEN in train.py) against the catalog's dense bf16 peak.
+
+The baseline is nanoGPT's loop on the same GPT-2 (fp32 weights under bf16 autocast,
+fused AdamW, clipping at 1.0, the model's cross-entropy on bf16 logits), with and
+without `torch.compile(model)`: the generated compiled step should take at most its
+compiled time (ratio <= 1.0). `--profile` adds, for the generated GPT-2, the kernels
+that took the most GPU time over 5 steps past the warm-up and the share of each step
+the GPU sat idle between them (torch.profiler).
+
+Without CUDA it prints one line and exits 0."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import ENV, ROOT, compile_plan, reference_gpt
+
+CLUSTER = """
+cluster gpu {{ nodes = 1; gpus_per_node = 1; device = {device}
+    link nvlink {{ scope = node }} }}
+"""
+CASES = {
+    "gpt2_124m": ("gpt2 { layers = 12; hidden = 768; heads = 12; vocab = 50304; seq_len = 1024 }", 16, ""),
+    "llama_1b": (
+        "llama { layers = 16; hidden = 2048; heads = 32; kv_heads = 8; ffn = 8192; vocab = 128256;"
+        " seq_len = 2048 }",
+        4,
+        "",
+    ),
+    "moe_dropless": (
+        "mixtral { layers = 8; hidden = 1024; heads = 16; kv_heads = 8; ffn = 2048; vocab = 32000;"
+        " seq_len = 1024; experts = 8; top_k = 2 }",
+        8,
+        "experts { aux_loss_weight = 0.01 }",
+    ),
+}
+CASES["moe_capacity"] = (*CASES["moe_dropless"][:2], "experts { capacity_factor = 1.25; aux_loss_weight = 0.01 }")
+GPT2 = {"layers": 12, "hidden": 768, "heads": 12, "vocab": 50304, "seq_len": 1024, "micro_batch": 16}
+
+
+def plan_text(name: str, device: str, steps: int) -> str:
+    model, micro_batch, more = CASES[name]
+    return CLUSTER.format(device=device) + f"""
+plan {name} {{
+    model {model}
+    cluster = gpu
+    {more}
+    train {{ steps = {steps}; micro_batch = {micro_batch}; global_batch = {micro_batch}; precision = bf16; data = synthetic }}
+}}
+"""
+
+
+def catalog_device() -> str | None:
+    import torch
+
+    name = torch.cuda.get_device_name().lower()
+    keys = (("h200", "h200"), ("h100", "h100_sxm"), ("a100", "a100_80g"))
+    return next((d for key, d in keys if key in name), None)
+
+
+def explain(text: str, folder: Path) -> dict:
+    """dslc explain --json of the plan: step time, MFU and memory as it predicts them."""
+    path = folder / "plan.plan"
+    path.write_text(text)
+    out = subprocess.run([sys.executable, "-m", "dslc", "explain", str(path), "--json"],
+                         capture_output=True, text=True, cwd=ROOT, env=ENV)
+    got = json.loads(out.stdout)
+    return {"ms": 1000 * got["step_time_s"], "mfu": got["mfu"], "gib": got["memory"][0]["allocated"] / 2**30}
+
+
+def steady(lines: list[str], warmup: int) -> float:
+    """Mean ms per step over the log lines whose interval starts past the warm-up (each
+    line's ms is the mean over the steps since the line before it)."""
+    rows = [(int(m.group(1)), float(m.group(2))) for m in
+            (re.search(r"^step (\d+)/\d+ .*?\| ([\d.]+) ms \|", line) for line in lines) if m]
+    spans = [(step - before, ms) for (before, _), (step, ms) in zip([(0, 0.0), *rows], rows) if before >= warmup]
+    return sum(n * ms for n, ms in spans) / sum(n for n, _ in spans)
+
+
+def run_generated(script: Path, steps: int, log_every: int, warmup: int, compiled: bool) -> dict:
+    flag = "--compile" if compiled else "--no-compile"
+    cmd = [sys.executable, str(script), "--steps", str(steps), "--log-every", str(log_every), flag]
+    t0 = time.perf_counter()
+    out = subprocess.run(cmd, capture_output=True, text=True, env=ENV)
+    if out.returncode:
+        return {"error": (out.stderr.strip().splitlines() or ["?"])[-1][:200]}
+    lines = out.stdout.splitlines()
+    flops = int(re.search(r"MODEL_FLOPS_PER_TOKEN = ([\d_]+)", script.read_text()).group(1).replace("_", ""))
+    return {"ms": steady(lines, warmup), "gib": float(re.findall(r"peak mem ([\d.]+) GiB", out.stdout)[-1]),
+            "flops_per_token": flops, "wall_s": time.perf_counter() - t0}
+
+
+def baseline(steps: int, log_every: int, warmup: int, compiled: bool) -> dict:
+    """nanoGPT's loop on GPT2, in this process: (ms/step past the warm-up, peak GiB)."""
+    import torch
+
+    torch.manual_seed(0)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    model = reference_gpt(GPT2).cuda()
+    params = list(model.parameters())
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=6e-4, betas=(0.9, 0.95), fused=True)
+    step_fn = torch.compile(model) if compiled else model
+    B, T, V = GPT2["micro_batch"], GPT2["seq_len"], GPT2["vocab"]
+    lines, last, t_read = [], 0, time.perf_counter()
+    for step in range(steps):
+        batch = torch.randint(V, (B, T + 1)).pin_memory().cuda(non_blocking=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = step_fn(batch[:, :-1], batch[:, 1:])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if step % log_every == 0 or step + 1 == steps:
+            loss.item()  # as nanoGPT: the host waits for the device on log steps only
+            ms = 1000 * (time.perf_counter() - t_read) / (step + 1 - last)
+            lines.append(f"step {step + 1}/{steps} | {ms:.3f} ms |")
+            last, t_read = step + 1, time.perf_counter()
+    return {"ms": steady(lines, warmup), "gib": torch.cuda.max_memory_allocated() / 2**30}
+
+
+PROFILE = r"""
+import os, runpy, sys, time, torch
+from torch.profiler import ProfilerActivity, profile, schedule
+from torch.optim.optimizer import register_optimizer_step_post_hook
+script = sys.argv[1]
+sys.path.insert(0, os.path.dirname(script))
+sys.argv = [script, *sys.argv[2:]]
+marks = []
+prof = profile(activities=[ProfilerActivity.CUDA], schedule=schedule(wait=6, warmup=2, active=5))
+def tick(*_):
+    torch.cuda.synchronize()
+    marks.append(time.perf_counter())
+    prof.step()
+register_optimizer_step_post_hook(tick)
+with prof:
+    runpy.run_path(script, run_name="__main__")
+kernels = [e for e in prof.key_averages() if e.self_device_time_total > 0]
+busy = sum(e.self_device_time_total for e in kernels) / 1000 / 5
+wall = 1000 * (marks[12] - marks[7]) / 5  # the active steps 8-12
+print(f"PROFILE kernels {busy:.2f} ms of {wall:.2f} ms a step: the GPU idle {1 - busy / wall:.0%} of it")
+for e in sorted(kernels, key=lambda e: -e.self_device_time_total)[:12]:
+    share = e.self_device_time_total / 1000 / 5 / wall
+    print(f"PROFILE {share:6.1%} {e.self_device_time_total / 1000 / 5:7.2f} ms {e.count // 5:5d}x  {e.key[:90]}")
+"""
+
+
+def profile(script: Path, compiled: bool) -> list[str]:
+    flag = "--compile" if compiled else "--no-compile"
+    out = subprocess.run([sys.executable, "-c", PROFILE, str(script), "--steps", "14", flag],
+                         capture_output=True, text=True, env=ENV)
+    if out.returncode:
+        return [f"profile failed: {(out.stderr.strip().splitlines() or ['?'])[-1][:200]}"]
+    return [line[8:] for line in out.stdout.splitlines() if line.startswith("PROFILE ")]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--log-every", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=10, help="steps left out of the mean")
+    ap.add_argument("--only", help="comma-separated cases (default: all)")
+    ap.add_argument("--modes", default="eager,compiled", help="eager, compiled or both (default)")
+    ap.add_argument("--profile", action="store_true", help="the top kernels of the generated GPT-2")
+    ap.add_argument("--baseline-worker", choices=["eager", "compiled"], help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    import torch
+
+    if args.baseline_worker:
+        print(json.dumps(baseline(args.steps, args.log_every, args.warmup, args.baseline_worker == "compiled")))
+        return
+    if not torch.cuda.is_available():
+        print(f"gpu_mfu: no CUDA device visible to torch {torch.__version__}: nothing measured")
+        return
+    device = catalog_device()
+    if device is None:
+        print(f"gpu_mfu: dslc's catalog has no peak for {torch.cuda.get_device_name()}: no MFU to print")
+        return
+    cases = args.only.split(",") if args.only else list(CASES)
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, bf16, one process")
+    header = f"{'case':14} {'run':22} {'ms/step':>8} {'tok/s':>9} {'MFU':>6} {'GiB':>6}   explain: {'ms':>6} {'MFU':>6} {'GiB':>6}  ms/explain"
+    print(header)
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in cases:
+            folder = Path(tmp) / name
+            folder.mkdir()
+            text = plan_text(name, device, args.steps)
+            predicted = explain(text, folder)
+            script = compile_plan(text, folder / "out")
+            tokens = CASES[name][1] * int(re.search(r"seq_len = (\d+)", CASES[name][0]).group(1))
+            modes = args.modes.split(",")
+            runs = [(f"generated {m}", run_generated(script, args.steps, args.log_every, args.warmup, m == "compiled"))
+                    for m in modes]
+            if name == "gpt2_124m":
+                for m in modes:
+                    cmd = [sys.executable, __file__, "--baseline-worker", m, "--steps", str(args.steps),
+                           "--log-every", str(args.log_every), "--warmup", str(args.warmup)]
+                    out = subprocess.run(cmd, capture_output=True, text=True, env=ENV)
+                    got = json.loads(out.stdout) if out.returncode == 0 else {"error": out.stderr.strip()[-200:]}
+                    runs.append((f"nanoGPT loop {m}", got))
+            flops = next((r["flops_per_token"] for _, r in runs if "flops_per_token" in r), None)
+            peak = float(re.search(r"PEAK_FLOPS = ([\d.e]+)", script.read_text()).group(1))
+            for label, r in runs:
+                if "error" in r:
+                    print(f"{name:14} {label:22} failed: {r['error']}")
+                    continue
+                mfu = flops * tokens / (r["ms"] / 1000) / peak if flops else float("nan")
+                print(f"{name:14} {label:22} {r['ms']:8.2f} {tokens / r['ms'] * 1000:9,.0f} {mfu:6.1%} {r['gib']:6.2f}"
+                      f"   explain: {predicted['ms']:6.2f} {predicted['mfu']:6.1%} {predicted['gib']:6.2f}"
+                      f"  {r['ms'] / predicted['ms']:.2f}", flush=True)
+            if name == "gpt2_124m":
+                ours = dict(runs)
+                if "ms" in ours.get("generated compiled", {}) and "ms" in ours.get("nanoGPT loop compiled", {}):
+                    ratio = ours["generated compiled"]["ms"] / ours["nanoGPT loop compiled"]["ms"]
+                    print(f"gpt2_124m: generated compiled / nanoGPT loop compiled = {ratio:.2f} (target <= 1.0)")
+                if args.profile:
+                    for m in modes:
+                        print(f"\nprofile of the generated GPT-2 124M, {m}:")
+                        print("\n".join(profile(script, m == "compiled")))
+
+
+if __name__ == "__main__":
+    main()
