@@ -210,13 +210,11 @@ def precision_variant(golden_plans, name, precision):
 COMPILED = {
     "llama_serial": "rotary attention, RMSNorm's own autograd function",
     "gpt2_dp2_tp2_sp": "tp and sp collectives inside the block: graph breaks",
-    "gpt2pp_pp2_1f1b": "a pipeline stage's chunk of blocks",
     "llama_dp2_zero3_full": "ZeRO-3's gather and free hooks around a checkpointed block",
-    "llama_cp2": "ring attention",
 }
 # Passed as well, left out of the suite for its time (compiling is slow on 2 cores;
-# the MoE layers compile once each): gpt2pp_pp2_tp2_zb_h1, gpt2_cp2_ulysses and
-# mixtral_dp2_ep2_zero1 (docs/compile.md).
+# the MoE layers compile once each): gpt2pp_pp2_1f1b, llama_cp2, gpt2pp_pp2_tp2_zb_h1,
+# gpt2_cp2_ulysses and mixtral_dp2_ep2_zero1 (docs/compile.md).
 
 
 def compiled_variant(golden_plans, name):
