@@ -34,6 +34,8 @@ from pathlib import Path
 
 from common import ENV, ROOT, compile_plan, reference_gpt
 
+from dslc.catalog import device_of_cuda_name
+
 CLUSTER = """
 cluster gpu {{ nodes = 1; gpus_per_node = 1; device = {device}
     link nvlink {{ scope = node }} }}
@@ -69,14 +71,6 @@ plan {name} {{
 """
 
 
-def catalog_device() -> str | None:
-    import torch
-
-    name = torch.cuda.get_device_name().lower()
-    keys = (("h200", "h200"), ("h100", "h100_sxm"), ("a100", "a100_80g"))
-    return next((d for key, d in keys if key in name), None)
-
-
 def explain(text: str, folder: Path) -> dict:
     """dslc explain --json of the plan: step time, MFU and memory as it predicts them."""
     path = folder / "plan.plan"
@@ -99,14 +93,11 @@ def steady(lines: list[str], warmup: int) -> float:
 def run_generated(script: Path, steps: int, log_every: int, warmup: int, compiled: bool) -> dict:
     flag = "--compile" if compiled else "--no-compile"
     cmd = [sys.executable, str(script), "--steps", str(steps), "--log-every", str(log_every), flag]
-    t0 = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True, env=ENV)
     if out.returncode:
         return {"error": (out.stderr.strip().splitlines() or ["?"])[-1][:200]}
-    lines = out.stdout.splitlines()
-    flops = int(re.search(r"MODEL_FLOPS_PER_TOKEN = ([\d_]+)", script.read_text()).group(1).replace("_", ""))
-    return {"ms": steady(lines, warmup), "gib": float(re.findall(r"peak mem ([\d.]+) GiB", out.stdout)[-1]),
-            "flops_per_token": flops, "wall_s": time.perf_counter() - t0}
+    return {"ms": steady(out.stdout.splitlines(), warmup),
+            "gib": float(re.findall(r"peak mem ([\d.]+) GiB", out.stdout)[-1])}
 
 
 def baseline(steps: int, log_every: int, warmup: int, compiled: bool) -> dict:
@@ -192,7 +183,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         print(f"gpu_mfu: no CUDA device visible to torch {torch.__version__}: nothing measured")
         return
-    device = catalog_device()
+    device = device_of_cuda_name(torch.cuda.get_device_name())
     if device is None:
         print(f"gpu_mfu: dslc's catalog has no peak for {torch.cuda.get_device_name()}: no MFU to print")
         return
@@ -218,13 +209,15 @@ def main() -> None:
                     out = subprocess.run(cmd, capture_output=True, text=True, env=ENV)
                     got = json.loads(out.stdout) if out.returncode == 0 else {"error": out.stderr.strip()[-200:]}
                     runs.append((f"nanoGPT loop {m}", got))
-            flops = next((r["flops_per_token"] for _, r in runs if "flops_per_token" in r), None)
-            peak = float(re.search(r"PEAK_FLOPS = ([\d.e]+)", script.read_text()).group(1))
+            # the script's own MFU constants, as explain counts them
+            constants = script.read_text()
+            flops = int(re.search(r"MODEL_FLOPS_PER_TOKEN = ([\d_]+)", constants).group(1).replace("_", ""))
+            peak = float(re.search(r"PEAK_FLOPS = ([\d.e]+)", constants).group(1))
             for label, r in runs:
                 if "error" in r:
                     print(f"{name:14} {label:22} failed: {r['error']}")
                     continue
-                mfu = flops * tokens / (r["ms"] / 1000) / peak if flops else float("nan")
+                mfu = flops * tokens / (r["ms"] / 1000) / peak
                 print(f"{name:14} {label:22} {r['ms']:8.2f} {tokens / r['ms'] * 1000:9,.0f} {mfu:6.1%} {r['gib']:6.2f}"
                       f"   explain: {predicted['ms']:6.2f} {predicted['mfu']:6.1%} {predicted['gib']:6.2f}"
                       f"  {r['ms'] / predicted['ms']:.2f}", flush=True)

@@ -71,6 +71,20 @@ CALIBRATION: dict[str, Calibration] = {
 CALIBRATED = {"a100_40g": "a100", "a100_80g": "a100", "h100_sxm": "h100", "h100_pcie": "h100", "h200": "h100", "h800": "h100"}
 
 
+# what CUDA calls a device (torch.cuda.get_device_name, lower case) -> its entry in DEVICES:
+# the first whose words all appear in the name
+CUDA_NAMES = ((("h200",), "h200"), (("h800",), "h800"), (("h100", "pcie"), "h100_pcie"), (("h100",), "h100_sxm"),
+              (("a100", "40gb"), "a100_40g"), (("a100",), "a100_80g"), (("l40s",), "l40s"), (("gb200",), "gb200"),
+              (("b200",), "b200"), (("mi300x",), "mi300x"))
+
+
+def device_of_cuda_name(name: str) -> str | None:
+    """The catalog's device for a GPU as CUDA names it ("NVIDIA H100 80GB HBM3" ->
+    "h100_sxm"), or None where the catalog has no entry for it."""
+    name = name.lower()
+    return next((device for words, device in CUDA_NAMES if all(w in name for w in words)), None)
+
+
 def calibration(device: str) -> tuple[str, Calibration]:
     """(row name, row) of :data:`CALIBRATION` that ``device`` is charged at."""
     row = CALIBRATED.get(device, "default")

@@ -686,3 +686,22 @@ def test_recomputed_blocks_repeat_their_forward_collectives():
     calls = {(r, n): next(c for c in traffic.stage_traffic(_policy(p, r, n), 0) if c.what == "layer activations").calls
              for r, n in (("none", 1), ("selective_ops", 1), ("full", 1), ("full", 2))}
     assert calls == {("none", 1): 16, ("selective_ops", 1): 20, ("full", 1): 20, ("full", 2): 18}
+
+
+@pytest.mark.parametrize("cuda_name, device", [
+    ("NVIDIA H100 80GB HBM3", "h100_sxm"),
+    ("NVIDIA H100 PCIe", "h100_pcie"),
+    ("NVIDIA H200", "h200"),
+    ("NVIDIA A100-SXM4-40GB", "a100_40g"),
+    ("NVIDIA A100-PCIE-40GB", "a100_40g"),
+    ("NVIDIA A100-SXM4-80GB", "a100_80g"),
+    ("NVIDIA GB200", "gb200"),
+    ("NVIDIA GeForce RTX 4090", None),
+])
+def test_a_gpu_is_found_in_the_catalog_by_its_cuda_name(cuda_name, device):
+    """The gpu tests and benchmarks/gpu_mfu.py take the MFU's peak from the catalog entry
+    of the GPU torch reports (names as torch.cuda.get_device_name prints them)."""
+    from dslc.catalog import DEVICES, device_of_cuda_name
+
+    assert device_of_cuda_name(cuda_name) == device
+    assert device is None or device in DEVICES

@@ -251,13 +251,15 @@ def test_compiled_blocks_match_eager(name, golden_plans, trained):
 
 def test_compiled_blocks_share_one_graph_and_never_recompile(golden_plans, run_script, tmp_path):
     """A serial plan's blocks compile into one graph without a break, which every block
-    reuses, and nothing compiles again in later steps (TORCH_LOGS names each
-    recompilation and graph break)."""
+    reuses, and nothing compiles again in later steps (TORCH_LOGS names each frame
+    dynamo traces, each recompilation and each graph break)."""
     plan = compiled_variant(golden_plans, "llama_serial")
     script = codegen.write(plan, tmp_path) / "train.py"
     # torchrun: a fresh interpreter, which reads TORCH_LOGS as it imports torch
-    out = run_script(script, 1, "--steps", 3, env={"TORCH_LOGS": "recompiles,graph_breaks"}, torchrun=())
+    out = run_script(script, 1, "--steps", 3, env={"TORCH_LOGS": "dynamo,recompiles,graph_breaks"}, torchrun=())
     assert out.returncode == 0, out.stderr[-3000:]
+    # traced once each: a block's forward (the one graph of every block) and the head's loss
+    assert sorted(re.findall(r"start tracing (\w+) ", out.stderr)) == ["forward", "head_loss"], out.stderr[-3000:]
     assert "Recompiling" not in out.stderr and "Graph break" not in out.stderr, out.stderr[-3000:]
 
 

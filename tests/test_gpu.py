@@ -82,11 +82,11 @@ plan gpt2_124m_bf16 {{
 
 def _catalog_device():
     """The catalog's name for this GPU (its peak FLOP/s gives the MFU); skips if none."""
-    name = torch.cuda.get_device_name().lower()
-    keys = (("h200", "h200"), ("h100", "h100_sxm"), ("a100", "a100_80g"))
-    device = next((d for key, d in keys if key in name), None)
+    from dslc.catalog import device_of_cuda_name
+
+    device = device_of_cuda_name(torch.cuda.get_device_name())
     if device is None:
-        pytest.skip(f"no catalog peak for {name}")
+        pytest.skip(f"no catalog peak for {torch.cuda.get_device_name()}")
     return device
 
 
