@@ -298,6 +298,8 @@ def training(plan: Plan):
     yield from _zero(plan, z)
     if t.precision == "fp16" and t.loss_scale == "none":
         yield warning("W082", plan.where("train.loss_scale", "train.precision"), "fp16 without loss scaling: small gradients underflow to zero", "use loss_scale = dynamic, or precision = bf16")
+    if t.compile and not t.compilable:
+        yield warning("W103", plan.where("train.compile"), f"compile = true with recompute = {t.recompute}: the script runs its blocks eagerly", "selective_ops picks the ops to keep as they are dispatched; selective or full recompute compiles")
 
 
 def _zero(plan: Plan, z: int):

@@ -97,6 +97,7 @@ CODES: dict[str, str] = {
     "E100": "not supported by code generation",
     "E101": "a ZeRO stage the code generator cannot combine with the plan",
     "W102": "reshard_after_forward without zero = 3",
+    "W103": "compile = true with recompute = selective_ops",
 }
 
 # the estimates' codes: a plan that has only these is still explained (the report shows why)

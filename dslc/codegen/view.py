@@ -300,8 +300,7 @@ def _training(plan: Plan) -> dict:
         "recomputes": t.recompute != "none",
         "recompute_every": t.recompute_every,  # full every N: blocks N-1, 2N-1, ... only
         "compile": repr(t.compile),  # None: on CUDA only
-        # the op-level policy picks ops as they dispatch: its blocks stay eager
-        "compilable": t.recompute != "selective_ops",
+        "compilable": t.compilable,
         "reruns_blocks": t.recompute in ("selective_ops", "full"),  # backward re-runs a block's forward
         "seed": t.seed,
         "grad_clip": number(t.grad_clip, "grad_clip"),
