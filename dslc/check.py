@@ -12,6 +12,7 @@ from . import arch, tokenfiles
 from .arch import vocab_per_rank
 from .diagnostics import Diagnostic, error, note, warning
 from .front.defaults import MAX_SCHEDULE
+from .front.recompute import EAGER_POLICIES
 from .groups import axis_crossing
 from .ir import SCHEDULES, Plan
 
@@ -298,7 +299,7 @@ def training(plan: Plan):
     yield from _zero(plan, z)
     if t.precision == "fp16" and t.loss_scale == "none":
         yield warning("W082", plan.where("train.loss_scale", "train.precision"), "fp16 without loss scaling: small gradients underflow to zero", "use loss_scale = dynamic, or precision = bf16")
-    if t.compile and not t.compilable:
+    if t.compile and t.recompute in EAGER_POLICIES:
         yield warning("W103", plan.where("train.compile"), f"compile = true with recompute = {t.recompute}: the script runs its blocks eagerly", "selective_ops picks the ops to keep as they are dispatched; selective or full recompute compiles")
 
 

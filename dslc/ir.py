@@ -314,12 +314,6 @@ class Train:
     compile: bool | None = None  # torch.compile each block; None: on CUDA, not on CPU
 
     @property
-    def compilable(self) -> bool:
-        """Whether the script can compile its blocks: selective_ops' policy picks ops as
-        they are dispatched, one by one, which a compiled graph does not do."""
-        return self.recompute != "selective_ops"
-
-    @property
     def recompute_label(self) -> str:
         """The policy as a plan writes it: ``full every 2``, ``selective_ops``."""
         return self.recompute + (f" every {self.recompute_every}" if self.recompute_every > 1 else "")

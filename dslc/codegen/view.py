@@ -22,6 +22,7 @@ from ..check import check_plan
 from ..cost import memory as mem
 from ..cost.flops import peak_flops
 from ..cost.memory import expert_capacity, grad_group
+from ..front.recompute import EAGER_POLICIES
 from ..groups import axes_of, group_mesh, replica_group
 from ..ir import Plan
 from .errors import Unsupported
@@ -300,7 +301,7 @@ def _training(plan: Plan) -> dict:
         "recomputes": t.recompute != "none",
         "recompute_every": t.recompute_every,  # full every N: blocks N-1, 2N-1, ... only
         "compile": repr(t.compile),  # None: on CUDA only
-        "compilable": t.compilable,
+        "compilable": t.recompute not in EAGER_POLICIES,
         "reruns_blocks": t.recompute in ("selective_ops", "full"),  # backward re-runs a block's forward
         "seed": t.seed,
         "grad_clip": number(t.grad_clip, "grad_clip"),

@@ -8,6 +8,10 @@ from . import ast
 from .defaults import DEFAULTS as D
 from .schema import Fields, Reader, describe, shown
 
+# the policies whose blocks the script runs eagerly: selective_ops picks the ops to keep
+# as they are dispatched, one by one, which a compiled graph does not do
+EAGER_POLICIES = ("selective_ops",)
+
 
 def recompute_policy(r: Reader, f: Fields) -> tuple[str, int]:
     """``recompute = POLICY``, or ``full every N``: blocks N-1, 2N-1, … (0-based) recomputed
