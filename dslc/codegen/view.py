@@ -66,9 +66,9 @@ def view_model(plan: Plan, root: Path = DEFAULT_ROOT) -> dict:
 
 
 def _missing_features(plan: Plan) -> list[str]:
-    """What a valid plan may ask for that the generator cannot emit yet: every one, so that
-    E100 names them all (an unknown axis or architecture stops the list: nothing after it
-    can be asked of such a plan)."""
+    """What an IR made by hand may hold that no plan text can (the front end and
+    :mod:`dslc.check` refuse the rest, so that lint accepts what compile accepts): every
+    one, so that E100 names them all (an unknown axis or architecture stops the list)."""
     unknown = [f"mesh axis {a.name!r} is unknown" for a in plan.mesh.axes if a.name not in SUPPORTED_AXES and a.size > 1]
     m = plan.model
     if m.arch not in arch.ARCHS:
@@ -79,15 +79,6 @@ def _missing_features(plan: Plan) -> list[str]:
     if arch.of(m).moe != m.is_moe:  # the front end sets both; a hand-made IR may not
         kind = "a mixture of experts" if arch.of(m).moe else "dense"
         missing.append(f"arch {m.arch} is {kind}, but the model has experts = {m.experts}")
-    if plan.train.recompute == "selective_ops" and m.is_moe:
-        missing.append("recompute = selective_ops with a mixture of experts is not supported (its experts' "
-                       "matmuls follow the routing); use selective, full or full every N")
-    if m.dropout > 0 and plan.tp > 1:
-        missing.append(f"dropout = {m.dropout} with tp = {plan.tp} is not supported "
-                       "(tp ranks would need a shared dropout RNG); set dropout = 0")
-    world, gpn = plan.world_size, plan.cluster.gpus_per_node
-    if world > gpn and world % gpn:
-        missing.append(f"{world} ranks do not fill whole nodes of {gpn} GPUs (cluster {plan.cluster.name})")
     return missing
 
 

@@ -122,7 +122,7 @@ def _stage_seq_len(r: Reader, f: Fields, model: ir.Model | None, spans: dict[str
     """``train { seq_len = N }``: this plan trains the model at N tokens a sequence (Llama 3
     trains at 8K, then at 128K). Everything after lowering reads ``model.seq_len``, so the
     plan's model is N long; a learned position table keeps the model's rows (N at most:
-    E066, check.py), rotary positions have none."""
+    E066, dslc.check), rotary positions have none."""
     seq_len = r.int(f, "seq_len", None)
     if seq_len is None or model is None:
         return model

@@ -8,13 +8,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from . import arch, tokenfiles
-from .arch import vocab_per_rank
-from .diagnostics import Diagnostic, error, note, warning
-from .front.defaults import MAX_SCHEDULE
-from .front.recompute import EAGER_POLICIES
-from .groups import axis_crossing
-from .ir import SCHEDULES, Plan
+from .. import arch
+from ..arch import vocab_per_rank
+from ..diagnostics import Diagnostic, error, warning
+from ..front.defaults import MAX_SCHEDULE
+from ..front.recompute import EAGER_POLICIES
+from ..groups import axis_crossing
+from ..ir import SCHEDULES, Plan
+from .data import data_file
 
 Check = Callable[[Plan], Iterator[Diagnostic]]
 CHECKS: list[Check] = []
@@ -260,6 +261,9 @@ def experts(plan: Plan):
                     f"{m.arch} with tp={plan.tp} needs sequence parallelism: the experts are replicated over tp, not split, "
                     f"and without it every tp rank holds every token, so each token would be dispatched {plan.tp} times",
                     "set tensor_parallel { sequence_parallel = true }")
+    if plan.train.recompute == "selective_ops":
+        yield error("E100", plan.where("train.recompute"), "recompute = selective_ops with a mixture of experts is not supported yet: "
+                    "the experts' matmuls follow the routing", "use selective, full or full every N")
     yield from _ep_placement(plan)
 
 
@@ -297,6 +301,9 @@ def training(plan: Plan):
     if z not in (0, 1, 2, 3):
         yield error("E081", plan.where("data_parallel.zero"), f"zero must be 0, 1, 2 or 3, got {z}", "0 replicates, 1 shards optimizer state, 2 also gradients, 3 also parameters")
     yield from _zero(plan, z)
+    if plan.model.dropout > 0 and plan.tp > 1:
+        yield error("E100", plan.where("model.dropout", "mesh.tp"), f"dropout = {plan.model.dropout} with tp = {plan.tp} is not supported yet: "
+                    "the tp ranks would need a shared dropout RNG", "set dropout = 0, or leave tp out")
     if t.precision == "fp16" and t.loss_scale == "none":
         yield warning("W082", plan.where("train.loss_scale", "train.precision"), "fp16 without loss scaling: small gradients underflow to zero", "use loss_scale = dynamic, or precision = bf16")
     if t.compile and t.recompute in EAGER_POLICIES:
@@ -337,61 +344,4 @@ def init_checkpoint(plan: Plan):
                     "write its folder relative to the plan file" if kind == "read" else "start from a checkpoint of this model, or change the model to match it")
 
 
-# -- data ----------------------------------------------------------------------
-
-MAX_DATA_SCAN = 64 * 2**20  # bytes of a file's ids lint reads to check them against the vocab
-MAX_DATA_READ = 256 * 2**20  # bytes of ids and indexes lint reads for all of a plan's files
-
-
-@rule
-def data_file(plan: Plan):
-    """Each data file of the plan (training, its blend, the validation data) as the script
-    will read it: missing (W083: it may exist where the script runs), not a regular file
-    or too small (E085), a header or index that does not match the file (E087: llm.c's
-    magic and count, Megatron's .idx and its .bin), ids the vocab does not hold (E084, in
-    the first MAX_DATA_SCAN bytes, MAX_DATA_READ for all the files together; N086 when
-    there are more), or a vocab that 16-bit ids reach only part of (W088)."""
-    m, budget = plan.model, MAX_DATA_READ
-    sources = plan.train.data.files + (plan.train.eval.data.files if plan.train.eval else ())
-    for d in sources:
-        budget -= yield from _data_source(d, m, budget)
-
-
-def _data_source(d, m, budget: int):
-    """One file's diagnostics; returns the bytes it read past the headers (of ``budget``)."""
-    where = d.span
-    if d.kind == "text" and m.vocab < 256:
-        yield error("E084", where, f"text data is byte-level (ids 0–255) but vocab = {m.vocab}", "set vocab = 256 or more")
-    if d.dtype == "uint16" and m.vocab > 2**16:
-        yield warning("W088", where, f"data file {d.path}: dtype = uint16 holds ids 0–65535 but vocab = {m.vocab}: the other rows are never trained", "Llama 3's tokens need uint32")
-    if not d.resolved_path or d.resolved_path.startswith("<"):
-        return 0
-    try:
-        lay = tokenfiles.layout(d.resolved_path, d.kind, d.raw_dtype(m.vocab), min(tokenfiles.SCAN_INDEX, budget))
-    except tokenfiles.Unreadable as e:
-        if e.kind == "missing":
-            yield warning("W083", where, f"data file {d.path} not found (looked for {d.resolved_path})", "the training script checks again when it starts")
-        else:
-            yield error("E085" if e.kind == "file" else "E087", where, f"data file {e}")
-        return 0
-    if lay.format != "raw" and d.dtype and d.dtype != lay.dtype:
-        yield error("E087", where, f"data file {d.path}: its {lay.format} header says {lay.dtype} ids but the plan says dtype = {d.dtype}", "leave dtype out: it is for raw files")
-        return lay.index_read
-    # a plan's dtype = uint16 was warned about above; a header's 16 bits are said here
-    if not d.dtype and lay.format in ("llm.c", "megatron") and tokenfiles.ITEMSIZE[lay.dtype] == 2 and m.vocab > 2**16:
-        yield warning("W088", where, f"data file {d.path} holds {lay.dtype} ids ({lay.format}) but vocab = {m.vocab}: the rows past 65535 are never trained", "tokens for this vocabulary need 32-bit ids")
-    if lay.count < m.seq_len + 1:
-        yield error("E085", where, f"data file {d.path} holds {lay.count} token ids, fewer than seq_len + 1 = {m.seq_len + 1}")
-        return lay.index_read
-    limit = min(MAX_DATA_SCAN, max(0, budget - lay.index_read))
-    lo, hi, halves, whole = tokenfiles.scan(lay, limit)
-    if lay.format == "raw" and halves:
-        yield error("E087", where, f"data file {d.path}: read as {lay.dtype}, every second id is 0: it looks like 32-bit ids", "write dtype = uint32 (or int32)")
-    elif hi >= m.vocab or lo < 0:
-        bad = hi if hi >= m.vocab else lo
-        yield error("E084", where, f"data file {d.path} holds token id {bad}, not below vocab = {m.vocab}" if bad >= 0 else f"data file {d.path} holds token id {bad}, below 0",
-                    f"the tokens were made with another vocabulary, or the file is not {lay.dtype} token ids")
-    elif not whole:
-        yield note("N086", where, f"token ids of {d.path} checked in its first {limit / 2**20:g} MiB only", "lint reads at most 64 MiB of a file and 256 MiB for a plan; the script checks the ids of every batch")
-    return lay.index_read + min(limit, lay.count * tokenfiles.ITEMSIZE[lay.dtype])
-
+rule(data_file)  # dslc/check/data.py: reads the files, left out by check_plan(files=False)
