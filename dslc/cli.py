@@ -17,7 +17,7 @@ from pathlib import Path
 
 from . import __version__
 from .codes import FIT_CODES
-from .diagnostics import Diagnostic, has_errors, printable
+from .diagnostics import Diagnostic, Severity, has_errors, printable
 from .driver import LoadResult, load_paths, load_text, output_clashes
 from .front.parse import MAX_BYTES
 from .report.diagnostics import RENDERERS, render_text
@@ -69,8 +69,11 @@ def load(paths: Sequence[str]) -> LoadResult:
         raise UsageError(f"cannot read {e.filename or ''}: {e.strerror}") from None
 
 
-def emit(diags: list[Diagnostic], sources: Sources, fmt: str = "text", stream=None) -> None:
+def emit(diags: list[Diagnostic], sources: Sources, fmt: str = "text", stream=None, quiet: bool = False) -> None:
+    """Print ``diags`` (``quiet``: not the notes) in ``fmt``, to standard error by default."""
     stream = stream or sys.stderr
+    if quiet:
+        diags = [d for d in diags if d.severity is not Severity.NOTE]
     if fmt == "text":
         colour = stream.isatty() and "NO_COLOR" not in os.environ
         stream.write(render_text(diags, sources, colour=colour))
@@ -79,7 +82,8 @@ def emit(diags: list[Diagnostic], sources: Sources, fmt: str = "text", stream=No
 
 
 def pick(result: LoadResult, name: str | None):
-    plans = result.plans
+    """The plans defined in the files given (not in their imports), or the one named."""
+    plans = result.own_plans
     if name is not None:
         chosen = [p for p in plans if p.name == name]
         if not chosen:
@@ -90,11 +94,11 @@ def pick(result: LoadResult, name: str | None):
     return list(plans)
 
 
-def load_plans(paths: Sequence[str], name: str | None):
+def load_plans(paths: Sequence[str], name: str | None, quiet: bool = False):
     """Load, print the diagnostics to stderr, and pick the plans: (result, plans),
     or None when the plans have errors (the caller exits 1)."""
     result = load(paths)
-    emit(result.diagnostics, result.sources)
+    emit(result.diagnostics, result.sources, quiet=quiet)
     if has_errors(result.diagnostics):
         return None
     return result, pick(result, name)
@@ -106,11 +110,12 @@ def load_plans(paths: Sequence[str], name: str | None):
 
 def cmd_lint(args) -> int:
     result = load(args.paths)
-    diags = result.diagnostics
+    diags = [d for d in result.diagnostics if not (args.quiet and d.severity is Severity.NOTE)]
     emit(diags, result.sources, args.format, sys.stdout)
     if args.format == "text" and not diags:
-        n = len(result.plans)
-        print(f"ok: {n} plan{'s' * (n != 1)} in {len(result.program.files)} file{'s' * (len(result.program.files) != 1)}", file=sys.stderr)
+        n, files, defs = len(result.plans), len(result.program.files), result.library
+        library = f", and {defs} cluster or model definition{'s' * (defs != 1)} no plan uses" if defs else ""
+        print(f"ok: {n} plan{'s' * (n != 1)} in {files} file{'s' * (files != 1)}{library}", file=sys.stderr)
     return 1 if has_errors(diags, args.strict) else 0
 
 
@@ -118,8 +123,8 @@ def cmd_compile(args) -> int:
     """Writes every plan that is clean (no lint error in it or its file, no clash, nothing
     the generator cannot emit), each folder whole or not at all, and names the rest."""
     result = load(args.paths)
-    emit(result.diagnostics, result.sources)
-    if args.plan and has_errors(result.diagnostics) and all(p.name != args.plan for p in result.plans):
+    emit(result.diagnostics, result.sources, quiet=args.quiet)
+    if args.plan and has_errors(result.diagnostics) and all(p.name != args.plan for p in result.own_plans):
         print(f"dslc: not compiled: no plan named {args.plan!r} was read without errors", file=sys.stderr)
         return 1
     plans = pick(result, args.plan)
@@ -175,8 +180,8 @@ def regenerate(args, output: bool) -> str:
 def cmd_explain(args) -> int:
     from .report import explain as report
 
-    result = load([args.plan_file])
-    emit(result.diagnostics, result.sources)
+    result = load(args.paths)
+    emit(result.diagnostics, result.sources, quiet=args.quiet)
     # a plan that only fails to fit (E090-E092) is still explained: the report shows why
     errors = [d for d in result.diagnostics if d.is_error]
     if any(d.code not in FIT_CODES for d in errors):
@@ -194,7 +199,7 @@ def cmd_schedule(args) -> int:
     from .cost import deadlock, schedule
     from .report import draw
 
-    loaded = load_plans([args.plan_file], args.plan)
+    loaded = load_plans([args.plan_file], args.plan, args.quiet)
     if loaded is None:
         return 1
     _, plans = loaded
@@ -265,6 +270,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("paths", nargs="+", metavar="PATH", help="plan files or directories ('-' for stdin)")
     p.add_argument("--format", choices=("text", "json", "github", "sarif"), default="text")
     p.add_argument("--strict", action="store_true", help="warnings fail the run too")
+    p.add_argument("-q", "--quiet", action="store_true", help="leave out notes (N0xx)")
     p.set_defaults(fn=cmd_lint)
 
     p = sub.add_parser("compile", help="generate the training program (train.py and its modules, launch.sh) for each plan")
@@ -272,12 +278,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", help="output root (default: generated/)")
     p.add_argument("--check", action="store_true", help="exit 1 if the generated files are out of date")
     p.add_argument("--plan", help="compile only the plan of this name")
+    p.add_argument("-q", "--quiet", action="store_true", help="leave out notes (N0xx)")
     p.set_defaults(fn=cmd_compile)
 
     p = sub.add_parser("explain", help="memory, traffic, FLOPs and step time of a plan")
-    p.add_argument("plan_file", metavar="PLAN")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="plan files or directories")
     p.add_argument("--plan", help="the plan of this name (default: all in the file)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("-q", "--quiet", action="store_true", help="leave out notes (N0xx)")
     p.set_defaults(fn=cmd_explain)
 
     p = sub.add_parser("schedule", help="compute, verify and draw the pipeline schedule")
@@ -285,6 +293,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--plan", help="the plan of this name")
     p.add_argument("-o", "--output", help="write a picture (.png or .svg)")
     p.add_argument("--json", action="store_true", help="every rank's actions with simulated times")
+    p.add_argument("-q", "--quiet", action="store_true", help="leave out notes (N0xx)")
     p.set_defaults(fn=cmd_schedule)
     return ap
 

@@ -31,6 +31,15 @@ class LoadResult:
     sources: Sources
     failed_files: tuple[str, ...] = ()  # roots whose text or definitions (or imports') have errors
     failed_plans: tuple[ir.Plan, ...] = ()  # plans with errors of their own or of their file
+    library: int = 0  # clusters and models of files without plans, checked on their own
+    roots: tuple[str, ...] = ()  # the files asked for, not their imports
+
+    @property
+    def own_plans(self) -> tuple[ir.Plan, ...]:
+        """The plans defined in the files asked for (compile and explain write and explain
+        these; an imported plan is its own file's)."""
+        roots = {os.path.realpath(r) for r in self.roots}
+        return tuple(p for p in self.plans if os.path.realpath(p.file) in roots or p.file in self.roots)
 
     @property
     def plans(self) -> tuple[ir.Plan, ...]:
@@ -73,13 +82,17 @@ def _lower(loader: Loader, roots: list[str], run_checks: bool) -> LoadResult:
     plans: list[ir.Plan] = []
     failed_files: list[str] = []
     failed: list[ir.Plan] = []
+    defined: dict = {}  # the library definitions checked, once each (a shared import's)
     diags = loader.diags
     read = [d for d in diags if d.is_error]  # of every file as read, before any unit is walked
     for root in roots:
         start = len(diags)
         unit = loader.unit(root)  # adds the errors of its imports
-        lowered, d = lower_unit(unit, loader.asts)
+        lowered, library, d = lower_unit(unit, loader.asts)
         diags.extend(d)
+        for definition, spans in library:
+            diags.extend(check.check_definition(definition, spans))
+            defined[definition.span] = True
         broken = any(x.is_error for x in diags[start:]) or any(x.span is None or x.span.file in unit.files for x in read)
         if broken:
             failed_files.append(root)
@@ -92,7 +105,7 @@ def _lower(loader: Loader, roots: list[str], run_checks: bool) -> LoadResult:
     unique = list(dict.fromkeys(diags))  # a shared import's diagnostics once
     unique.sort(key=Diagnostic.sort_key)
     program = ir.Program(tuple(plans), tuple(loader.sources.texts))
-    return LoadResult(program, unique, loader.sources, tuple(failed_files), tuple(failed))
+    return LoadResult(program, unique, loader.sources, tuple(failed_files), tuple(failed), len(defined), tuple(roots))
 
 
 def output_clashes(plans: Sequence[ir.Plan]) -> list[Diagnostic]:

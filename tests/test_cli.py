@@ -364,3 +364,88 @@ def test_explain_still_refuses_a_plan_with_other_errors(tmp_path, capsys):
     assert main(["explain", str(plan)]) == 1
     out, err = capsys.readouterr()
     assert out == "" and "error[" in err
+
+
+# -- issue 34: what a new user meets ------------------------------------------------
+
+LIBRARY = """\
+cluster a {
+    nodes = 1
+    gpus_per_node = 8
+    device = h100
+    link nv { scope = node; latency = 2 us }
+}
+model m { arch = llama; layers = 4; hidden = 30; heads = 4; vocab = 96; seq_len = 16 }
+"""
+
+
+def test_a_file_of_clusters_and_models_only_is_checked(tmp_path, capsys):
+    """A library file (no plan): its clusters and models are lowered and checked on their
+    own, not passed with "ok: 0 plans"; the device's family comes first in the hint."""
+    lib = tmp_path / "lib.plan"
+    lib.write_text(LIBRARY)
+    assert main(["lint", "--strict", str(lib)]) == 1
+    out = capsys.readouterr().out
+    found = sorted((line.split(": ")[1].split("]")[0], line.split(": ")[0].rsplit(":", 2)[1]) for line in out.splitlines() if "error[" in line)
+    assert found == [("error[E012", "5"), ("error[E019", "4"), ("error[E040", "7"), ("error[E046", "7")], out
+    assert "help: did you mean 'h100_sxm' or 'h100_pcie'?" in out
+    lib.write_text(LIBRARY.replace("h100", "h100_sxm").replace("latency", "bandwidth = 450 GB/s; latency").replace("30", "32"))
+    assert main(["lint", "--strict", str(lib)]) == 0
+    assert capsys.readouterr().err == "ok: 0 plans in 1 file, and 2 cluster or model definitions no plan uses\n"
+
+
+@pytest.mark.parametrize("text, message, hint", [
+    ("plan p {\n  model m { arch = gpt2\n  train { steps = 1\n",
+     "unexpected end of file: 3 blocks are not closed: train (opened at 3:9), model 'm' (opened at 2:11), plan 'p' (opened at 1:8)",
+     "add 3 '}', innermost first"),
+    ('plan p {\n  train { data = text("}") } // }\n',
+     "unexpected end of file: block plan 'p' (opened at 1:8) is not closed", "add '}' where the block ends"),
+])
+def test_an_unclosed_block_is_named_with_where_it_opened(tmp_path, capsys, text, message, hint):
+    path = tmp_path / "open.plan"
+    path.write_text(text)
+    assert main(["lint", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert f"error[E003]: {message}\n" in out and f"help: {hint}\n" in out, out
+
+
+def test_a_repeated_note_is_said_once_with_a_count_and_quiet_hides_notes(tmp_path, capsys):
+    """Eight clusters each with an nvlink of the catalog's bandwidth: N021 once, counted."""
+    text = "".join(f"cluster c{i} {{ nodes = 1; gpus_per_node = 8; device = h100_sxm; link nvlink {{ scope = node; latency = 2 us }} }}\n" for i in range(8))
+    path = tmp_path / "lib.plan"
+    path.write_text(text)
+    assert main(["lint", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("note[N021]") == 1
+    assert f"note: said 8 times; also at {path}:2:63, {path}:3:63, {path}:4:63, …\n" in out, out
+    assert main(["lint", "--quiet", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith("ok: 0 plans in 1 file")
+    assert main(["lint", "--format", "json", str(path)]) == 0  # tools get every one
+    assert len(json.loads(capsys.readouterr().out)) == 8
+
+
+def test_explain_takes_several_files_as_a_folder(tmp_path, capsys):
+    assert main(["explain", str(ROOT / "plans" / "tiny_demo.plan"), str(ROOT / "plans" / "llama3_8b.plan")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("plan tiny_demo (") and "\n\nplan llama3_8b (" in out
+
+
+def test_compile_writes_the_plans_of_the_file_not_of_its_imports(tmp_path):
+    """A plan that imports another plan file to share its cluster compiles itself only;
+    explain says only its own plans too."""
+    base = (ROOT / "plans" / "tiny_demo.plan").read_text().replace("../data/verse.txt", str(ROOT / "data" / "verse.txt"))
+    (tmp_path / "base.plan").write_text(base)
+    (tmp_path / "more.plan").write_text('import "base.plan"\nplan more {\n'
+                                        "    model gpt2 { layers = 3; hidden = 128; heads = 4; vocab = 256; seq_len = 64 }\n"
+                                        "    cluster = cpu4\n    mesh { dp = 4 on shm }\n"
+                                        "    train { steps = 10; micro_batch = 4; global_batch = 16; precision = fp32; data = synthetic }\n}\n")
+    out = tmp_path / "out"
+    r = run("compile", str(tmp_path / "more.plan"), "-o", str(out))
+    assert r.returncode == 0, r.stderr.decode()
+    assert sorted(p.name for p in out.iterdir()) == ["more"]
+    r = run("explain", str(tmp_path / "more.plan"))
+    assert r.returncode == 0 and r.stdout.decode().count("\nplan ") + r.stdout.decode().startswith("plan ") == 1
+    # the two files together: both written
+    r = run("compile", str(tmp_path), "-o", str(out))
+    assert r.returncode == 0 and sorted(p.name for p in out.iterdir()) == ["more", "tiny_demo"]

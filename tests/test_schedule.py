@@ -348,20 +348,42 @@ def test_text_grid_by_hand():
     # 1F1B, p = 2, m = 2, t_f = 1, t_b = 2. Rank 1: F0 [1,2] B0 [2,4] F1 [4,5] B1 [5,7];
     # rank 0: F0 [0,1] F1 [1,2] B0 [4,6] (after rank 1's B0) B1 [7,9] (after rank 1's B1).
     actions = build("1f1b", 2, 2)
-    grid = text_grid(actions, simulate(actions, 1.0, 2.0))
-    lines = grid.splitlines()
-    assert len(lines) == 3 and "bubble 50.0%" in lines[0]
-    assert lines[1] == "rank 0  F0 F1 .  .  B0 ~  .  B1 ~"
-    assert lines[2] == "rank 1  .  F0 B0 ~  F1 B1 ~  .  ."
+    lines = text_grid(actions, simulate(actions, 1.0, 2.0), time_unit="ms").splitlines()
+    assert lines == [
+        "2 ranks, m=2, v=1; bubble 50.0% of ideal, makespan 9 ms",
+        "one column = 1 ms",
+        "F3 forward of micro-batch 3, B3 backward, ~ continues, . idle",
+        "        t = 0 ms",
+        "rank 0  F0 F1 .  .  B0 ~  .  B1 ~",
+        "rank 1  .  F0 B0 ~  F1 B1 ~  .  .",
+    ]
 
 
-def test_text_grid_has_one_row_per_rank_when_narrow():
+def test_text_grid_fits_80_columns_in_bands_with_micro_batch_ids():
+    """Interleaved 1F1B on 4 ranks: every line within 80 columns, each band a ruler and one
+    row per rank, every forward of every micro-batch and chunk labelled once per rank."""
+    actions = build("interleaved_1f1b", 4, 8, 2)
+    text = text_grid(actions, simulate(actions, 1.0, 2.0))
+    lines = text.splitlines()
+    assert all(len(line) <= 80 for line in lines) and len(lines) <= 60
+    bands = lines[3:]
+    assert len(bands) % 5 == 0 and len(bands) > 5
+    for i in range(0, len(bands), 5):
+        assert bands[i].strip().startswith("t = ")
+        assert [row.split()[:2] for row in bands[i + 1:i + 5]] == [["rank", str(r)] for r in range(4)]
+    for r in range(4):
+        cells = " ".join(b.split(maxsplit=2)[2] if len(b.split()) > 2 else "" for b in bands[r + 1::5]).split()
+        assert sorted(c for c in cells if c.startswith("F")) == sorted(f"F{mb}·{c}" for mb in range(8) for c in range(2))
+
+
+def test_text_grid_of_a_long_schedule_is_one_character_a_slot():
     actions = build("interleaved_1f1b", 8, 16, 4)
-    grid = text_grid(actions, simulate(actions, 1.0, 2.0), width=60)
-    rows = grid.splitlines()[1:]
-    assert [row.split()[:2] for row in rows] == [["rank", str(r)] for r in range(8)]
-    assert all(len(row) <= 60 for row in rows)
+    lines = text_grid(actions, simulate(actions, 1.0, 2.0)).splitlines()
+    assert all(len(line) <= 80 for line in lines) and len(lines) <= 63
+    rows = [line for line in lines[3:] if line.startswith("rank")]
+    assert [row.split()[:2] for row in rows[:8]] == [["rank", str(r)] for r in range(8)]
     assert set("".join(row[8:] for row in rows)) <= set("FBW.")
+    assert lines[2] == "F forward, B backward, . idle"
 
 
 def test_importing_draw_does_not_import_matplotlib():

@@ -32,7 +32,13 @@ IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 TOP_BLOCKS = ("cluster", "model", "plan")
 
 
-def lower_unit(unit: Unit, asts: dict[str, ast.File | None]) -> tuple[list[ir.Plan], list[Diagnostic]]:
+Library = list[tuple[ir.Cluster | ir.Model, dict[str, Span]]]
+
+
+def lower_unit(unit: Unit, asts: dict[str, ast.File | None]) -> tuple[list[ir.Plan], Library, list[Diagnostic]]:
+    """The unit's plans; the clusters and models of its files that hold no plan (a library:
+    lowered on their own, each with the spans of its keys, so that lint checks them); and
+    every diagnostic."""
     diags: list[Diagnostic] = []
     r = Reader(diags)
     defs: dict[str, dict[str, ast.Block]] = {k: {} for k in TOP_BLOCKS}
@@ -65,13 +71,18 @@ def lower_unit(unit: Unit, asts: dict[str, ast.File | None]) -> tuple[list[ir.Pl
         if plan is not None:
             plans.append(plan)
 
-    # Definitions in a file that holds plans but that no plan uses.
+    # Definitions that no plan uses: a warning in a file that holds plans, else a library's.
     plan_files = {b.span.file for b in defs["plan"].values()}
+    library: Library = []
     for kind in ("cluster", "model"):
         for name, block in defs[kind].items():
-            if block.span.file in plan_files and name not in lw.used[kind]:
+            if name in lw.used[kind]:
+                continue
+            if block.span.file in plan_files:
                 diags.append(warning("W022", block.name_span, f"{kind} '{name}' is defined but no plan uses it", f"remove it, or use it with `{kind} = {name}`"))
-    return plans, diags
+            elif (lowered := lw._lower_def(kind, block)) is not None:
+                library.append((lowered, {f"{kind}.{a.key}": a.span for a in block.body if isinstance(a, ast.Assign)}))
+    return plans, library, diags
 
 
 class Lowerer:

@@ -277,6 +277,26 @@ def _expected(names) -> str:
     return ", ".join(words[:-1]) + " or " + words[-1]
 
 
+def _open_blocks(text: str) -> list[tuple[str, int, int]]:
+    """The blocks still open at the end of ``text``, innermost first: ``("train", line,
+    col)``, ``("plan 'p'", …)`` (the kind and name written before the brace). Braces in
+    strings and comments do not count; text the lexer cannot read ends the scan."""
+    stack: list[tuple[str, int, int]] = []
+    names: list[Token] = []
+    try:
+        for tok in parser().lex(text):
+            if tok.type == "LBRACE":
+                words = [str(n) for n in names[-2:] if n.line == tok.line]
+                what = " ".join(words[:1] + [f"'{w}'" for w in words[1:]]) or "a block"
+                stack.append((what, tok.line, tok.column))
+            elif tok.type == "RBRACE" and stack:
+                stack.pop()
+            names = names + [tok] if tok.type == "NAME" else []
+    except UnexpectedInput:
+        pass
+    return stack[::-1]
+
+
 def _syntax_error(e: UnexpectedInput, text: str, file: str) -> Diagnostic:
     line = getattr(e, "line", 1) or 1
     col = getattr(e, "column", 1) or 1
@@ -286,13 +306,15 @@ def _syntax_error(e: UnexpectedInput, text: str, file: str) -> Diagnostic:
         lines = text.removesuffix("\n").split("\n")  # lines as Lark counts them: at '\n'
         last = len(lines[-1].removesuffix("\r"))
         span = Span(file, len(lines), last + 1, len(lines), last + 2)
-        opened = text.count("{") - text.count("}")
-        hint = (
-            f"{opened} block{'s' * (opened != 1)} still open: add '}}'"
-            if opened > 0
-            else "the last statement is incomplete"
-        )
-        return error("E003", span, "unexpected end of file", hint)
+        opened = _open_blocks(text)
+        if not opened:
+            return error("E003", span, "unexpected end of file", "the last statement is incomplete")
+        shown = ", ".join(f"{what} (opened at {line}:{col})" for what, line, col in opened[:3]) + ", …" * (len(opened) > 3)
+        if len(opened) == 1:
+            message = f"unexpected end of file: block {shown} is not closed"
+        else:
+            message = f"unexpected end of file: {len(opened)} blocks are not closed: {shown}"
+        return error("E003", span, message, "add '}' where the block ends" if len(opened) == 1 else f"add {len(opened)} '}}', innermost first")
     if isinstance(e, UnexpectedCharacters):
         ch = text[e.pos_in_stream] if e.pos_in_stream < len(text) else "?"
         shown = repr(ch)[1:-1] if not ch.isprintable() else ch

@@ -22,8 +22,13 @@ _EXAMPLE = {"size": "80 GiB", "rate": "450 GB/s", "time": "2 us", "flops": "989 
 
 
 def suggest(word: str, options: Iterable[str]) -> str | None:
-    """'did you mean …?' for a misspelled key or name."""
+    """'did you mean …?' for a misspelled key or name: the options of its family first
+    (``h100`` is ``h100_sxm`` or ``h100_pcie``: the word then ``_``), then by spelling."""
     opts = list(options)
+    family = [o for o in opts if o.lower().startswith(word.lower() + "_")]
+    if family:
+        best = sorted(family, key=lambda o: (-difflib.SequenceMatcher(None, word, o).ratio(), o))
+        return "' or '".join(best[:3])
     close = difflib.get_close_matches(word, opts, n=1, cutoff=0.6)
     if not close:
         low = {o.lower(): o for o in opts}

@@ -23,7 +23,14 @@ def render_text(diags: Sequence[Diagnostic], sources: Sources, colour: bool = Fa
         return f"{code}{s}{_RESET}" if colour else s
 
     out: list[str] = []
+    repeats: dict[tuple, list[Diagnostic]] = {}  # a note said again (another cluster's link): once, with where else
     for d in diags:
+        if d.severity is Severity.NOTE:
+            repeats.setdefault((d.code, d.message, d.hint), []).append(d)
+    for d in diags:
+        same = repeats.get((d.code, d.message, d.hint), [d]) if d.severity is Severity.NOTE else [d]
+        if same[0] is not d:
+            continue
         sev = d.severity.value
         head = f"{c(_COLOURS[sev], f'{sev}[{d.code}]')}: {c(_BOLD, d.message)}"
         if d.span is None:
@@ -35,6 +42,9 @@ def render_text(diags: Sequence[Diagnostic], sources: Sources, colour: bool = Fa
                 out += _quote(src, d, lambda s: c(_BLUE, s), lambda s: c(_COLOURS[sev], s))
         if d.hint:
             out.append(f"  {c(_BOLD, 'help')}: {d.hint}")
+        if len(same) > 1:
+            where = ", ".join(printable(str(o.span)) for o in same[1:4] if o.span) + ", …" * (len(same) > 4)
+            out.append(f"  {c(_BOLD, 'note')}: said {len(same)} times; also at {where}")
     n_err = sum(d.is_error for d in diags)
     n_warn = sum(d.severity is Severity.WARNING for d in diags)
     if diags:

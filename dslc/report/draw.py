@@ -148,28 +148,32 @@ def _draw_messages(ax, sim: Simulation, line_collection) -> None:
                        marker="o", zorder=3, linewidths=0)
 
 
-def text_grid(actions: Actions, sim: Simulation, width: int = 120, time_unit: str = "") -> str:
-    """Terminal rendering: one row per rank, one column per time slot.
+def text_grid(actions: Actions, sim: Simulation, width: int = 80, time_unit: str = "", max_lines: int = 60) -> str:
+    """Terminal rendering within ``width`` columns: a summary, a legend, then the timeline
+    in bands, each a time ruler and one row per rank.
 
-    A slot lasts the shortest compute and each compute covers the slots between its start and
-    end rounded to slot boundaries. When labels fit in ``width`` characters a cell shows the
-    label where a compute starts (``F3``, ``B3·1``), ``~`` while it continues and ``.`` when
-    the rank idles; otherwise one character per slot (F, B, W, ``.``). When even that is too
-    wide, slots are widened to fit and show the kind that kept the rank busiest (``.`` if the
-    rank idled for most of the slot)."""
+    A slot lasts the shortest compute and each compute covers the slots between its start
+    and end rounded to slot boundaries. A cell shows the label where a compute starts
+    (``F3``: forward of micro-batch 3; ``B3·1``: its backward in chunk 1), ``~`` while it
+    continues and ``.`` while the rank idles. When that takes more than ``max_lines``
+    lines, one character per slot (F, B, W, ``.``); when even that does, slots are widened
+    to fit and show the kind that kept the rank busiest (``.`` if it idled for most)."""
     p, m, v = shape(actions)
+    unit = time_unit or "time units"
     computes = [row for row in sim.timeline if row[1].kind in COMPUTE]
     span = sim.makespan
     step = min((e - s for _, _, s, e in computes if e > s), default=span or 1.0)
     prefix = len(f"rank {p - 1} ") + 1
-    cell = 1 + max((len(_label(a, v)) for _, a, _, _ in computes), default=1)
+    room = max(8, width - prefix)
     slots = max(1, math.ceil(span / step - 1e-9))
-    coarse = False
-    if prefix + slots * cell > width:
+    cell = 1 + max((len(_label(a, v)) for _, a, _, _ in computes), default=1)
+    lines_for = lambda n, c: math.ceil(n * c / room) * (p + 1)  # noqa: E731 (bands of a ruler and p rows)
+    if lines_for(slots, cell) > max_lines:
         cell = 1
-        if prefix + slots > width:
-            slots, coarse = max(1, width - prefix), True
-            step = span / slots
+    coarse = lines_for(slots, 1) > max_lines
+    if coarse:
+        slots = room * max(1, max_lines // (p + 1))
+        step = span / slots
     grid = [["."] * slots for _ in range(p)]
     busy: dict[tuple[int, int, str], float] = defaultdict(float)
     for r, a, s, e in computes:
@@ -184,8 +188,16 @@ def text_grid(actions: Actions, sim: Simulation, width: int = 120, time_unit: st
         total = sum(busy.get((r, k, x), 0.0) for x in COMPUTE)
         if total >= step / 2 and t == max(busy.get((r, k, x), 0.0) for x in COMPUTE):
             grid[r][k] = kind
-    lines = [(f"{p} rank{'s' * (p > 1)}, m={m}, v={v}; one column = {step:.3g} {time_unit or 'time units'}; "
-              f"bubble {sim.bubble_fraction:.1%} of ideal, makespan {span:.4g} {time_unit or 'time units'}")]
-    for r, row in enumerate(grid):
-        lines.append(f"rank {r}".ljust(prefix) + "".join(c.ljust(cell) for c in row).rstrip())
+    kinds = sorted({a.kind for _, a, _, _ in computes}, key="FBW".index)
+    names = {"F": "forward", "B": "backward", "W": "weight gradient"}
+    legend = ", ".join(f"{k}{'3' * (cell > 1)} {names[k]}{' of micro-batch 3' * (cell > 1 and k == 'F')}" for k in kinds)
+    if cell > 1:
+        legend += (", ·1 in chunk 1" if v > 1 else "") + ", ~ continues"
+    lines = [f"{p} rank{'s' * (p > 1)}, m={m}, v={v}; bubble {sim.bubble_fraction:.1%} of ideal, makespan {span:.4g} {unit}",
+             f"one column = {step:.3g} {unit}", f"{legend}, . idle"]
+    per_band = max(1, room // cell)
+    for first in range(0, slots, per_band):
+        lines.append(" " * prefix + f"t = {first * step:.4g} {unit}")
+        for r, row in enumerate(grid):
+            lines.append(f"rank {r}".ljust(prefix) + "".join(c.ljust(cell) for c in row[first:first + per_band]).rstrip())
     return "\n".join(lines) + "\n"
