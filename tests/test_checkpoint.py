@@ -8,7 +8,8 @@ every rank leaves the checkpoint before it as the latest and the resumed run's l
 the uninterrupted run's, bit for bit; a checkpoint resumes under another layout of the
 same model within 1e-5; torchrun's --max-restarts brings a job whose rank died back by
 itself; a dead or hung peer is named in one line; a truncated, foreign, incomplete or
-hostile checkpoint is refused in one line, before anything is read.
+hostile checkpoint is refused in one line, before anything is read. Each save says where
+it went, how big it is and how long it took, in one line.
 
 Failures are injected from outside the script: a sitecustomize.py on PYTHONPATH wraps
 torch.distributed.checkpoint.save in the launched processes (SIGKILL after a save's
@@ -21,6 +22,7 @@ import dataclasses
 import json
 import os
 import pickle
+import re
 import shutil
 from pathlib import Path
 
@@ -176,6 +178,12 @@ def test_a_checkpoint_resumes_under_another_layout(tmp_path, launch, uninterrupt
     resumed, first, out = launch(gpt2_plan(mine.parent, reader, mine), "--resume")
     assert first == 2 and "written by dp2 x tp2" in out.stdout
     assert resumed == pytest.approx(whole[2:], rel=1e-5)
+    assert saved(out.stdout, r"in [\d.]+ s") == [(str(mine / "step0000004"), "4")]
+
+
+def saved(stdout: str, took: str) -> list[tuple[str, str]]:
+    """(folder, step) of each save's line: where, how big, how long (`took`, a pattern)."""
+    return re.findall(rf"^checkpoint (\S+): step (\d+), [\d.]+ [KMGT]?i?B,? {took}$", stdout, re.M)
 
 
 @pytest.mark.parametrize(
@@ -205,8 +213,10 @@ def test_fp16_with_dropout_resumes_bit_for_bit_and_keeps_the_newest(tmp_path, la
     ck = tmp_path / "ck"
     plan = gpt2_plan(tmp_path, "serial", ck, extra="; keep = 2; async = true", precision="fp16", every=1)
     plan = dataclasses.replace(plan, model=dataclasses.replace(plan.model, dropout=0.1))
-    whole, _, _ = launch(plan)
+    whole, _, out = launch(plan)
     assert steps(ck) == ["step0000003", "step0000004"]
+    background = r"committed [\d.]+ s after the save began \(written in the background\)"
+    assert saved(out.stdout, background) == [(str(ck / f"step000000{k}"), str(k)) for k in range(1, 5)]
     only_up_to(ck, 3)
     resumed, first, _ = launch(plan, "--resume")
     assert first == 3 and resumed == whole[3:]

@@ -286,7 +286,7 @@ def test_generated_files_pass_black_ruff_and_bash(all_rendered, tmp_path):
 
 
 def test_scripts_import_only_torch_the_standard_library_and_each_other(all_rendered):
-    allowed = {"argparse", "contextlib", "datetime", "functools", "hashlib", "json", "math", "mmap", "os", "pickle", "shutil", "struct", "sys", "time", "torch", "warnings"}
+    allowed = {"argparse", "contextlib", "datetime", "functools", "hashlib", "json", "math", "mmap", "os", "pickle", "re", "shutil", "struct", "sys", "time", "torch", "warnings"}
     lazy = {"safetensors"}  # imported inside a function, by Hugging Face checkpoints only
     for script in (m for folder in all_rendered for m in _modules(folder)):
         siblings = {m.stem for m in _modules(script.parent)} - {"train"}

@@ -1,13 +1,18 @@
 """Hugging Face out and in, and an independent reference for our model's math.
 
-``--export-hf DIR`` writes a generated script's full weights as a Hugging Face checkpoint
-(model.safetensors and config.json) and ``train { init = hf("DIR") }`` starts a plan from
-one. The tests: the serial models of tests/golden (gpt2, llama, llama with a head_dim apart
-from hidden / heads, mixtral), trained two steps (so no norm weight is 1 and no bias 0, and
-a misplaced one shows) and exported, give in ``transformers`` the logits and loss of the script's own model, within 1e-5 (fp32, CPU);
-a checkpoint that ``transformers`` wrote comes back out of a plan byte for byte; a tp2 and
-a dp2 ZeRO-3 plan started from it take the serial plan's first step; and a missing tensor
-or another model's config stops the script with one line.
+``--export-hf DIR`` writes a generated script's weights as a Hugging Face checkpoint
+(model-0000k-of-0000n.safetensors and their index, or model.safetensors when one file holds
+them, and config.json), every rank the tensors it owns, and ``train { init = hf("DIR") }``
+starts a plan from one. The tests: the serial models of tests/golden (gpt2, llama, llama
+with a head_dim apart from hidden / heads, mixtral), trained two steps (so no norm weight is
+1 and no bias 0, and a misplaced one shows) and exported, give in ``transformers`` the
+logits and loss of the script's own model, within 1e-5 (fp32, CPU); a bf16 pp2 x tp2 plan
+exports in bf16 into several files of a small size, under a known umask, which
+``transformers`` loads to the same logits, while no rank held more than a file's worth; a
+checkpoint that ``transformers`` wrote comes back out of a plan byte for byte; tp2, dp2
+ZeRO-3 and ep2 plans started from it take the serial plan's first step and export what
+the serial plan exports; and a missing tensor, another model's config or a bad export
+flag stops the script with one line.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
+import re
 from pathlib import Path
 
 import pytest
@@ -43,18 +50,21 @@ plan p {{
     cluster = c
     {mesh}
     train {{
-        steps = 1; micro_batch = 2; global_batch = 8; precision = fp32; seed = 7
+        steps = 1; micro_batch = 2; global_batch = 8; precision = {precision}; seed = 7
         optimizer adamw {{ lr = 1e-3 }}
         data = synthetic
-        init = hf("{init}")
+        {init}
     }}
 }}
 """
 
 
-def compile_plan(tmp: Path, name: str, model: str, init: str, mesh: str = "", n: int = 1) -> Path:
-    """A plan file in ``tmp`` (init relative to it), compiled: its train.py."""
-    text = PLAN.format(n=n, model=model, mesh=mesh, init=init)
+def compile_plan(tmp: Path, name: str, model: str, init: str | None, mesh: str = "", n: int = 1,
+                 precision: str = "fp32") -> Path:
+    """A plan file in ``tmp`` (init relative to it; None: drawn from the seed), compiled:
+    its train.py."""
+    init = f'init = hf("{init}")' if init else ""
+    text = PLAN.format(n=n, model=model, mesh=mesh, init=init, precision=precision)
     res = load_text(text, str(tmp / f"{name}.plan"))
     errors = [f"{d.code} {d.message}" for d in res.diagnostics if d.is_error]
     assert not errors, errors
@@ -99,13 +109,93 @@ def test_transformers_computes_our_logits(family, golden_plans, run_script, tmp_
     out, weights = tmp_path / "hf", tmp_path / "w.pt"
     run = run_script(script, 1, "--steps", 2, "--export-hf", out, "--dump-weights", weights)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]  # one file
 
     ns = model_section(script, import_generated)
     x = torch.randint(ns["VOCAB"], (2, ns["SEQ_LEN"]), generator=torch.Generator().manual_seed(0))
     ours = our_logits(ns, torch.load(weights), x)
     with torch.no_grad():
         theirs = hf_model(out)(input_ids=x, labels=x)  # their loss: each token predicts the next
+    torch.testing.assert_close(theirs.logits, ours, rtol=1e-5, atol=1e-5)
+    loss = torch.nn.functional.cross_entropy(ours[:, :-1].reshape(-1, ns["VOCAB"]), x[:, 1:].reshape(-1))
+    torch.testing.assert_close(theirs.loss, loss, rtol=1e-5, atol=0)
+
+
+INDEX = "model.safetensors.index.json"
+
+
+def read_export(folder: Path) -> dict:
+    """The tensors of an export by name, once its layout is checked: model.safetensors
+    alone, or model-0000k-of-0000n.safetensors, every one of them named by the index,
+    which names every tensor once, in the file that holds it, and their total size; and
+    nothing else (no temporary file)."""
+    names = sorted(p.name for p in folder.iterdir())
+    if "model.safetensors" in names:
+        assert names == ["config.json", "model.safetensors"]
+        return safetensors_torch.load_file(folder / "model.safetensors")
+    index = json.loads((folder / INDEX).read_text())
+    files = sorted(set(index["weight_map"].values()))
+    n = len(files)
+    assert n > 1 and files == [f"model-{k:05d}-of-{n:05d}.safetensors" for k in range(1, n + 1)]
+    assert names == sorted(["config.json", INDEX, *files])
+    tensors = {}
+    for name in files:
+        part = safetensors_torch.load_file(folder / name)
+        assert part and not part.keys() & tensors.keys(), name  # each tensor in one file
+        assert all(index["weight_map"][key] == name for key in part), name
+        tensors.update(part)
+    assert sorted(tensors) == sorted(index["weight_map"])
+    assert index["metadata"]["total_size"] == sum(t.nbytes for t in tensors.values())
+    return tensors
+
+
+def exported_line(stdout: str) -> tuple[float, int, float]:
+    """(bytes written, files, the most bytes one rank held) from the export's one line."""
+    sizes = r"([\d.]+ [KMGT]?i?B)"
+    found = re.findall(rf"^exported .+: {sizes} of \w+ weights in (\d+) files?, [\d.]+ s; one rank held at most {sizes} of them$", stdout, re.M)
+    assert len(found) == 1, stdout
+    total, n, held = found[0]
+    return in_bytes(total), int(n), in_bytes(held)
+
+
+def in_bytes(size: str) -> float:
+    number, unit = size.split()
+    return float(number) * {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}[unit]
+
+
+def test_a_pp_tp_plan_exports_shards_that_transformers_loads(run_script, tmp_path, import_generated):
+    """pp2 x tp2 in bf16, exported into files of at most 40 KB (no tensor is larger) under
+    umask 027: every rank writes its own files, in the plan's dtype, each mode 0o640 as
+    open() would create it (transformers' files are so; safetensors' own are 0o600);
+    transformers loads them and computes the script's logits; and no rank held more than
+    a file's worth of the model, a fraction of it."""
+    mesh = "mesh { pp = 2 on shm; tp = 2 on shm }\n    pipeline { schedule = 1f1b }"
+    script = compile_plan(tmp_path, "pptp", MODELS["llama"], None, mesh, 4, precision="bf16")
+    out, weights, shard = tmp_path / "hf", tmp_path / "w.pt", 40_000
+    mask = os.umask(0o027)  # torchrun's processes inherit it
+    try:
+        run = run_script(script, 4, "--steps", 1, "--export-hf", out, "--export-shard-size", "40KB", "--dump-weights", weights)
+    finally:
+        os.umask(mask)
+    assert run.returncode == 0, run.stderr[-3000:]
+    tensors = read_export(out)
+    assert {t.dtype for t in tensors.values()} == {torch.bfloat16}  # the plan's precision
+    assert json.loads((out / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    assert {oct(p.stat().st_mode & 0o777) for p in out.iterdir()} == {oct(0o640)}
+
+    total, n, held = exported_line(run.stdout)
+    biggest = max(t.nbytes for t in tensors.values())
+    assert n == len(list(out.glob("model-*.safetensors"))) >= 2 * 4  # several files per rank
+    assert math.isclose(total, sum(t.nbytes for t in tensors.values()), rel_tol=1e-3)
+    assert biggest <= held <= shard < total / 4, (biggest, held, shard, total)  # a file's worth
+
+    # the script's weights (bf16, dumped as fp32) in the serial model of the same plan
+    serial = compile_plan(tmp_path, "serial", MODELS["llama"], None)
+    ns = model_section(serial, import_generated)
+    x = torch.randint(ns["VOCAB"], (2, ns["SEQ_LEN"]), generator=torch.Generator().manual_seed(0))
+    ours = our_logits(ns, torch.load(weights), x)
+    with torch.no_grad():
+        theirs = hf_model(out)(input_ids=x, labels=x)
     torch.testing.assert_close(theirs.logits, ours, rtol=1e-5, atol=1e-5)
     loss = torch.nn.functional.cross_entropy(ours[:, :-1].reshape(-1, ns["VOCAB"]), x[:, 1:].reshape(-1))
     torch.testing.assert_close(theirs.loss, loss, rtol=1e-5, atol=0)
@@ -153,18 +243,32 @@ def test_round_trip_is_byte_identical(family, tie, run_script, tmp_path):
     ("mixtral", ["mesh { ep = 2 on shm }"]),  # each rank's experts by their global index
 ])
 def test_parallel_plans_start_from_the_checkpoint(family, meshes, run_script, tmp_path):
+    """... and export what the serial plan exports after that step: tp ranks deal the
+    tensors between them (gpt2's fused c_attn gathered from q, k, v), ZeRO-3 gathers one
+    unit at a time, ep ranks write their own experts; the first parallel plan in bf16."""
     saved_by_transformers(tmp_path / "hf", family, tie=family == "gpt2")
     model = MODELS[family] + ("" if family == "gpt2" else "; tie_embeddings = false")
-    losses = []
+    losses, exports = [], []
     for k, mesh in enumerate(["", *meshes]):
         n = 2 if mesh else 1
         script = compile_plan(tmp_path, f"p{k}", model, "hf", mesh, n)
-        dump = tmp_path / f"p{k}.json"
-        run = run_script(script, n, "--steps", 1, "--dump-losses", dump)
+        dump, out = tmp_path / f"p{k}.json", tmp_path / f"p{k}.hf"
+        dtype = ["--export-dtype", "bf16"] * (k == 1)
+        run = run_script(script, n, "--steps", 1, "--dump-losses", dump, "--export-hf", out, *dtype)
         assert run.returncode == 0, run.stderr[-3000:]
         losses += json.loads(dump.read_text())["loss"]
+        exports.append(read_export(out))
     assert len(losses) == 1 + len(meshes)
     assert all(math.isclose(loss, losses[0], rel_tol=1e-5) for loss in losses), losses
+    # Adam's first step moves a weight whose gradient is near 0 by up to lr (1e-3) either
+    # way, as its layout's rounding has it; a misplaced tensor or piece is off by far more
+    for k, tensors in enumerate(exports[1:], 1):
+        assert sorted(tensors) == sorted(exports[0]), meshes[k - 1]
+        for name, t in tensors.items():
+            assert t.dtype == (torch.bfloat16 if k == 1 else torch.float32), name
+            rtol = 2**-8 if k == 1 else 1e-5  # bf16: within its rounding
+            torch.testing.assert_close(t.float(), exports[0][name], rtol=rtol, atol=2e-3,
+                                       msg=lambda m: f"{meshes[k - 1]}: {name}: {m}")
     if family != "mixtral":  # (whose logged loss adds the router's)
         # and it is transformers' loss on the step's batch: the weights came from the file
         x = first_batch(7, MODEL_SIZES[family])
@@ -198,6 +302,10 @@ def test_bad_checkpoints_stop_with_one_line(run_script, tmp_path):
 
     (tmp_path / "f").write_text("")
     one_line("--export-hf", "is a file, not a directory", flags=("--export-hf", tmp_path / "f"))
+    for flags in (["--export-shard-size", "5XB"], ["--export-shard-size", "0"], ["--export-dtype", "fp8"]):
+        run = run_script(script, 1, "--export-hf", tmp_path / "out", *flags)  # argparse's: exit 2
+        assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr[-3000:]
+        assert len(run.stderr.strip().splitlines()) == 1 and flags[0] in run.stderr, run.stderr
 
     missing = "model.layers.1.mlp.up_proj.weight"
     safetensors_torch.save_file({k: v for k, v in original.items() if k != missing}, tmp_path / "hf" / "model.safetensors")
@@ -212,8 +320,19 @@ def test_bad_checkpoints_stop_with_one_line(run_script, tmp_path):
     one_line("model.safetensors", "cannot read")
 
 
+def test_shard_sizes_read_as_transformers_writes_them(tmp_path, import_generated):
+    script = compile_plan(tmp_path, "sizes", MODELS["llama"], None)
+    (hf,) = import_generated(script.parent, "hf")
+    sizes = {"5GB": 5 * 10**9, "500 MB": 5 * 10**8, "2GiB": 2 * 2**30, "1.5kb": 1500, "123": 123}
+    assert {text: hf.shard_size(text) for text in sizes} == sizes
+    for bad in ("", "GB", "-1GB", "5 XB", "0", "0.1B", "1e9"):
+        with pytest.raises(hf.argparse.ArgumentTypeError):
+            hf.shard_size(bad)
+
+
 def test_lint_compares_the_config_with_the_model(tmp_path):
     saved_by_transformers(tmp_path / "hf", "llama", tie=False)
-    text = PLAN.format(n=1, model=MODELS["llama"].replace("heads = 8", "heads = 4"), mesh="", init="hf")
+    text = PLAN.format(n=1, model=MODELS["llama"].replace("heads = 8", "heads = 4"), mesh="", init='init = hf("hf")',
+                       precision="fp32")
     diags = load_text(text, str(tmp_path / "p.plan")).diagnostics
     assert [(d.code, "num_attention_heads = 8" in d.message) for d in diags if d.is_error] == [("E049", True)]

@@ -34,7 +34,8 @@ def tensors(arch: Arch, model: Model) -> list[tuple[str, str, bool, tuple[int, i
 
 
 def config(arch: Arch, model: Model) -> dict:
-    """The ``config.json`` of the exported checkpoint (weights in fp32)."""
+    """The ``config.json`` of the exported checkpoint (its dtype keys say fp32: the script
+    sets them to what ``--export-dtype`` wrote)."""
     m, fmt = model, arch.hf
     common = {"architectures": [fmt.architecture], "model_type": fmt.model_type, "vocab_size": m.vocab,
               "tie_word_embeddings": m.tie_embeddings, "torch_dtype": "float32", "dtype": "float32"}

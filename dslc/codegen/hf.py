@@ -13,6 +13,7 @@ from ..ir import Plan
 def hf_view(plan: Plan, init_path: str | None) -> dict:
     """``init_path``: the checkpoint folder relative to the generated script (or absolute)."""
     a, m = arch.of(plan.model), plan.model
+    copies = tuple(axis for axis in ("dp", "cp") if plan.mesh.size(axis) > 1)
     rows = [_row(row) for row in arch.hf.tensors(a, m)]
     return {
         "hf_tensors": rows,
@@ -22,6 +23,10 @@ def hf_view(plan: Plan, init_path: str | None) -> dict:
         "hf_export_refused": repr(arch.hf.exportable(m)),
         "hf_init": init_path is not None,
         "hf_init_dir": repr(init_path),
+        # the axes whose ranks hold copies of the same weights: --export-hf's writers are
+        # the first on each (ZeRO's shards are gathered first)
+        "hf_copies": " x ".join(copies),
+        "hf_copies_test": " or ".join(f'COORDS["{axis}"]' for axis in copies),
     }
 
 

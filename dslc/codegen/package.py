@@ -42,7 +42,7 @@ def package(view: dict) -> list[tuple[str, str]]:
         ("optimizer.py", "the optimizer, learning rate and gradient norm", True),
         ("data.py", "the data files, cut into each step's batch", view["reads_files"]),
         ("checkpoint.py", "checkpoints that any layout resumes", view["checkpoint"]),
-        ("hf.py", "the full weights, gathered, and Hugging Face checkpoints", True),
+        ("hf.py", "Hugging Face checkpoints: --export-hf (each rank its part), init = hf(...); --dump-weights", True),
         ("meter.py", "--measure" + (" and --trace" if view["pipeline_parallel"] else "") + ": bytes sent and held", True),
         ("utils.py", "one-line errors and seeded random generators", True),
         ("launch.sh", "torchrun for one or more nodes" if view["distributed"] else "python train.py", True),

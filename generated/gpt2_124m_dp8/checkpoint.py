@@ -22,6 +22,7 @@ import os
 import pickle
 import shutil
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -45,7 +46,7 @@ from torch.distributed.checkpoint.planner_helpers import (
 
 from mesh import CALLING
 from plan import LAYOUT, TIMEOUT, WORLD_SIZE
-from utils import fail
+from utils import fail, human_size
 
 CHECKPOINT_DIR = "checkpoints/gpt2_124m"  # relative to the working directory
 CHECKPOINT_KEEP = 0  # the newest kept; 0: all
@@ -150,7 +151,7 @@ class Checkpoints:
 
     def save(self, step):
         """Every rank writes its pieces into step<N>.partial; the master commits it."""
-        final = step_folder(step)
+        began, final = time.perf_counter(), step_folder(step)
         partial = final + ".partial"
         if self.master:
             # a crashed save of the same step
@@ -173,7 +174,7 @@ class Checkpoints:
         # save() returns on every rank after the metadata is written, which is after every
         # rank's part: the checkpoint is whole
         if self.master:
-            commit(partial, final, step)
+            commit(partial, final, step, began)
         dist.barrier(group=self.group)
 
     def load(self):
@@ -334,7 +335,8 @@ def fresh_state(q):
     return state
 
 
-def commit(partial, final, step):
+def commit(partial, final, step, began):
+    """Marks step<N>.partial whole and names it step<N>; prunes; says so in one line."""
     marker = os.path.join(partial, "COMMIT.json")
     with open(marker + ".tmp", "w") as f:
         json.dump(
@@ -354,6 +356,11 @@ def commit(partial, final, step):
     for name in os.listdir(CHECKPOINT_DIR):  # saves that crashed before this one
         if name.endswith(".partial") and name < os.path.basename(final):
             shutil.rmtree(os.path.join(CHECKPOINT_DIR, name), ignore_errors=True)
+    size = sum(f.stat().st_size for f in os.scandir(final) if f.is_file())
+    print(
+        f"checkpoint {final}: step {step}, {human_size(size)} in {time.perf_counter() - began:.1f} s",
+        flush=True,
+    )
 
 
 def fsync_folder(path):

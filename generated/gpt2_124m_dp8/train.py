@@ -25,7 +25,7 @@ import torch.distributed.checkpoint as dcp
 
 from checkpoint import CHECKPOINT_DIR, Checkpoints
 from data_parallel import GradientBuckets
-from hf import check_export_folder, export_hf, gather_weights
+from hf import add_export_flags, check_export_folder, export_hf, gather_weights
 from mesh import (
     CALLING,
     COORDS,
@@ -68,6 +68,9 @@ PEAK_FLOPS = 989e12  # per device (h100_sxm, bf16), for MFU
 # -----------------------------------------------------------------------------
 # Start-up: flags, device, processes
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+parser.print_usage = (
+    lambda file=None: None
+)  # a bad flag: one line (train.py: error: ...), exit 2
 parser.add_argument("--steps", type=int, default=STEPS)
 parser.add_argument("--seed", type=int, default=SEED)
 parser.add_argument("--log-every", type=int, default=1, metavar="N")
@@ -81,11 +84,7 @@ outputs = {  # written after training, so refused now if they cannot be
 }
 for flag, what in outputs.items():
     parser.add_argument(flag, metavar="FILE", help="write " + what)
-parser.add_argument(
-    "--export-hf",
-    metavar="DIR",
-    help="write the full weights into DIR as a Hugging Face checkpoint (model.safetensors, config.json)",
-)
+add_export_flags(parser)  # --export-hf DIR, --export-dtype, --export-shard-size (hf.py)
 args = parser.parse_args()
 args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
 args.compile = args.device == "cuda" if args.compile is None else args.compile
@@ -271,12 +270,14 @@ def main():
     if METER.on:
         METER.step = None
         METER.dump(n_params, RANK, COORDS)
-    if args.dump_weights or args.export_hf:
-        full_weights = gather_weights(model)  # every rank takes part in the gathers
-        if master and args.dump_weights:
+    if args.dump_weights:  # every rank takes part in the gathers
+        full_weights = gather_weights(model)
+        if master:
             torch.save(full_weights, args.dump_weights)
-        if master and args.export_hf:
-            export_hf(full_weights, args.export_hf)
+    if (
+        args.export_hf
+    ):  # every rank writes its own tensors: the model is gathered nowhere
+        export_hf(model, args.export_hf, args.export_dtype, args.export_shard_size)
     if master and args.dump_losses:
         with open(args.dump_losses, "w") as f:
             json.dump(

@@ -22,6 +22,7 @@ import os
 import pickle
 import shutil
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -45,7 +46,7 @@ from torch.distributed.checkpoint.planner_helpers import (
 
 from mesh import CALLING, COORDS
 from plan import LAYOUT, TIMEOUT, TP, VOCAB, WORLD_SIZE
-from utils import fail
+from utils import fail, human_size
 
 CHECKPOINT_DIR = "checkpoints/llama3_8b"  # relative to the working directory
 CHECKPOINT_KEEP = 3  # the newest kept; 0: all
@@ -105,7 +106,7 @@ class Checkpoints:
         self.step_count = torch.zeros(1, dtype=torch.float64)
         self.in_flight = (
             []
-        )  # the background save: (future, folder, its final name, step)
+        )  # the background save: (future, folder, its final name, step, its start)
 
     def boxes(self, saving):
         """Per entry i of `owners` (the optimizer's tensors): (name, global shape, offsets,
@@ -150,7 +151,7 @@ class Checkpoints:
         """Every rank writes its pieces into step<N>.partial; the master commits it, once
         the background save has finished (at the next save, or the end of training)."""
         self.finish_saving()  # one save in flight at a time
-        final = step_folder(step)
+        began, final = time.perf_counter(), step_folder(step)
         partial = final + ".partial"
         if self.master:
             # a crashed save of the same step
@@ -177,16 +178,16 @@ class Checkpoints:
         future = dcp.async_save(
             {}, storage_writer=writer, planner=planner, process_group=self.group
         )
-        self.in_flight.append((future, partial, final, step))
+        self.in_flight.append((future, partial, final, step, began))
 
     def finish_saving(self):
         """Waits for the background save, then commits it: its metadata, written last,
         says that every rank's part is written."""
-        for future, partial, final, step in self.in_flight:
+        for future, partial, final, step, began in self.in_flight:
             CALLING[0] = f"the save of {partial}"
             future.result()
             if self.master:
-                commit(partial, final, step)
+                commit(partial, final, step, began)
         self.in_flight.clear()
 
     def load(self):
@@ -352,7 +353,8 @@ def fresh_state(q):
     return state
 
 
-def commit(partial, final, step):
+def commit(partial, final, step, began):
+    """Marks step<N>.partial whole and names it step<N>; prunes; says so in one line."""
     marker = os.path.join(partial, "COMMIT.json")
     with open(marker + ".tmp", "w") as f:
         json.dump(
@@ -372,6 +374,11 @@ def commit(partial, final, step):
     for name in os.listdir(CHECKPOINT_DIR):  # saves that crashed before this one
         if name.endswith(".partial") and name < os.path.basename(final):
             shutil.rmtree(os.path.join(CHECKPOINT_DIR, name), ignore_errors=True)
+    size = sum(f.stat().st_size for f in os.scandir(final) if f.is_file())
+    print(
+        f"checkpoint {final}: step {step}, {human_size(size)}, committed {time.perf_counter() - began:.1f} s after the save began (written in the background)",
+        flush=True,
+    )
 
 
 def fsync_folder(path):

@@ -3,8 +3,8 @@
 # The same in every plan that has it; train.py names the plan and how to regenerate.
 """Helpers that every module of this program uses: one-line errors, the seeded random
 generators that make every plan of a model draw the same weights and data, copies to the
-device and between lists of tensors, and the import of safetensors, which only Hugging
-Face checkpoints need."""
+device and between lists of tensors, sizes as people read them, and the import of
+safetensors, which only Hugging Face checkpoints need."""
 
 import hashlib
 import os
@@ -35,6 +35,14 @@ def copy_all(dst, src):
     """dst[i].copy_(src[i]) for every i, in a few kernels (rounding as copy_ does)."""
     if dst:
         torch._foreach_copy_(dst, src)
+
+
+def human_size(nbytes):
+    """nbytes as 1.50 GiB, 12.00 MiB, 3.25 KiB or 17 B."""
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= size:
+            return f"{nbytes / size:.2f} {unit}"
+    return f"{nbytes} B"
 
 
 def import_safetensors():
