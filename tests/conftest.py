@@ -221,6 +221,21 @@ def trained(run_script, run_programs, golden_plans, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def read_scalars():
+    """read_scalars(folder) -> {tag: [(step, value), ...]}: every scalar of the TensorBoard
+    event files in ``folder`` (a script's --tensorboard DIR), read back as TensorBoard's
+    own reader reads them, all of them kept (no sampling)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    def read(folder: Path) -> dict:
+        events = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+        events.Reload()
+        return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+    return read
+
+
+@pytest.fixture(scope="session")
 def import_generated():
     """import_generated(folder, *names) -> [module]: see load_generated."""
     return load_generated

@@ -287,18 +287,21 @@ def test_generated_files_pass_black_ruff_and_bash(all_rendered, tmp_path):
 
 def test_scripts_import_only_torch_the_standard_library_and_each_other(all_rendered):
     allowed = {"argparse", "contextlib", "datetime", "functools", "hashlib", "json", "math", "mmap", "os", "pickle", "re", "shutil", "struct", "sys", "time", "torch", "warnings"}
-    lazy = {"safetensors"}  # imported inside a function, by Hugging Face checkpoints only
+    # imported inside a function only: by Hugging Face checkpoints, --tensorboard (through
+    # torch.utils.tensorboard, which needs the tensorboard package) and --wandb
+    lazy = {"safetensors", "tensorboard", "wandb"}
     for script in (m for folder in all_rendered for m in _modules(folder)):
         siblings = {m.stem for m in _modules(script.parent)} - {"train"}
         tree = ast.parse(script.read_text())
         inner = {id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) for n in ast.walk(f)}
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
-                roots = {a.name.split(".")[0] for a in node.names}
+                names = {a.name for a in node.names}
             elif isinstance(node, ast.ImportFrom):
-                roots = {node.module.split(".")[0]}
+                names = {node.module}
             else:
                 continue
+            roots = {"tensorboard" if n.startswith("torch.utils.tensorboard") else n.split(".")[0] for n in names}
             assert roots <= allowed | siblings | (lazy if id(node) in inner else set()), (script, roots)
 
 
@@ -636,6 +639,33 @@ def test_process_groups_follow_the_mesh_layout(golden_plans, tmp_path, import_ge
         )
 
 
+def test_metrics_are_written_under_torchtitans_names(golden_plans, tmp_path, import_generated, read_scalars):
+    """meter.METRICS of a generated package (a mixture of experts with a capacity and a
+    z-loss), given one log line's values as on CUDA (MFU, peak memory), writes each under
+    its name at its step; TensorBoard's reader reads them back. Until open() it writes
+    nothing. (The demos' torchrun jobs in test_golden.py check the values of real runs.)"""
+    plan = golden_plans["mixtralcap_serial"]
+    plan = dataclasses.replace(plan, name="metrics_moe", model=dataclasses.replace(plan.model, z_loss_weight=0.01))
+    (meter,) = import_generated(codegen.write(plan, tmp_path / "out"), "meter")
+    metrics, board = meter.Metrics(), tmp_path / "board"
+    metrics.log(1, 9.0, 1.0, 1.0, 1.0, None, None, [1.0] * 5)  # off: nothing, not even the folder
+    assert not metrics.on and not board.exists()
+    metrics.open(str(board), None, {})
+    # loss, lr, grad norm, 0.5 s per step, MFU 0.4, 1.5 GiB; aux, z, imbalance, 6 of 24 dropped
+    metrics.log(3, 2.5, 1e-3, 0.75, 0.5, 0.4, 1.5, [1.1, 0.02, 1.3, 6.0, 24.0])
+    metrics.write(3, {"validation_metrics/loss": 2.25})
+    metrics.close()
+    tokens = plan.train.global_batch * plan.model.seq_len  # per step, on one device
+    want = {
+        "loss_metrics/global_avg_loss": 2.5, "lr": 1e-3, "grad_norm": 0.75, "throughput(tps)": tokens / 0.5,
+        "time_metrics/end_to_end(s)": 0.5, "mfu(%)": 40.0, "memory/max_allocated(GiB)": 1.5,
+        "memory/max_reserved(GiB)": 0.0,  # torch.cuda's, 0 without CUDA
+        "moe/aux_loss": 1.1, "moe/z_loss": 0.02, "moe/imbalance": 1.3, "moe/dropped(%)": 25.0,
+        "validation_metrics/loss": 2.25,
+    }
+    assert read_scalars(board) == {tag: [(3, pytest.approx(v, rel=1e-6))] for tag, v in want.items()}
+
+
 def test_gradients_are_reduced_over_the_group_the_traffic_model_names(golden_plans):
     """The data-parallel buckets reduce over "+".join(memory.grad_group(plan)), the key
     that dslc.cost.traffic gives the same collectives, and GROUP_AXES builds that group."""
@@ -775,15 +805,21 @@ _UPPER = re.compile(r"[A-Z][A-Z0-9_]*\Z")
 
 def test_every_constant_is_read(all_rendered):
     """Every module-level UPPER_CASE name a module assigns is read by that module; plan.py,
-    which holds the settings the others read, has each of its read by some module."""
+    which holds the settings the others read, has each of its read by some module. A
+    module's singleton, an instance of a class it defines (meter.METRICS), is no setting:
+    train.py uses it."""
     for folder in all_rendered:
         read_anywhere = set()
         assigned_by = {}
         for module in _modules(folder):
             tree = ast.parse(module.read_text())
+            classes = {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
             assigned = set()
             for node in tree.body:
                 targets = node.targets if isinstance(node, ast.Assign) else []
+                value = getattr(node, "value", None)
+                if isinstance(value, ast.Call) and getattr(value.func, "id", None) in classes:
+                    continue
                 for t in targets:
                     names = t.elts if isinstance(t, ast.Tuple) else [t]
                     assigned |= {n.id for n in names if isinstance(n, ast.Name) and _UPPER.match(n.id)}

@@ -547,20 +547,23 @@ def test_lint_reads_a_bounded_part_of_a_plans_files(tmp_path, capsys):
 # 4. the validation loss
 
 
-def test_the_validation_loss_is_logged_and_dumped(tmp_path, run_script):
+def test_the_validation_loss_is_logged_and_dumped(tmp_path, run_script, read_scalars):
     """eval { every = 5; batches = 2 } over 12 steps: validation at steps 5, 10 and 12 (the
-    last), in --dump-losses and in the log, each finite. Training and validation read the
-    same repeating text, so the validation loss falls as the model learns it."""
+    last), in --dump-losses, in the log and in TensorBoard's validation_metrics/loss, each
+    finite. Training and validation read the same repeating text, so the validation loss
+    falls as the model learns it."""
     pattern_ids = np.tile(np.array([3, 141, 59, 26, 5, 35, 89, 79, 32, 38, 46]), 30)
     write_llmc(tmp_path / "train.bin", pattern_ids)
     write_raw(tmp_path / "val.bin", pattern_ids)
     extra = 'eval { every = 5; batches = 2; data = tokens("val.bin") }'
     script = compile_plan(tmp_path, 'tokens("train.bin")', arch="gpt2", extra=extra)
-    out = run_script(script, 1, "--steps", 12, "--dump-losses", tmp_path / "l.json")
+    out = run_script(script, 1, "--steps", 12, "--dump-losses", tmp_path / "l.json", "--tensorboard", tmp_path / "tb")
     assert out.returncode == 0, out.stderr
     dumped = json.loads((tmp_path / "l.json").read_text())
     assert len(dumped["loss"]) == 12
     assert [s for s, _ in dumped["val_loss"]] == [5, 10, 12]
+    board = read_scalars(tmp_path / "tb")["validation_metrics/loss"]
+    assert board == [(s, pytest.approx(v, rel=1e-6)) for s, v in dumped["val_loss"]]
     losses = [v for _, v in dumped["val_loss"]]
     assert all(math.isfinite(v) for v in losses)
     logged = re.findall(r"^step (\d+)/12 \| val loss ([\d.]+)$", out.stdout, re.M)

@@ -331,16 +331,46 @@ def test_weights_moved_and_loss_is_sane(golden_plans, trained):
         assert torch.equal(initial["blocks.0.attn_norm.weight"], torch.ones(plan.model.hidden))
 
 
+# wandb is not installed here: this stand-in, first on PYTHONPATH, records the calls the
+# script makes (wandb.init(project=, config=), run.log(scalars, step=), run.finish())
+WANDB_STAND_IN = """import json, os
+
+
+def record(*call):
+    with open(os.environ["WANDB_CALLS"], "a") as f:
+        f.write(json.dumps(call) + "\\n")
+
+
+class Run:
+    def log(self, scalars, step=None):
+        record("log", scalars, step)
+
+    def finish(self):
+        record("finish")
+
+
+def init(project=None, config=None, **kw):
+    record("init", project, config, kw)
+    return Run()
+"""
+
+
 @pytest.mark.parametrize("demo", ["tiny_demo", "tiny_moe"])
-def test_bundled_text_loss_falls(demo, run_script, tmp_path):
-    """The demos learn the bundled text; the MoE's router stays balanced while it does."""
+def test_bundled_text_loss_falls(demo, run_script, read_scalars, tmp_path):
+    """The demos learn the bundled text; the MoE's router stays balanced while it does.
+    The run logs to TensorBoard and W&B too (--tensorboard, --wandb): see
+    assert_dashboards_hold_the_log."""
     from dslc.driver import load_paths
 
     plan = load_paths([ROOT / "plans" / f"{demo}.plan"]).program.plans[0]
     script = codegen.write(plan, tmp_path) / "train.py"
-    dump = tmp_path / "losses.json"
+    dump, board, stand_in = tmp_path / "losses.json", tmp_path / "board", tmp_path / "stand_in"
+    stand_in.mkdir()
+    (stand_in / "wandb.py").write_text(WANDB_STAND_IN)
+    env = {"PYTHONPATH": str(stand_in), "WANDB_CALLS": str(tmp_path / "wandb.jsonl")}
     out = run_script(
-        script, plan.world_size, "--steps", "50", "--dump-losses", dump, "--log-every", "10"
+        script, plan.world_size, "--steps", "50", "--dump-losses", dump, "--log-every", "10",
+        "--tensorboard", board, "--wandb", "demos", env=env,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     losses = json.loads(dump.read_text())["loss"]
@@ -350,6 +380,48 @@ def test_bundled_text_loss_falls(demo, run_script, tmp_path):
     if plan.model.is_moe:  # max / mean tokens per expert: 2 if 2 of 4 experts got all
         imbalance = [float(x) for x in re.findall(r"\| imbalance ([\d.]+)", out.stdout)]
         assert len(imbalance) == 6 and imbalance[-1] < 2.0, imbalance
+    calls = [json.loads(line) for line in (tmp_path / "wandb.jsonl").read_text().splitlines()]
+    assert_dashboards_hold_the_log(plan, out.stdout, losses, read_scalars(board), calls)
+    assert len(list(board.iterdir())) == 1  # one event file: rank 0's
+
+
+def assert_dashboards_hold_the_log(plan, stdout, losses, scalars, calls):
+    """What rank 0 wrote to TensorBoard (the event file, read back) and to W&B (the calls)
+    is the log line's values under torchtitan's names, at the log's steps (1, 11, ..., 41
+    and the last, 50): the loss of --dump-losses (TensorBoard keeps 32-bit floats, W&B
+    gets the same float), the lr, gradient norm and tokens/s of the line, tokens/s per
+    device as torchtitan counts them; MFU and memory where the line has them (CUDA), and
+    the router's aux loss and imbalance for a mixture of experts. W&B's run is started
+    once with the plan in its config and finished at the end."""
+    line = re.compile(r"^step (\d+)/50 \| loss ([\d.]+) \| lr ([\d.e+-]+) \| grad norm ([\d.]+) \| .* \| ([\d,]+) tok/s(.*)$")
+    logged = [m.groups() for m in map(line.match, stdout.splitlines()) if m]
+    steps = [int(s) for s, *_ in logged]
+    assert steps == [1, 11, 21, 31, 41, 50], stdout
+    tags = {"loss_metrics/global_avg_loss", "lr", "grad_norm", "throughput(tps)", "time_metrics/end_to_end(s)"}
+    on_cuda = {"mfu(%)", "memory/max_allocated(GiB)", "memory/max_reserved(GiB)"}
+    tags |= on_cuda if "| mfu " in stdout else set()
+    tags |= {"moe/aux_loss", "moe/imbalance"} if plan.model.is_moe else set()
+    assert set(scalars) == tags, sorted(scalars)
+    assert all([s for s, _ in scalars[tag]] == steps for tag in tags), scalars
+    value = {tag: [v for _, v in scalars[tag]] for tag in tags}
+    assert value["loss_metrics/global_avg_loss"] == pytest.approx([losses[s - 1] for s in steps], rel=1e-6)
+    for (_, loss, lr, norm, tps, rest), i in zip(logged, range(len(steps))):
+        assert value["loss_metrics/global_avg_loss"][i] == pytest.approx(float(loss), abs=5e-5)
+        assert value["lr"][i] == pytest.approx(float(lr), rel=5e-3)
+        assert value["grad_norm"][i] == pytest.approx(float(norm), abs=5e-4)
+        per_device = float(tps.replace(",", "")) / plan.world_size
+        assert value["throughput(tps)"][i] == pytest.approx(per_device, abs=0.5 / plan.world_size + 1e-3 * per_device)
+        if plan.model.is_moe:
+            aux, imbalance = (float(re.search(rf"\| {k} ([\d.]+)", rest).group(1)) for k in ("aux", "imbalance"))
+            assert value["moe/aux_loss"][i] == pytest.approx(aux, abs=5e-4)
+            assert value["moe/imbalance"][i] == pytest.approx(imbalance, abs=5e-3)
+    assert [c[0] for c in calls] == ["init"] + ["log"] * len(steps) + ["finish"], calls
+    (_, project, config, _), logs = calls[0], calls[1:-1]
+    assert project == "demos" and config["plan"] == plan.name and config["steps"] == 50
+    assert [step for _, _, step in logs] == steps
+    assert [s["loss_metrics/global_avg_loss"] for _, s, _ in logs] == [losses[s - 1] for s in steps]
+    for tag in tags:
+        assert [s[tag] for _, s, _ in logs] == pytest.approx(value[tag], rel=1e-6), tag
 
 
 def test_long_context_example_holds_a_quarter_of_the_activations(run_script, tmp_path):

@@ -4,7 +4,8 @@ Each test compiles a tiny plan into tmp_path and runs the real script (python, o
 torchrun on CPU with gloo): bad token ids, a loss that stops being finite, torchrun's
 environment, output paths and the checkpoint folder, --device cuda without CUDA, and
 launch.sh under a caller's shell that sets CDPATH or exports a function named cd.
-Start-up errors exit with 1, as the script's others do (test_codegen.py)."""
+Start-up errors exit with 1, as the script's others do (test_codegen.py), but for a flag
+whose package is not installed (--tensorboard, --wandb): 2, as argparse's usage errors."""
 
 from __future__ import annotations
 
@@ -176,6 +177,28 @@ def test_outputs_are_checked_before_training(tmp_path, run_script):
         out = run_script(script, 1, flag, folder)
         assert out.returncode == 1 and out.stdout == ""  # no step ran
         assert error_line(out) == f"{flag} {folder}: is a directory, not a file"
+
+
+def test_a_dashboard_without_its_package_is_one_line(tmp_path, run_script):
+    """--tensorboard and --wandb import their package only when asked, at start-up: one
+    that is missing is one line and exit 2 before anything runs or is written. Modules
+    beside train.py (the first place Python looks) that fail to import as a missing
+    package does stand in for an environment without them (tensorboard is installed
+    here; wandb may be). A --tensorboard DIR that is a file is one line too."""
+    script = compile_plan(tmp_path)
+    board, losses = tmp_path / "board", tmp_path / "l.json"
+    for flag, value, package in (("--tensorboard", board, "tensorboard"), ("--wandb", "p", "wandb")):
+        absent = script.parent / f"{package}.py"
+        absent.write_text(f'raise ModuleNotFoundError("No module named {package!r}", name={package!r})\n')
+        out = run_script(script, 1, flag, value, "--dump-losses", losses)
+        absent.unlink()
+        assert out.returncode == 2 and out.stdout == "", out.stderr
+        assert error_line(out) == f"{flag} needs {package}: pip install {package}"
+    assert not board.exists() and not losses.exists()
+    board.write_text("")
+    out = run_script(script, 1, "--tensorboard", board)
+    assert out.returncode == 1 and out.stdout == ""
+    assert error_line(out) == f"--tensorboard {board}: is a file, not a directory"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")

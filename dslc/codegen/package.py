@@ -43,7 +43,7 @@ def package(view: dict) -> list[tuple[str, str]]:
         ("data.py", "the data files, cut into each step's batch", view["reads_files"]),
         ("checkpoint.py", "checkpoints that any layout resumes", view["checkpoint"]),
         ("hf.py", "Hugging Face checkpoints: --export-hf (each rank its part), init = hf(...); --dump-weights", True),
-        ("meter.py", "--measure" + (" and --trace" if view["pipeline_parallel"] else "") + ": bytes sent and held", True),
+        ("meter.py", "--measure" + (" and --trace" if view["pipeline_parallel"] else "") + ": bytes sent and held; --tensorboard, --wandb", True),
         ("utils.py", "one-line errors and seeded random generators", True),
         ("launch.sh", "torchrun for one or more nodes" if view["distributed"] else "python train.py", True),
         ("schedule.json", "the pipeline's action lists, which run_schedule executes", view["pipeline_parallel"]),

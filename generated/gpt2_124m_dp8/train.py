@@ -34,7 +34,7 @@ from mesh import (
     build_process_groups,
     init_process_group,
 )
-from meter import METER, measure_block
+from meter import METER, METRICS, measure_block
 from model import Transformer, compile_model, init_weights
 from optimizer import build_optimizer, get_lr, grad_norm
 from plan import (
@@ -85,6 +85,8 @@ outputs = {  # written after training, so refused now if they cannot be
 for flag, what in outputs.items():
     parser.add_argument(flag, metavar="FILE", help="write " + what)
 add_export_flags(parser)  # --export-hf DIR, --export-dtype, --export-shard-size (hf.py)
+parser.add_argument("--tensorboard", metavar="DIR", help="log to TensorBoard, in DIR")
+parser.add_argument("--wandb", metavar="PROJECT", help="log to W&B, in PROJECT")
 args = parser.parse_args()
 args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
 args.compile = args.device == "cuda" if args.compile is None else args.compile
@@ -108,6 +110,8 @@ if got != str(WORLD_SIZE):
     )
 if not all(r.isdecimal() and int(r) < WORLD_SIZE for r in (rank, local_rank)):
     fail(f"RANK={rank}, LOCAL_RANK={local_rank}: each must be 0 to {WORLD_SIZE - 1}")
+if rank == "0":  # the rank that logs: its packages and files, before the run starts
+    METRICS.open(args.tensorboard, args.wandb, vars(args))
 RANK, LOCAL_RANK = int(rank), int(local_rank)
 device = torch.device("cpu")
 if args.device == "cuda":
@@ -225,7 +229,7 @@ def main():
     # torchrun restarted the job after a failure: resume from the newest checkpoint
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
     start = checkpoints.load() if args.resume or restarted else 0
-    tokens_per_step = GLOBAL_BATCH * SEQ_LEN
+    tokens_per_step, mfu, peak = GLOBAL_BATCH * SEQ_LEN, None, None  # mfu, peak: GPU
     if master:
         print(f"plan gpt2_124m_dp8: {n_params / 1e6:.2f}M parameters", end=", ")
         print(f"{LAYOUT}, {PRECISION}, {args.device}")
@@ -242,15 +246,11 @@ def main():
         saves = (step + 1) % CHECKPOINT_EVERY == 0 or step + 1 == args.steps
         if not (logs or saves):
             continue
-        values = torch.stack(
-            [v for _, _, v in pending]
-        ).tolist()  # waits for the device
+        values = torch.stack([v for _, _, v in pending]).tolist()  # the host waits here
         for (s, _, _), (loss, *_) in zip(pending, values):
             if not math.isfinite(loss):  # reduced over every rank: they all stop here
                 fail(f"step {s + 1}: the loss is {loss}; stopping")
-        dt = (time.perf_counter() - t_read) / len(
-            pending
-        )  # per step since the last read
+        dt = (time.perf_counter() - t_read) / len(pending)  # per step, since last read
         losses += [v[0] for v in values]
         lr, (loss, norm) = pending[-1][1], values[-1]
         pending.clear()
@@ -266,6 +266,7 @@ def main():
                 peak = torch.cuda.max_memory_allocated() / 2**30
                 line += f" | mfu {mfu:.1%} | peak mem {peak:.2f} GiB"
             print(line, flush=True)
+            METRICS.log(step + 1, loss, lr, norm, dt, mfu, peak)
         t_read = time.perf_counter()
     if METER.on:
         METER.step = None
@@ -285,6 +286,7 @@ def main():
                 f,
                 allow_nan=False,
             )
+    METRICS.close()
     GROUPS.clear()  # the last references: tear the groups down now, not at exit
     dist.destroy_process_group()
 

@@ -13,9 +13,10 @@ import sys
 import torch
 
 
-def fail(message):  # one line on stderr, in one write, not a traceback
+def fail(message, status=1):  # one line on stderr, in one write, not a traceback
+    """Exits with `status`: 1, or 2 where a flag asks for a package that is missing."""
     sys.stderr.write(f"{os.path.basename(sys.argv[0])}: error: {message}\n")
-    sys.exit(1)
+    sys.exit(status)
 
 
 def generator(seed, *key):

@@ -2,13 +2,17 @@
 #
 # Plan long_context_cp4 from plans/long_context.plan; regenerate with: dslc compile plans/long_context.plan
 """--measure FILE: what this rank sends, holds and saves — what `dslc explain` predicts.
-The collectives count through METER; while it is off, each hook is one test."""
+The collectives count through METER; while it is off, each hook is one test.
+--tensorboard DIR and --wandb PROJECT: the log's scalars, through METRICS."""
 
 import contextlib
 import json
 import os
 
 import torch
+
+from plan import GLOBAL_BATCH, LAYOUT, SEQ_LEN, WORLD_SIZE
+from utils import fail
 
 
 class Meter:  # what this rank sends, holds and saves: what `dslc explain` predicts
@@ -86,3 +90,88 @@ METER = Meter()
 def measure_block():
     """With --measure, counts the bytes autograd saves in one micro-batch's forward."""
     return METER.saved_tensors() if METER.on else contextlib.nullcontext()
+
+
+class Metrics:
+    """--tensorboard DIR and --wandb PROJECT: the scalars of each log line, under the names
+    torchtitan's MetricsProcessor gives them, as TensorBoard event files and a Weights &
+    Biases run, from the rank that prints the log. Until open() it is off, and each call
+    returns at once; tensorboard and wandb are imported only when a flag asks for them.
+    """
+
+    def __init__(self):
+        self.on = False
+        self.writer = self.run = None
+
+    def open(self, tensorboard, project, flags):
+        """At start-up, before the process group: imports what the flags ask for (a
+        missing package: one line, exit 2), opens the event file in `tensorboard` and
+        starts a W&B run in `project`, its config the plan's layout and the flags;
+        neither flag: nothing."""
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                fail("--tensorboard needs tensorboard: pip install tensorboard", 2)
+            if os.path.exists(tensorboard) and not os.path.isdir(tensorboard):
+                fail(f"--tensorboard {tensorboard}: is a file, not a directory")
+            try:
+                self.writer = SummaryWriter(tensorboard)
+            except OSError as e:
+                fail(f"--tensorboard {tensorboard}: cannot write there ({e.strerror})")
+        if project:
+            try:
+                import wandb
+            except ImportError:
+                fail("--wandb needs wandb: pip install wandb", 2)
+            config = {
+                "plan": "long_context_cp4",
+                "layout": LAYOUT,
+                "world_size": WORLD_SIZE,
+            }
+            config |= {"global_batch": GLOBAL_BATCH, "seq_len": SEQ_LEN, **flags}
+            try:
+                self.run = wandb.init(project=project, config=config)
+            except Exception as e:  # not logged in, no network: W&B's own errors
+                why = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+                fail(f"--wandb {project}: W&B did not start: {why}")
+        self.on = bool(self.writer or self.run)
+
+    def log(self, step, loss, lr, norm, seconds, mfu, peak):
+        """One log line's values, `seconds` per step (mfu and peak, GiB: None off CUDA).
+        Throughput is tokens/s per device, as torchtitan's; mfu in percent; memory the
+        peak since the start."""
+        if not self.on:
+            return
+        scalars = {
+            "loss_metrics/global_avg_loss": loss,
+            "lr": lr,
+            "grad_norm": norm,
+            "throughput(tps)": GLOBAL_BATCH * SEQ_LEN / seconds / WORLD_SIZE,
+            "time_metrics/end_to_end(s)": seconds,
+        }
+        if mfu is not None:  # on CUDA
+            scalars["mfu(%)"] = 100 * mfu
+            scalars["memory/max_allocated(GiB)"] = peak
+            reserved = torch.cuda.max_memory_reserved()
+            scalars["memory/max_reserved(GiB)"] = reserved / 2**30
+        self.write(step, scalars)
+
+    def write(self, step, scalars):
+        """`scalars` at `step` (1-based, as the log counts), flushed: the dashboard has
+        them now, and a run that stops loses none."""
+        if self.writer:
+            for tag, value in scalars.items():
+                self.writer.add_scalar(tag, value, step)
+            self.writer.flush()
+        if self.run:
+            self.run.log(scalars, step=step)
+
+    def close(self):
+        if self.writer:
+            self.writer.close()
+        if self.run:
+            self.run.finish()
+
+
+METRICS = Metrics()
