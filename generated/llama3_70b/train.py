@@ -36,7 +36,7 @@ from mesh import (
     init_process_group,
 )
 from meter import METER, METRICS
-from model import Transformer, compile_model, init_weights
+from model import Transformer, compile_model, init_weights, materialize
 from optimizer import build_optimizer, get_lr, grad_norm
 from pipeline_parallel import TIMELINE, load_schedule, run_schedule
 from plan import (
@@ -133,9 +133,10 @@ master = RANK == 0  # logs and writes files
 
 # -----------------------------------------------------------------------------
 # Model and optimizer
-model = Transformer()
-init_weights(model.named_parameters(), args.seed)
-model.to(device, dtype=PARAM_DTYPE)
+with torch.device("meta"):  # shapes only: no weight is held before it is this rank's
+    model = Transformer()
+materialize(model, device, PARAM_DTYPE)  # its parameters on the device, not filled in
+init_weights(model.named_parameters(), args.seed)  # this rank's parts only
 params = list(model.parameters())
 grad_buckets = GradientBuckets(params)
 # ZeRO-1: the optimizer holds this rank's shard only, cut at parameter boundaries

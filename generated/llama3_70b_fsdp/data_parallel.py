@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from mesh import GROUPS, all_gather, reduce_scatter
+from model import materialize
 from plan import N_LAYER, PARAM_DTYPE
 from tensor_parallel import reduce_sequence_parallel_grads
 
@@ -142,14 +143,8 @@ class FullyShardedUnits:
             layer,
             block,
         ) in named:  # built on the meta device: one whole block at a time
-            marks = {
-                n: vars(p) for n, p in block.named_parameters()
-            }  # tp_dim, init, ...
-            block.to_empty(device=device)  # new parameters: they take the marks over
-            for n, p in block.named_parameters():
-                p.__dict__.update(marks[n])
+            materialize(block, device, PARAM_DTYPE)
             init((f"blocks.{layer}.{n}", p) for n, p in block.named_parameters())
-            block.to(PARAM_DTYPE)
             self.units.append(Unit(list(block.parameters()), self._backward_done))
         in_blocks = {p for b in blocks for p in b.parameters()}
         rest = [p for p in model.parameters() if p not in in_blocks]

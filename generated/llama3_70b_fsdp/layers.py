@@ -13,7 +13,9 @@ from plan import N_EMBD, NORM_EPS
 
 
 def param(*shape, tp_dim=None, init="normal", std=0.02, vocab_rows=False):
-    """A parameter of this rank's shape; tp_dim is the dim split over tp, if any."""
+    """A parameter of this rank's shape; tp_dim is the dim split over tp, if any. train.py
+    builds the model on the meta device: its storage comes from materialize (model.py).
+    """
     p = nn.Parameter(torch.empty(*shape))
     p.tp_dim, p.init, p.std, p.vocab_rows = tp_dim, init, std, vocab_rows
     return p

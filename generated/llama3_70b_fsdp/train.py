@@ -37,7 +37,7 @@ from mesh import (
     init_process_group,
 )
 from meter import METER, METRICS, measure_block
-from model import Transformer, compile_model, init_weights
+from model import Transformer, compile_model, init_weights, materialize
 from optimizer import build_optimizer, get_lr, grad_norm
 from plan import (
     DP,
@@ -130,10 +130,11 @@ master = RANK == 0  # logs and writes files
 
 # -----------------------------------------------------------------------------
 # Model and optimizer
-model = Transformer()
-init_weights(model.named_parameters(), args.seed)
-blocks, model.blocks = model.blocks, nn.ModuleList()  # (on the meta device)
-model.to(device, dtype=PARAM_DTYPE)  # all but the blocks
+with torch.device("meta"):  # shapes only: no weight is held before it is this rank's
+    model = Transformer()
+blocks, model.blocks = model.blocks, nn.ModuleList()  # drawn and sharded one at a time
+materialize(model, device, PARAM_DTYPE)  # its parameters on the device, not filled in
+init_weights(model.named_parameters(), args.seed)  # this rank's parts only
 model.blocks = blocks
 # from here on the weights live as shards
 grad_buckets = FullyShardedUnits(

@@ -2,15 +2,22 @@
 #
 # The same in every plan that has it; train.py names the plan and how to regenerate.
 """Helpers that every module of this program uses: one-line errors, the seeded random
-generators that make every plan of a model draw the same weights and data, copies to the
-device and between lists of tensors, sizes as people read them, and the import of
+generators that make every plan of a model draw the same data, the counter-based normal
+draws that give every plan the same weights (each rank drawing only its part), copies to
+the device and between lists of tensors, sizes as people read them, and the import of
 safetensors, which only Hugging Face checkpoints need."""
 
 import hashlib
+import math
 import os
 import sys
 
 import torch
+
+# splitmix64's increment and multipliers (Steele, Lea and Flood 2014, "Fast splittable
+# pseudorandom number generators") as int64: torch's int64 products wrap modulo 2**64
+GAMMA, MIX1, MIX2 = -0x61C8864680B583EB, -0x40A7B892E31B1A47, -0x6B2FB644ECCEEE15
+DRAW_CHUNK = 2**18  # elements fill_normal draws at once on a CPU (a GPU: 16 times that)
 
 
 def fail(message, status=1):  # one line on stderr, in one write, not a traceback
@@ -19,10 +26,60 @@ def fail(message, status=1):  # one line on stderr, in one write, not a tracebac
     sys.exit(status)
 
 
+def seed_key(seed, *key):
+    """A 63-bit integer keyed by the seed and `key`: the same in every plan."""
+    digest = hashlib.blake2b(repr((seed, *key)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
 def generator(seed, *key):
     """A CPU generator keyed by the seed and `key`: the same draws in every plan."""
-    digest = hashlib.blake2b(repr((seed, *key)).encode(), digest_size=8).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
+    return torch.Generator().manual_seed(seed_key(seed, *key))
+
+
+def shift_right(z, bits):  # logical, of int64 z: torch's >> copies the sign bit in
+    return (z >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def normal_at(key, index):
+    """Standard normal draws (float64), one per element of the int64 tensor `index`, each
+    a function of (key, that index) alone: splitmix64's output at state key + index *
+    GAMMA, its high and low 32 bits two uniforms for Box and Muller's transform (1958;
+    |draws| < 6.7). So a rank draws any part of a tensor, on its device, and gets what a
+    draw of the whole gives there (a GPU's float64 log and cos may differ from a CPU's in
+    the last bit, which the rounding to float32 hides but for rare ties)."""
+    z = index * GAMMA + key
+    z ^= shift_right(z, 30)
+    z *= MIX1
+    z ^= shift_right(z, 27)
+    z *= MIX2
+    z ^= shift_right(z, 31)
+    u1 = shift_right(z, 32).double().add_(1.0).mul_(2.0**-32)  # in (0, 1]: a finite log
+    u2 = (z & 0xFFFFFFFF).double().mul_(2.0**-32)  # in [0, 1)
+    return u1.log_().mul_(-2.0).sqrt_().mul_(u2.mul_(2.0 * math.pi).cos_())
+
+
+def fill_normal(out, key, shape, box, std):
+    """Fills `out` with std * normal_at(key, i) for the elements of a tensor of `shape`
+    that `box` ((start, stop) in each dim) cuts out, i each one's row-major index in the
+    whole: rounded to float32, then to out's dtype. Drawn on out's device, whole rows at a
+    time, about DRAW_CHUNK elements: the int64 temporaries stay small."""
+    strides = [math.prod(shape[d + 1 :]) for d in range(len(shape))]
+    *lead, (first, end) = box
+    rows, device = out.view(-1, end - first), out.device
+    cols = torch.arange(first, end, device=device)  # the last dim's indices
+    step = max(1, DRAW_CHUNK * (1 if device.type == "cpu" else 16) // (end - first))
+    for start in range(0, rows.size(0), step):
+        k = torch.arange(
+            start, min(start + step, rows.size(0)), device=device
+        )  # rows of the box
+        at = torch.zeros_like(k)  # each row's first index in the whole
+        for (a, z), stride in reversed(list(zip(lead, strides))):
+            at += (k % (z - a) + a) * stride
+            k = k // (z - a)
+        rows[start : start + step] = (
+            normal_at(key, at[:, None] + cols).mul_(std).float()
+        )
 
 
 def to_device(tensor, device):

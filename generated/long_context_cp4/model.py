@@ -26,7 +26,7 @@ from plan import (
     TP,
     VOCAB,
 )
-from utils import generator
+from utils import fill_normal, seed_key
 
 
 def rope_tables():
@@ -100,11 +100,13 @@ class Transformer(nn.Module):
         self.blocks = nn.ModuleList([Block() for _ in range(N_LAYER)])
         self.norm = RMSNorm()
         self.lm_head = param(VOCAB, N_EMBD)
-        cos, sin = rope_tables()
-        at = positions()  # this cp rank's tokens
-        cos, sin = cos[at], sin[at]  # their angles
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
+        # computed now, where train.py builds the weights on the meta device
+        with torch.device("cpu"):
+            cos, sin = rope_tables()
+            at = positions()  # this cp rank's tokens
+            cos, sin = cos[at], sin[at]  # their angles
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
 
     def embed(self, idx):  # (B, T) token ids -> (B, T, C)
         return self.wte(idx)
@@ -132,17 +134,37 @@ def compile_model(model):
     model.head_loss = torch.compile(model.head_loss)
 
 
+def materialize(module, device, dtype=None):
+    """Puts `module` on `device` (its floating-point tensors in `dtype`): its parameters,
+    built on the meta device, get storage there, not filled in (init_weights draws them
+    in place), as new parameters that take the old ones' marks; its buffers are moved.
+    """
+    for m in module.modules():
+        for name, p in list(m.named_parameters(recurse=False)):
+            new = nn.Parameter(
+                torch.empty(p.shape, device=device, dtype=dtype or p.dtype)
+            )
+            new.__dict__.update(vars(p))  # tp_dim, init, std, ...
+            setattr(m, name, new)
+    module.to(device, dtype=dtype)  # the buffers
+
+
+def global_part(p):
+    """The shape of parameter p's global tensor, and this rank's part of it: (start, stop)
+    in each dim."""
+    shape, box = list(p.shape), [(0, n) for n in p.shape]
+    return shape, box
+
+
 @torch.no_grad()
 def init_weights(named_parameters, seed):
-    """Each rank keeps its slice of a *global* tensor drawn by name from the seed: every
+    """Each rank fills its parameters with its part of a *global* tensor drawn by name
+    from the seed, drawing only that part (fill_normal), on the parameter's device: every
     plan of a model and seed holds the same weights, so the serial plan is the
     reference."""
     for name, p in named_parameters:
         if p.init != "normal":
             p.fill_(1.0 if p.init == "ones" else 0.0)
             continue
-        shape = list(p.shape)
-        full = torch.empty(shape).normal_(
-            0.0, p.std, generator=generator(seed, "init", name)
-        )
-        p.copy_(full)
+        shape, box = global_part(p)
+        fill_normal(p, seed_key(seed, "init", name), shape, box, p.std)

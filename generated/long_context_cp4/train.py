@@ -35,7 +35,7 @@ from mesh import (
     init_process_group,
 )
 from meter import METER, METRICS, measure_block
-from model import Transformer, compile_model, init_weights
+from model import Transformer, compile_model, init_weights, materialize
 from optimizer import build_optimizer, get_lr, grad_norm
 from plan import (
     CP,
@@ -132,9 +132,10 @@ TRAIN = open_data(DATA, here, seed=args.seed, override=args.data)
 
 # -----------------------------------------------------------------------------
 # Model and optimizer
-model = Transformer()
-init_weights(model.named_parameters(), args.seed)
-model.to(device)
+with torch.device("meta"):  # shapes only: no weight is held before it is this rank's
+    model = Transformer()
+materialize(model, device)  # its parameters on the device, not filled in
+init_weights(model.named_parameters(), args.seed)  # this rank's parts only
 params = list(model.parameters())
 grad_buckets = GradientBuckets(params)
 owners = weights = opt_params = params  # what the optimizer steps, in place

@@ -23,7 +23,7 @@ import torch
 from data import open_data
 from hf import add_export_flags, check_export_folder, export_hf, gather_weights
 from meter import METER, METRICS, measure_block
-from model import Transformer, compile_model, init_weights
+from model import Transformer, compile_model, init_weights, materialize
 from optimizer import build_optimizer, get_lr, grad_norm
 from plan import (
     DP,
@@ -107,9 +107,10 @@ TRAIN = open_data(DATA, here, seed=args.seed, override=args.data)
 
 # -----------------------------------------------------------------------------
 # Model and optimizer
-model = Transformer()
-init_weights(model.named_parameters(), args.seed)
-model.to(device)
+with torch.device("meta"):  # shapes only: no weight is held before it is this rank's
+    model = Transformer()
+materialize(model, device)  # its parameters on the device, not filled in
+init_weights(model.named_parameters(), args.seed)  # this rank's parts only
 params = list(model.parameters())
 owners = weights = opt_params = params  # what the optimizer steps, in place
 optimizer = build_optimizer(owners, opt_params)
