@@ -1,24 +1,75 @@
 """What the benchmarks share: running a program (under torchrun for more than one
 process) with one intra-op thread per process unless OMP_NUM_THREADS says otherwise,
-reading a generated script's step times, compiling plan text, and the reference GPT-2
-built from stock torch modules that the generated scripts are compared with.
+reading a generated script's step times, compiling plan text, the reference GPT-2
+built from stock torch modules that the generated scripts are compared with, and the
+way every benchmark reports its repeats: the median and the spread (min-max), never
+the best run (Spread, compared).
 
 torch is imported inside the functions that need it, so that a benchmark's driver
 process stays light."""
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
 ENV.setdefault("PYTHONWARNINGS", "ignore")
+
+
+def figure(x: float) -> str:
+    """x to three significant figures, no exponent: 0.912, 48.5, 845, 6505."""
+    if x == 0 or not math.isfinite(x):
+        return f"{x:g}"
+    return f"{x:.{max(0, 2 - math.floor(math.log10(abs(x))))}f}"
+
+
+@dataclass(frozen=True)
+class Spread:
+    """The median of a benchmark's per-repeat values and their range."""
+
+    median: float
+    low: float
+    high: float
+    n: int
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Spread:
+        assert values, "no repeats"
+        return cls(statistics.median(values), min(values), max(values), len(values))
+
+    def show(self, unit: str = "") -> str:
+        """'845 ms/step (812-870)': the median, then the lowest and highest repeat."""
+        unit = f" {unit}" if unit else ""
+        return f"{figure(self.median)}{unit} ({figure(self.low)}-{figure(self.high)})"
+
+
+def compared(
+    ours_name: str,
+    ours: Sequence[float],
+    peer_name: str,
+    peer: Sequence[float],
+    unit: str = "ms/step",
+    target: str = "",
+) -> str:
+    """One line for two sides timed in alternating repeats (ours[i] beside peer[i]): each
+    side's median with its spread, the median of the per-repeat ratios ours / peer with
+    theirs, and the number of repeats."""
+    ratios = Spread.of([a / b for a, b in zip(ours, peer, strict=True)])
+    line = (
+        f"{ours_name} {Spread.of(ours).show(unit)} | {peer_name} {Spread.of(peer).show(unit)}"
+        f" | {ours_name} / {peer_name} {ratios.show()}, {ratios.n} repeat{'s' * (ratios.n != 1)}"
+    )
+    return f"{line} (target {target})" if target else line
 
 
 def run(nproc: int, *args: str) -> str:

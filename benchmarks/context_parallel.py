@@ -1,6 +1,6 @@
 """Generated ring attention vs the other ways to train a long sequence on N ranks; CPU + gloo.
 
-    .venv/bin/python benchmarks/context_parallel.py [--cp 4] [--seq 4096] [--steps 8] [--repeats 2]
+    .venv/bin/python benchmarks/context_parallel.py [--cp 4] [--seq 4096] [--steps 8] [--repeats 3]
 
 The same Llama (GQA), fp32, AdamW, and the same global batch of N sequences of --seq
 tokens on N processes on every side, so every side trains the same tokens per step:
@@ -11,10 +11,13 @@ tokens on N processes on every side, so every side trains the same tokens per st
   of the Llama 3 paper (§3.3.2): every rank all-gathers the whole K and V (reduce-scatters
   their gradients) and attends its own queries under a causal mask by position;
 - no cp: `mesh { dp = N }`, each rank a whole sequence (what a user pays without cp).
-The time is the median ms per step after warm-up, best of --repeats; the ratio ring /
-peer has the target <= 1.0 against all-gather KV. The activation bytes are what autograd
-saves per micro-batch on the busiest rank (`train.py --measure`, one step): cp's point
-is that they fall as 1/N. PyTorch's own context parallel
+A run's time is the median ms per step after warm-up; the sides alternate --repeats
+times, and the table and the ratio lines give each side's median over the repeats with
+its range (min-max) and the median of the per-repeat ratios with theirs; the ratio
+ring / all-gather KV has the target <= 1.0. The activation bytes are what autograd saves
+per micro-batch on the busiest rank (`train.py --measure`, one step, in the first
+repeat only: they do not change between runs): cp's point is that they fall as 1/N.
+PyTorch's own context parallel
 (torch.distributed.tensor.experimental.context_parallel) refuses CPU attention, so it
 is not a side here.
 """
@@ -23,14 +26,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
-from common import ENV, compile_plan, run
+from common import ENV, Spread, compared, compile_plan, run
 
 CONFIG = {"layers": 2, "hidden": 256, "heads": 8, "kv_heads": 4, "vocab": 1024}
 PLAN = """
@@ -106,17 +108,24 @@ def worker(script: str, peer: bool) -> None:
     ns["main"]()
 
 
-def side(script: Path, n: int, peer: bool, steps: int, warmup: int, tmp: Path) -> tuple[float, int, list[float]]:
-    """(median ms per step, the largest saved activation bytes per micro-batch, losses)."""
-    flags = ["--worker", str(script)] + ["--peer"] * peer + ["--"]
-    out = run(n, __file__, *flags, "--steps", str(steps), "--device", "cpu")
+def flags(script: Path, peer: bool) -> list[str]:
+    return ["--worker", str(script)] + ["--peer"] * peer + ["--"]
+
+
+def side(script: Path, n: int, peer: bool, steps: int, warmup: int) -> tuple[float, list[float]]:
+    """(median ms per step, losses) of one run."""
+    out = run(n, __file__, *flags(script, peer), "--steps", str(steps), "--device", "cpu")
     times = [float(m) for m in re.findall(r"\| ([\d.]+) ms \|", out)]
     losses = [float(m) for m in re.findall(r"\| loss ([\d.]+) \|", out)]
     assert len(times) == steps, out
+    return statistics.median(times[warmup:]), losses
+
+
+def saved_bytes(script: Path, n: int, peer: bool, tmp: Path) -> int:
+    """The largest saved activation bytes per micro-batch over the ranks (one step)."""
     measure = tmp / f"{script.parent.name}{'_peer' * peer}.json"
-    run(n, __file__, *flags, "--steps", "1", "--device", "cpu", "--measure", str(measure))
-    saved = max(max(json.loads(f.read_text())["saved_per_microbatch"]) for f in tmp.glob(f"{measure.stem}.rank*.json"))
-    return statistics.median(times[warmup:]), saved, losses
+    run(n, __file__, *flags(script, peer), "--steps", "1", "--device", "cpu", "--measure", str(measure))
+    return max(max(json.loads(f.read_text())["saved_per_microbatch"]) for f in tmp.glob(f"{measure.stem}.rank*.json"))
 
 
 def main() -> None:
@@ -142,21 +151,24 @@ def main() -> None:
         for name, (mesh, options) in SIDES.items():
             text = PLAN.format(name=name, n=n, seq=args.seq, mesh=mesh.format(n=n), options=options.format(), **CONFIG)
             scripts[name] = compile_plan(text, tmp / name)
-        best = {name: (math.inf, 0, []) for name in SIDES}
+        ms = {name: [] for name in SIDES}
+        losses, saved = {}, {}
         for _ in range(args.repeats):
             for name, script in scripts.items():
-                got = side(script, n, name == "allgather", args.steps, args.warmup, tmp)
-                best[name] = min(best[name], got, key=lambda r: r[0])
-    ring, gather = best["ring"], best["allgather"]
-    drift = max(abs(a - b) / b for a, b in zip(ring[2], gather[2]))
-    print(f"{'side':<14}{'ms/step':>10}{'saved activations per rank':>30}")
+                step, losses[name] = side(script, n, name == "allgather", args.steps, args.warmup)
+                ms[name].append(step)
+                if name not in saved:
+                    saved[name] = saved_bytes(script, n, name == "allgather", tmp)
+    drift = max(abs(a - b) / b for a, b in zip(losses["ring"], losses["allgather"]))
+    print(f"{'side':<14}{'ms/step, median (min-max)':>30}{'saved activations per rank':>30}")
     for name, label in (("ring", "ring"), ("ulysses", "ulysses"), ("allgather", "all-gather KV"), ("nocp", "no cp (dp)")):
-        ms, saved, _ = best[name]
-        print(f"{label:<14}{ms:>10.1f}{saved / 2**20:>26.2f} MiB")
-    print(f"ring / all-gather KV = {ring[0] / gather[0]:.3f} (target <= 1.0); "
-          f"activations {ring[1] / gather[1]:.3f}; losses agree within {drift:.1e}")
-    print(f"ring / ulysses = {ring[0] / best['ulysses'][0]:.3f}; ring / no cp = {ring[0] / best['nocp'][0]:.3f} "
-          f"(time at equal tokens), activations {ring[1] / best['nocp'][1]:.3f} (1/{n} = {1 / n:.3f})")
+        print(f"{label:<14}{Spread.of(ms[name]).show():>30}{saved[name] / 2**20:>26.2f} MiB")
+    print(compared("ring", ms["ring"], "all-gather KV", ms["allgather"], target="<= 1.0"))
+    print(compared("ring", ms["ring"], "ulysses", ms["ulysses"]))
+    print(compared("ring", ms["ring"], "no cp", ms["nocp"]), "(time at equal tokens)")
+    print(f"saved activations: ring / all-gather KV {saved['ring'] / saved['allgather']:.3f}, "
+          f"ring / no cp {saved['ring'] / saved['nocp']:.3f} (1/{n} = {1 / n:.3f}); "
+          f"the last repeat's ring and all-gather losses agree within {drift:.1e}")
 
 
 if __name__ == "__main__":

@@ -4,12 +4,18 @@ Targets: 16,384 GPUs in under 2 s, 131,072 in under 10 s, growing no faster than
 The peer, timed in the same run, is building the networkx cluster graph once (one vertex
 and a few edges per GPU, :func:`dslc.cost.topology.build_graph`): the least any per-rank
 method must do. explain does not build it (groups are handled per class, links charged
-with numpy) and should stay well under it. Run: ``python benchmarks/explain_scale.py``.
+with numpy) and should stay well under it. The two alternate ``--repeats`` times (3) at
+each size; a row gives each one's median time with its range (min-max) and the median of
+the per-repeat ratios explain / peer with theirs; the targets are held to the median.
+Run: ``python benchmarks/explain_scale.py [--repeats 3]``.
 """
 
 from __future__ import annotations
 
+import argparse
 import time
+
+from common import Spread
 
 from dslc.cost.topology import build_graph
 from dslc.ir import (
@@ -52,27 +58,34 @@ def gpt3_plan(nodes: int) -> Plan:
                 Pipeline("interleaved_1f1b", 2, m, None, None), ContextParallel("ring", True, None), train, SPAN)
 
 
-def best_of(fn, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
+def seconds(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
 
 
 def main() -> int:
-    print(f"{'GPUs':>8}  {'explain':>9}  {'per GPU':>9}  {'peer: build_graph':>18}  {'ratio':>6}  target")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    print(f"{args.repeats} alternating repeats per size; seconds, median (min-max)")
+    print(f"{'GPUs':>8}  {'explain':>21}  {'per GPU':>9}  {'peer: build_graph':>21}  {'explain / peer':>20}  target")
     ok, prev = True, None
     for nodes in (128, 2048, 16384):
         plan = gpt3_plan(nodes)
         n = plan.world_size
-        t = best_of(lambda plan=plan: report.render_text(report.explain(plan)), 3 if n < 100_000 else 2)
-        peer = best_of(lambda plan=plan: build_graph(plan.cluster), 1)
+        ours, peers = [], []
+        for _ in range(args.repeats):
+            ours.append(seconds(lambda plan=plan: report.render_text(report.explain(plan))))
+            peers.append(seconds(lambda plan=plan: build_graph(plan.cluster)))
+        spread = Spread.of(ours)
+        t = spread.median
         target = TARGETS.get(n)
         status = "" if target is None else (f"< {target:g} s " + ("ok" if t < target else "MISSED"))
         ok &= target is None or t < target
-        print(f"{n:>8}  {t:>8.3f}s  {t / n * 1e6:>7.2f}µs  {peer:>17.3f}s  {t / peer:>6.2f}  {status}")
+        ratio = Spread.of([a / b for a, b in zip(ours, peers)])
+        print(f"{n:>8}  {spread.show():>21}  {t / n * 1e6:>7.2f}µs  {Spread.of(peers).show():>21}"
+              f"  {ratio.show():>20}  {status}")
         if prev is not None:
             growth = (t / prev[1]) / (n / prev[0])
             print(f"{'':>8}  time grew {t / prev[1]:.1f}× for {n // prev[0]}× the GPUs ({growth:.2f} of linear)")

@@ -9,13 +9,15 @@ sequence 2048, micro-batch 4) and the 8-expert top-2 MoE of tests/test_gpu.py, d
 and with a capacity of 1.25. Each generated script runs in its own process,
 `--log-every` steps between the host's reads of the device; the step time is the
 mean over the steps after the first read past `--warmup` (compilation and the
-allocator's growth happen before). MFU counts the model FLOPs that explain counts
+allocator's growth happen before), printed with the range (min-max) of the log
+intervals' means it is made of. Each row is one run, not repeated: the range is the
+spread within that run, not over runs. MFU counts the model FLOPs that explain counts
 (MODEL_FLOPS_PER_TOKEN in train.py) against the catalog's dense bf16 peak.
 
 The baseline is nanoGPT's loop on the same GPT-2 (fp32 weights under bf16 autocast,
 fused AdamW, clipping at 1.0, the model's cross-entropy on bf16 logits), with and
 without `torch.compile(model)`: the generated compiled step should take at most its
-compiled time (ratio <= 1.0). `--profile` adds, for the generated GPT-2, the kernels
+compiled time (ratio <= 1.0, of the two rows' means). `--profile` adds, for the generated GPT-2, the kernels
 that took the most GPU time over 5 steps past the warm-up and the share of each step
 the GPU sat idle between them (torch.profiler).
 
@@ -81,13 +83,15 @@ def explain(text: str, folder: Path) -> dict:
     return {"ms": 1000 * got["step_time_s"], "mfu": got["mfu"], "gib": got["memory"][0]["allocated"] / 2**30}
 
 
-def steady(lines: list[str], warmup: int) -> float:
+def steady(lines: list[str], warmup: int) -> dict:
     """Mean ms per step over the log lines whose interval starts past the warm-up (each
-    line's ms is the mean over the steps since the line before it)."""
+    line's ms is the mean over the steps since the line before it), and the lowest and
+    highest of those lines' ms."""
     rows = [(int(m.group(1)), float(m.group(2))) for m in
             (re.search(r"^step (\d+)/\d+ .*?\| ([\d.]+) ms \|", line) for line in lines) if m]
     spans = [(step - before, ms) for (before, _), (step, ms) in zip([(0, 0.0), *rows], rows) if before >= warmup]
-    return sum(n * ms for n, ms in spans) / sum(n for n, _ in spans)
+    return {"ms": sum(n * ms for n, ms in spans) / sum(n for n, _ in spans),
+            "low": min(ms for _, ms in spans), "high": max(ms for _, ms in spans)}
 
 
 def run_generated(script: Path, steps: int, log_every: int, warmup: int, compiled: bool) -> dict:
@@ -96,7 +100,7 @@ def run_generated(script: Path, steps: int, log_every: int, warmup: int, compile
     out = subprocess.run(cmd, capture_output=True, text=True, env=ENV)
     if out.returncode:
         return {"error": (out.stderr.strip().splitlines() or ["?"])[-1][:200]}
-    return {"ms": steady(out.stdout.splitlines(), warmup),
+    return {**steady(out.stdout.splitlines(), warmup),
             "gib": float(re.findall(r"peak mem ([\d.]+) GiB", out.stdout)[-1])}
 
 
@@ -127,7 +131,7 @@ def baseline(steps: int, log_every: int, warmup: int, compiled: bool) -> dict:
             ms = 1000 * (time.perf_counter() - t_read) / (step + 1 - last)
             lines.append(f"step {step + 1}/{steps} | {ms:.3f} ms |")
             last, t_read = step + 1, time.perf_counter()
-    return {"ms": steady(lines, warmup), "gib": torch.cuda.max_memory_allocated() / 2**30}
+    return {**steady(lines, warmup), "gib": torch.cuda.max_memory_allocated() / 2**30}
 
 
 PROFILE = r"""
@@ -188,8 +192,9 @@ def main() -> None:
         print(f"gpu_mfu: dslc's catalog has no peak for {torch.cuda.get_device_name()}: no MFU to print")
         return
     cases = args.only.split(",") if args.only else list(CASES)
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, bf16, one process")
-    header = f"{'case':14} {'run':22} {'ms/step':>8} {'tok/s':>9} {'MFU':>6} {'GiB':>6}   explain: {'ms':>6} {'MFU':>6} {'GiB':>6}  ms/explain"
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, bf16, one process, one run per row;"
+          f" ms/step: the mean past the warm-up (min-max of its log intervals)")
+    header = f"{'case':14} {'run':22} {'ms/step':>8} {'(min-max)':>17} {'tok/s':>9} {'MFU':>6} {'GiB':>6}   explain: {'ms':>6} {'MFU':>6} {'GiB':>6}  ms/explain"
     print(header)
     with tempfile.TemporaryDirectory() as tmp:
         for name in cases:
@@ -218,14 +223,16 @@ def main() -> None:
                     print(f"{name:14} {label:22} failed: {r['error']}")
                     continue
                 mfu = flops * tokens / (r["ms"] / 1000) / peak
-                print(f"{name:14} {label:22} {r['ms']:8.2f} {tokens / r['ms'] * 1000:9,.0f} {mfu:6.1%} {r['gib']:6.2f}"
+                spread = f"({r['low']:.2f}-{r['high']:.2f})"
+                print(f"{name:14} {label:22} {r['ms']:8.2f} {spread:>17} {tokens / r['ms'] * 1000:9,.0f} {mfu:6.1%} {r['gib']:6.2f}"
                       f"   explain: {predicted['ms']:6.2f} {predicted['mfu']:6.1%} {predicted['gib']:6.2f}"
                       f"  {r['ms'] / predicted['ms']:.2f}", flush=True)
             if name == "gpt2_124m":
                 ours = dict(runs)
                 if "ms" in ours.get("generated compiled", {}) and "ms" in ours.get("nanoGPT loop compiled", {}):
                     ratio = ours["generated compiled"]["ms"] / ours["nanoGPT loop compiled"]["ms"]
-                    print(f"gpt2_124m: generated compiled / nanoGPT loop compiled = {ratio:.2f} (target <= 1.0)")
+                    print(f"gpt2_124m: generated compiled / nanoGPT loop compiled = {ratio:.2f}"
+                          " (the means of one run each; target <= 1.0)")
                 if args.profile:
                     for m in modes:
                         print(f"\nprofile of the generated GPT-2 124M, {m}:")

@@ -1,14 +1,17 @@
 """How long linting one typical plan takes in-process once the grammar is
-built (target: < 50 ms), next to the cost of building the grammar.
+built (target: < 50 ms), next to the cost of building the grammar. Each plan is
+linted `repeats` times (30); a line gives the median with its range (min-max) and
+the median's ratio to the target.
 
     .venv/bin/python benchmarks/lint_speed.py
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from pathlib import Path
+
+from common import Spread
 
 from dslc.driver import load_paths
 from dslc.front.parse import parser
@@ -30,8 +33,8 @@ def main(repeats: int = 30) -> None:
             result = load_paths([plan])
             times.append(time.perf_counter() - t0)
             assert not any(d.is_error for d in result.diagnostics)
-        med = statistics.median(times)
-        print(f"lint {plan.name:<22} median {med * 1e3:6.2f} ms  (max {max(times) * 1e3:6.2f} ms, target 50 ms)  ratio {med / 0.050:.2f}")
+        ms = Spread.of([t * 1e3 for t in times])
+        print(f"lint {plan.name:<22} {ms.show('ms'):>24} over {ms.n} runs (target 50 ms)  ratio {ms.median / 50:.2f}")
 
 
 if __name__ == "__main__":

@@ -6,12 +6,14 @@ is the capacity), or torch's grouped matmul (torch._grouped_mm: CUDA, bf16, priv
     .venv/bin/python benchmarks/moe_experts.py            # CPU, fp32
     python3 benchmarks/moe_experts.py --device cuda      # GPU, bf16
 
-Forward and backward of the SwiGLU experts, milliseconds per call, uniform routing
-and a skewed one (the busiest expert gets `skew` times the mean)."""
+Forward and backward of the SwiGLU experts, milliseconds per call over `--reps` calls
+after two of warm-up: the median with its range (min-max), uniform routing and a skewed
+one (the busiest expert gets `skew` times the mean)."""
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import torch
@@ -50,17 +52,20 @@ def step(fn, args):
     out.backward(torch.ones_like(out))  # a contiguous gradient (grouped_mm needs one)
 
 
-def timed(fn, args, device, reps):
+def timed(fn, args, device, reps) -> str:
+    """'median (min-max)' ms of `reps` calls after two of warm-up."""
     for _ in range(2):
         step(fn, args)
-    if device == "cuda":
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
+    times = []
     for _ in range(reps):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
         step(fn, args)
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / reps * 1000
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1000)
+    return f"{statistics.median(times):8.2f} ({min(times):.2f}-{max(times):.2f})"
 
 
 def main():
@@ -92,7 +97,8 @@ def main():
         got, want = experts_grouped(x, counts, *w, w2), experts_loop(x, counts, *w, w2)
         torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
     print(
-        f"{a.device} {dtype}: {E} experts, {N} routed rows, hidden {h}, ffn {f}; ms per forward+backward"
+        f"{a.device} {dtype}: {E} experts, {N} routed rows, hidden {h}, ffn {f};"
+        f" ms per forward+backward, median (min-max) over {reps} calls"
     )
     for skew in (1.0, 2.0):
         base = N / E
@@ -100,7 +106,7 @@ def main():
         counts[-1] += N - sum(counts)
         x = (torch.randn(N, h, device=a.device, dtype=dtype)).requires_grad_()
         row = [
-            f"{name} {timed(fn, (x, counts, w[0], w[1], w2), a.device, reps):8.2f}"
+            f"{name} {timed(fn, (x, counts, w[0], w[1], w2), a.device, reps)}"
             for name, fn in kernels.items()
         ]
         print(f"  busiest expert {skew:.0f}x the mean: " + " | ".join(row))

@@ -18,9 +18,9 @@ rank and step, and the same work per step (forward, cross-entropy, backward, Ada
 Each side balances its experts its own way: the generated script adds Mixtral's
 auxiliary loss, torchtitan nudges a per-expert routing bias before each optimizer step.
 
-A step's time is the median after warm-up. The two sides alternate --repeats times; each
-line gives the best ms/step of each side, the ratio of the bests and the median of the
-per-repeat ratios (target <= 1.0).
+A run's time is the median step after warm-up. The two sides alternate --repeats times;
+each line gives each side's median ms/step over the repeats with its range (min-max) and
+the median of the per-repeat ratios with theirs (target <= 1.0).
 
 The peer needs torchtitan, which is not in .venv. Set it up once beside it (the
 constraint keeps pip from replacing torch with a CUDA build):
@@ -39,13 +39,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from common import ENV, compile_plan, generated_step_ms
+from common import ENV, compared, compile_plan, generated_step_ms
 
 HERE = Path(__file__).resolve().parent
 PEER = HERE / "moe_peer_torchtitan.py"
@@ -116,12 +115,7 @@ def compare(name: str, ours, theirs, repeats: int) -> None:
     for _ in range(repeats):
         gens.append(ours())
         refs.append(theirs())
-    gen, ref = min(gens), min(refs)
-    ratio = statistics.median(g / r for g, r in zip(gens, refs))
-    print(
-        f"      generated {gen:8.2f} ms/step | {name} {ref:8.2f} ms/step"
-        f" | generated / {name}: best {gen / ref:.3f}, median {ratio:.3f} (target <= 1.0)"
-    )
+    print("     ", compared("generated", gens, name, refs, target="<= 1.0"))
 
 
 def main() -> None:

@@ -12,10 +12,11 @@ summed to every rank, AdamW):
   (its own action list, batched isend/irecv, one interpreter loop);
 - native: torch.distributed.pipelining's PipelineStage on the same stage modules,
   driven by ScheduleGPipe, Schedule1F1B or ScheduleInterleaved1F1B.
-A step's time is the median after warm-up. The two sides alternate --repeats times;
-the line per schedule gives the best ms/step of each side, the ratio of the bests and
-the median of the per-repeat ratios (target <= 0.9). On a small, shared CPU machine
-the per-repeat ratios spread by about +-10 %: compare medians over several repeats.
+A run's time is the median step after warm-up. The two sides alternate --repeats times;
+the line per schedule gives each side's median ms/step over the repeats with its range
+(min-max), and the median of the per-repeat ratios generated / native with its range
+(target <= 0.9). On a small, shared CPU machine the per-repeat ratios spread by about
++-10 %: compare medians over several repeats.
 The default size is compute-bound (the busiest rank computes almost the whole step);
 a small one (--hidden 32 --seq-len 32 --micro-batch 1 --microbatches 16) weighs the
 runtimes' own overhead and the latency of their messages.
@@ -29,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ENV, adamw, compile_plan, generated_step_ms, reference_block, run
+from common import ENV, adamw, compared, compile_plan, generated_step_ms, reference_block, run
 
 MODEL = {"layers": 4, "hidden": 128, "heads": 4, "vocab": 512, "seq_len": 128}
 MICRO_BATCH, MICROBATCHES = 2, 8
@@ -171,13 +172,7 @@ def main() -> None:
             for _ in range(args.repeats):
                 gens.append(generated_step_ms(script, args.pp, args.steps, args.warmup))
                 natives.append(float(run(args.pp, __file__, *flags).split()[-1]))
-            gen, native = min(gens), min(natives)
-            ratio = statistics.median(g / n for g, n in zip(gens, natives))
-            print(
-                f"{schedule:17s} generated {gen:8.2f} ms/step | {cls:24s} {native:8.2f} ms/step"
-                f" | generated / native: best {gen / native:.3f}, median {ratio:.3f}"
-                " (target <= 0.9)"
-            )
+            print(f"{schedule:17s}", compared("generated", gens, cls, natives, target="<= 0.9"))
 
 
 if __name__ == "__main__":

@@ -6,21 +6,20 @@ Both run in their own process with one intra-op thread (OMP_NUM_THREADS, 1 unles
 set: less exposed to other load on a shared machine), the same GPT-2 model
 (nn.Linear / nn.LayerNorm / nn.Embedding in the plain loop), the same batch and
 the same work per step: forward, cross-entropy, backward, global-norm clipping,
-AdamW. The time of a step is the median over the steps after a warm-up; the run
-alternates the two programs `--repeats` times (5) and keeps each one's best median,
-since other processes on a shared machine only ever make a step slower.
-Prints ms/step for both and the ratio generated / plain (target: <= 1.05).
+AdamW. A run's time is the median step after a warm-up; the two programs alternate
+`--repeats` times (5). Prints each one's median ms/step over the repeats with its range
+(min-max) and the median of the per-repeat ratios generated / plain with theirs
+(target: <= 1.05).
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import tempfile
 from pathlib import Path
 
-from common import ENV, compile_plan, generated_step_ms, reference_gpt, run, timed_steps
+from common import ENV, compared, compile_plan, generated_step_ms, reference_gpt, run, timed_steps
 
 CONFIG = {"layers": 4, "hidden": 256, "heads": 8, "vocab": 512, "seq_len": 256, "micro_batch": 8}
 PLAN = """
@@ -61,15 +60,13 @@ def main() -> None:
     plain_flags = ["--plain-worker", "--steps", str(args.steps), "--warmup", str(args.warmup)]
     with tempfile.TemporaryDirectory() as tmp:
         script = compile_plan(PLAN.format(**CONFIG), Path(tmp))
-        gen, plain = math.inf, math.inf
+        gens, plains = [], []
         for _ in range(args.repeats):
-            gen = min(gen, generated_step_ms(script, 1, args.steps, args.warmup))
-            plain = min(plain, float(run(1, __file__, *plain_flags).split()[-1]))
+            gens.append(generated_step_ms(script, 1, args.steps, args.warmup))
+            plains.append(float(run(1, __file__, *plain_flags).split()[-1]))
     threads = ENV["OMP_NUM_THREADS"]
     print(f"model: gpt2 {CONFIG}, fp32, CPU, OMP_NUM_THREADS={threads}")
-    print(f"generated serial: {gen:8.2f} ms/step")
-    print(f"plain PyTorch   : {plain:8.2f} ms/step")
-    print(f"ratio generated / plain = {gen / plain:.3f}  (target <= 1.05)")
+    print(compared("generated", gens, "plain", plains, target="<= 1.05"))
 
 
 if __name__ == "__main__":

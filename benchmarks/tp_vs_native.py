@@ -1,6 +1,6 @@
 """Generated tensor-parallel step vs PyTorch's native tensor parallel, CPU + gloo.
 
-    .venv/bin/python benchmarks/tp_vs_native.py [--tp 2] [--steps 20] [--repeats 2]
+    .venv/bin/python benchmarks/tp_vs_native.py [--tp 2] [--steps 20] [--repeats 3]
 
 For a small model (where framework overhead matters) and a larger one (closer to
 compute-bound), both run under torchrun with the same world size, model, batch
@@ -11,20 +11,21 @@ and work per step (forward, cross-entropy, backward, AdamW):
   torch.distributed.tensor.parallel (ColwiseParallel for q, k, v and the MLP's
   up projection, RowwiseParallel for the output and down projections), the
   embedding and head replicated, as in the DTensor tutorials.
-A step's time is the median after warm-up, best of --repeats alternating runs.
-Prints ms/step and the ratio generated / native (targets: <= 0.9 small, <= 1.0 large).
+A run's time is the median step after warm-up; the two sides alternate --repeats times.
+Prints, per size, each side's median ms/step over the repeats with its range (min-max)
+and the median of the per-repeat ratios generated / native with theirs (targets:
+<= 0.9 small, <= 1.0 large).
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import statistics
 import tempfile
 from pathlib import Path
 
-from common import ENV, compile_plan, generated_step_ms, reference_gpt, run, timed_steps
+from common import ENV, compared, compile_plan, generated_step_ms, reference_gpt, run, timed_steps
 
 SIZES = {
     "small": {
@@ -92,7 +93,7 @@ def main() -> None:
     ap.add_argument("--tp", type=int, default=2)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--native-worker", choices=sorted(SIZES), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.native_worker:
@@ -105,16 +106,13 @@ def main() -> None:
             script = compile_plan(PLAN.format(tp=args.tp, **config), Path(tmp) / size)
             flags = ["--native-worker", size, "--steps", str(args.steps)]
             flags += ["--warmup", str(args.warmup)]
-            gen = native = math.inf
+            gens, natives = [], []
             for _ in range(args.repeats):
-                gen = min(gen, generated_step_ms(script, args.tp, args.steps, args.warmup))
-                native = min(native, float(run(args.tp, __file__, *flags).split()[-1]))
+                gens.append(generated_step_ms(script, args.tp, args.steps, args.warmup))
+                natives.append(float(run(args.tp, __file__, *flags).split()[-1]))
             target = 0.9 if size == "small" else 1.0
             print(f"{size:5s} gpt2 {config}")
-            print(
-                f"      generated {gen:8.2f} ms/step | native {native:8.2f} ms/step"
-                f" | generated / native = {gen / native:.3f} (target <= {target})"
-            )
+            print("     ", compared("generated", gens, "native", natives, target=f"<= {target}"))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Generated ZeRO-3 step vs PyTorch FSDP2 (`fully_shard`), and ZeRO-2 vs ZeRO-0; CPU + gloo.
 
-    .venv/bin/python benchmarks/zero_vs_fsdp.py [--dp 2] [--steps 12] [--repeats 2]
+    .venv/bin/python benchmarks/zero_vs_fsdp.py [--dp 2] [--steps 12] [--repeats 3]
 
 The same GPT-2 (tied head), batch and world size on both sides, fp32, AdamW, no clipping:
 - generated: the script dslc emits for `mesh { dp = N }` with `data_parallel { zero = 3 }`
@@ -8,19 +8,19 @@ The same GPT-2 (tied head), batch and world size on both sides, fp32, AdamW, no 
   reduce-scattered per unit);
 - FSDP2: the stock-module GPT-2 of benchmarks/common.py with `fully_shard` on every
   block (reshard_after_forward=True) and on the root, as torchtitan applies it.
-A step's time is the median after warm-up, best of --repeats alternating runs; the ratio
-generated / FSDP2 has the target <= 1.0. Memory: the peak resident set of each rank over
-the run (getrusage) less the same process's resident set with torch imported, the largest
-over the ranks: what the model state,
-the gathers and the activations added, on both sides measured the same way (target:
-generated <= FSDP2). Then the price of sharding gradients: the generated zero = 2 step
-against zero = 0 on the same plan.
+A run's time is the median step after warm-up; the sides alternate --repeats times, and
+each line gives each side's median over the repeats with its range (min-max) and the
+median of the per-repeat ratios with theirs. Time: generated / FSDP2, target <= 1.0.
+Memory: the peak resident set of each rank over the run (getrusage) less the same
+process's resident set with torch imported, the largest over the ranks: what the model
+state, the gathers and the activations added, on both sides measured the same way
+(target: generated <= FSDP2). Then the price of sharding gradients: the generated
+zero = 2 step against zero = 0 on the same plan.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import re
 import statistics
@@ -28,7 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import ENV, compile_plan, reference_gpt, run, timed_steps
+from common import ENV, compared, compile_plan, reference_gpt, run, timed_steps
 
 CONFIG = {"layers": 4, "hidden": 384, "heads": 6, "vocab": 8192, "seq_len": 256, "micro_batch": 4}
 PLAN = """
@@ -103,7 +103,7 @@ def main() -> None:
     ap.add_argument("--dp", type=int, default=2)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=4)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--generated-worker", help=argparse.SUPPRESS)
     ap.add_argument("--fsdp-worker", action="store_true", help=argparse.SUPPRESS)
     args, _ = ap.parse_known_args()
@@ -120,21 +120,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         scripts = {z: compile_plan(PLAN.format(dp=args.dp, zero=z, batch=batch, **CONFIG), Path(tmp) / f"zero{z}")
                    for z in (0, 2, 3)}
-        best = {k: (math.inf, 0) for k in ("zero0", "zero2", "zero3", "fsdp")}
+        ms = {k: [] for k in ("zero0", "zero2", "zero3", "fsdp")}
+        mib = {k: [] for k in ms}
         for _ in range(args.repeats):
             for z, script in scripts.items():
-                ms, rss = generated(script, args.dp, args.steps, args.warmup)
-                best[f"zero{z}"] = min(best[f"zero{z}"], (ms, rss))
+                step, rss = generated(script, args.dp, args.steps, args.warmup)
+                ms[f"zero{z}"].append(step)
+                mib[f"zero{z}"].append(rss / 2**20)
             out = run(args.dp, __file__, "--fsdp-worker", "--steps", str(args.steps), "--warmup", str(args.warmup))
-            ms = float(re.search(r"^MS ([\d.]+)$", out, re.M).group(1))
-            rss = max(int(b) for b in re.findall(r"RSS \d+ (\d+)\b", out))
-            best["fsdp"] = min(best["fsdp"], (ms, rss))
-    (z3, m3), (fs, mf) = best["zero3"], best["fsdp"]
-    (z2, _), (z0, _) = best["zero2"], best["zero0"]
-    print(f"zero = 3  generated {z3:8.2f} ms/step | FSDP2 {fs:8.2f} ms/step | generated / FSDP2 = {z3 / fs:.3f} (target <= 1.0)")
-    print(f"          peak added per rank: generated {m3 / 2**20:.1f} MiB | FSDP2 {mf / 2**20:.1f} MiB"
-          f" | ratio {m3 / mf:.3f} (target <= 1.0)")
-    print(f"zero = 2  {z2:8.2f} ms/step | zero = 0 {z0:8.2f} ms/step | zero 2 / zero 0 = {z2 / z0:.3f} (the price of sharding gradients)")
+            ms["fsdp"].append(float(re.search(r"^MS ([\d.]+)$", out, re.M).group(1)))
+            mib["fsdp"].append(max(int(b) for b in re.findall(r"RSS \d+ (\d+)\b", out)) / 2**20)
+    print("zero = 3 ", compared("generated", ms["zero3"], "FSDP2", ms["fsdp"], target="<= 1.0"))
+    print("peak added per rank ", compared("generated", mib["zero3"], "FSDP2", mib["fsdp"], "MiB", "<= 1.0"))
+    print("zero = 2 vs 0 ", compared("zero 2", ms["zero2"], "zero 0", ms["zero0"]), "(the price of sharding gradients)")
 
 
 if __name__ == "__main__":
