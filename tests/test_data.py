@@ -73,13 +73,12 @@ def compile_plan(folder: Path, data: str, out: str = "out", **kw) -> Path:
 
 def lint(folder: Path, capsys, data: str, **kw) -> tuple[int, list[tuple[str, str, str]]]:
     """``dslc lint`` of the plan written to folder/p.plan: (exit code, [(severity, code,
-    message)] from the diagnostics' first lines)."""
+    message)] of every diagnostic, from the JSON output: the text folds a repeated note)."""
     path = folder / "p.plan"
     path.write_text(plan_text(data, **kw), encoding="utf-8")
     capsys.readouterr()
-    rc = main(["lint", str(path)])
-    text = capsys.readouterr().out
-    found = re.findall(r"^\S+:\d+:\d+: (error|warning|note)\[(\w+)\]: (.*)$", text, re.M)
+    rc = main(["lint", "--format", "json", str(path)])
+    found = [(d["severity"], d["code"], d["message"]) for d in json.loads(capsys.readouterr().out or "[]")]
     return rc, found
 
 
