@@ -82,7 +82,7 @@ def _lower(loader: Loader, roots: list[str], run_checks: bool) -> LoadResult:
     plans: list[ir.Plan] = []
     failed_files: list[str] = []
     failed: list[ir.Plan] = []
-    defined: dict = {}  # the library definitions checked, once each (a shared import's)
+    defined: set = set()  # the library definitions checked, once each (a shared import's)
     diags = loader.diags
     read = [d for d in diags if d.is_error]  # of every file as read, before any unit is walked
     for root in roots:
@@ -92,7 +92,7 @@ def _lower(loader: Loader, roots: list[str], run_checks: bool) -> LoadResult:
         diags.extend(d)
         for definition, spans in library:
             diags.extend(check.check_definition(definition, spans))
-            defined[definition.span] = True
+            defined.add(definition.span)
         broken = any(x.is_error for x in diags[start:]) or any(x.span is None or x.span.file in unit.files for x in read)
         if broken:
             failed_files.append(root)

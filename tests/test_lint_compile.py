@@ -76,12 +76,7 @@ def disagreements(result: LoadResult) -> list[str]:
     writes a plan when it and its file have no lint error and the generator takes it
     (cli.cmd_compile): a plan the generator refuses must have a lint error, and a plan
     with none must be generated."""
-    out = []
-    for plan in result.plans:
-        clean = result.clean(plan)
-        if clean != (clean and generates(plan)):
-            out.append(f"{plan.file}: {plan.name}: lint clean, compile refused")
-    return out
+    return [f"{p.file}: {p.name}: lint clean, compile refused" for p in result.plans if result.clean(p) and not generates(p)]
 
 
 def test_lint_clean_iff_compiles_over_4204_layouts():
