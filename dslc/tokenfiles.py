@@ -18,9 +18,10 @@ things when it starts; this module is its twin for ``dslc lint``. Three formats:
 from __future__ import annotations
 
 import os
-import stat
 import struct
 from dataclasses import dataclass
+
+from . import reading
 
 # llm.c: magic -> (version, id type); 20240520 for GPT-2's tokens, 20240801 for Llama 3's
 LLMC = {20240520: (1, "uint16"), 20240801: (7, "uint32")}
@@ -73,27 +74,24 @@ def megatron_pair(path: str) -> tuple[str, str] | None:
 def regular_size(path: str) -> int:
     """The size of the regular file at ``path``; Unreadable when it is missing or is not
     one (a FIFO, a device, a directory: never opened)."""
-    try:
-        st = os.stat(path)
-    except (OSError, ValueError):
-        raise Unreadable(f"{path} not found", "missing") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise Unreadable(f"{path} is not a regular file: the script memory-maps its data", "file")
-    return st.st_size
+    return _regular(path, 0, 0)[1].st_size
 
 
 def read_head(path: str, n: int, at: int = 0) -> bytes:
-    """Up to ``n`` bytes of the regular file ``path`` from byte ``at`` (O_NONBLOCK: a FIFO
-    swapped in after the stat does not hang)."""
+    """Up to ``n`` bytes of the regular file ``path`` from byte ``at``."""
+    return _regular(path, n, at)[0]
+
+
+def _regular(path: str, n: int, at: int) -> tuple[bytes, os.stat_result]:
+    """:func:`dslc.reading.read_bytes`, its refusals as Unreadable."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        return reading.read_bytes(path, n, at, n)
+    except (FileNotFoundError, NotADirectoryError):
+        raise Unreadable(f"{path} not found", "missing") from None
+    except (IsADirectoryError, reading.NotAFile):
+        raise Unreadable(f"{reading.shown(path)} is not a regular file: the script memory-maps its data", "file") from None
     except OSError as e:
         raise Unreadable(f"{path} cannot be read: {e.strerror}", "file") from None
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise Unreadable(f"{path} is not a regular file: the script memory-maps its data", "file")
-        f.seek(at)
-        return f.read(n)
 
 
 def layout(path: str, kind: str, raw_dtype: str, index_limit: int = SCAN_INDEX) -> Layout:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 
+from .. import reading
 from ..ir import Model
 from .base import Arch, weights
 
@@ -140,12 +141,13 @@ def problem(arch: Arch, model: Model, folder: str) -> tuple[str, str] | None:
     if not any(os.path.isfile(os.path.join(folder, f)) for f in ("model.safetensors", "model.safetensors.index.json")):
         return "read", f"{folder} holds no model.safetensors (nor model.safetensors.index.json)"
     try:
-        with open(conf, "rb") as f:
-            config = json.loads(f.read(MAX_CONFIG))  # a longer one fails to parse
+        config = reading.read_json(conf, MAX_CONFIG)
         if not isinstance(config, dict):
             raise ValueError("not a JSON object")
-    except (OSError, ValueError) as e:
-        return "read", f"{conf}: cannot read it as a Hugging Face config ({type(e).__name__})"
+    except OSError as e:
+        return "read", f"{reading.shown(conf)}: cannot read it as a Hugging Face config ({e.strerror})"
+    except ValueError as e:
+        return "read", f"{reading.shown(conf)}: cannot read it as a Hugging Face config ({e})"
     for what, keys, want, default in checks(arch, model):
         got = next((v for v in (lookup(config, k) for k in keys) if v is not None), default)
         if got != want:

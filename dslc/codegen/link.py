@@ -28,7 +28,7 @@ ENTRY = "train"  # the entry point: run, never imported
 EXTERNAL: dict[str, tuple[str, str | None]] = {
     **{m: (m, None) for m in (
         "argparse", "contextlib", "datetime", "functools", "hashlib", "json", "math", "mmap",
-        "os", "pickle", "re", "shutil", "struct", "sys", "time", "warnings", "torch",
+        "os", "pickle", "re", "shutil", "stat", "struct", "sys", "time", "warnings", "torch",
     )},
     "dist": ("torch.distributed", None),
     "nn": ("torch.nn", None),

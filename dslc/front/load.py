@@ -20,26 +20,19 @@ file on the machine. Reading is safe on all of them:
 
 from __future__ import annotations
 
-import errno
 import os
-import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from ..codes import CODES
 from ..diagnostics import Diagnostic, error, warning
+from .. import reading
+from ..reading import NotAFile
 from ..source import Sources, Span
 from . import ast
 from .parse import MAX_BYTES, decode, parse, size_text, too_large
 
 MAX_IMPORT_DEPTH = 64  # files in one chain of imports, the root included
-
-_KINDS = {  # what a path that is neither a file nor a directory names
-    stat.S_IFIFO: "a FIFO",
-    stat.S_IFCHR: "a character device",
-    stat.S_IFBLK: "a block device",
-    stat.S_IFSOCK: "a socket",
-}
 
 # What an import of a file that cannot be read as a plan says, at the import: {p} the
 # path as the import wrote it, {r} the reason (never a byte of the file's text).
@@ -50,42 +43,10 @@ _SAYS = {
 }
 
 
-class NotAFile(OSError):
-    """A path that names a FIFO, a device or a socket: never opened for reading.
-    ``kind`` says which ("a FIFO")."""
-
-    kind = "not a regular file"
-
-
 def read_bytes(path: str) -> tuple[bytes, os.stat_result]:
-    """The bytes of the regular file at ``path``, at most ``MAX_BYTES + 1`` of them (none
-    when its size is already larger), and its status. The path is stat'ed before it is
-    opened, so a device is never opened, and the open file again, in case the path was
-    swapped in between; ``O_NONBLOCK`` makes even an open of a FIFO return at once."""
-    _require_regular(os.stat(path), path)
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        st = os.fstat(fd)
-        _require_regular(st, path)
-        chunks, left = [], (MAX_BYTES + 1 if st.st_size <= MAX_BYTES else 0)
-        while left > 0 and (chunk := os.read(fd, left)):
-            chunks.append(chunk)
-            left -= len(chunk)
-    finally:
-        os.close(fd)
-    return b"".join(chunks), st
-
-
-def _require_regular(st: os.stat_result, path: str) -> None:
-    if stat.S_ISREG(st.st_mode):
-        return
-    if stat.S_ISDIR(st.st_mode):
-        raise IsADirectoryError(errno.EISDIR, "is a directory", path)
-    kind = _KINDS.get(stat.S_IFMT(st.st_mode), NotAFile.kind)
-    hint = "; use '-' for standard input" if stat.S_ISFIFO(st.st_mode) else ""
-    e = NotAFile(errno.EINVAL, f"not a regular file ({kind}{hint})", path)
-    e.kind = kind
-    raise e
+    """The bytes of the plan file at ``path``, at most ``MAX_BYTES + 1`` of them (none
+    when its size is already larger), and its status: :mod:`dslc.reading`'s bounds."""
+    return reading.read_bytes(path, MAX_BYTES)
 
 
 @dataclass

@@ -4,12 +4,17 @@
 """Helpers that every module of this program uses: one-line errors, the seeded random
 generators that make every plan of a model draw the same data, the counter-based normal
 draws that give every plan the same weights (each rank drawing only its part), copies to
-the device and between lists of tensors, sizes as people read them, and the import of
-safetensors, which only Hugging Face checkpoints need."""
+the device and between lists of tensors, sizes as people read them, the import of
+safetensors, which only Hugging Face checkpoints need, and the one reader of the files the
+program is given (data, checkpoints, Hugging Face folders), which someone else may have
+written: regular files only, each read bounded, JSON of bounded depth, and one line
+naming the file (and the file a link points to) for whatever it refuses."""
 
 import hashlib
+import json
 import math
 import os
+import stat
 import sys
 
 import torch
@@ -24,6 +29,116 @@ def fail(message, status=1):  # one line on stderr, in one write, not a tracebac
     """Exits with `status`: 1, or 2 where a flag asks for a package that is missing."""
     sys.stderr.write(f"{os.path.basename(sys.argv[0])}: error: {message}\n")
     sys.exit(status)
+
+
+JSON_DEPTH = 64  # the deepest nesting of arrays and objects a JSON file read may have
+SYSTEM_FILES = ("/proc/", "/sys/", "/dev/")  # regular-looking files of the kernel's
+
+
+def shown(path):
+    """The path as a message names it: quoted when it holds a control character, with
+    the file it leads to when it is a link."""
+
+    def text(p):
+        return p if p.isprintable() else repr(p)
+
+    return (
+        f"{text(path)} (a link to {text(os.path.realpath(path))})"
+        if os.path.islink(path)
+        else text(path)
+    )
+
+
+def open_regular(path):
+    """A file descriptor of the regular file `path`, opened for reading: a FIFO, device,
+    socket or folder, or a kernel file under /proc, /sys or /dev, is refused before it
+    is opened (O_NONBLOCK and a second check of the open file: one swapped in between
+    neither hangs the open nor is read)."""
+    try:
+        kind = file_kind(os.stat(path))
+        if not kind and os.path.realpath(path).startswith(SYSTEM_FILES):
+            kind = "a file of the kernel's"
+        if kind:
+            fail(f"{shown(path)}: not a regular file ({kind})")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except (OSError, ValueError) as e:  # missing, unreadable, a NUL in the name
+        fail(f"{shown(path)}: cannot be read ({getattr(e, 'strerror', None) or e})")
+    kind = file_kind(os.fstat(fd))
+    if kind:
+        os.close(fd)
+        fail(f"{shown(path)}: not a regular file ({kind})")
+    return fd
+
+
+def file_kind(st):
+    """ "" for a regular file, else what it is."""
+    if stat.S_ISREG(st.st_mode):
+        return ""
+    return (
+        "a folder"
+        if stat.S_ISDIR(st.st_mode)
+        else "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device or socket"
+    )
+
+
+def read_file(path, limit, at=0, size=None):
+    """`size` bytes of the regular file `path` from byte `at` (None: all of it), refused
+    when more than `limit` or past the file's end."""
+    fd = open_regular(path)
+    try:
+        length = os.fstat(fd).st_size
+        size = length - at if size is None else size
+        if size > limit:
+            fail(
+                f"{shown(path)}: {human_size(size)}, more than the {human_size(limit)} such a file may be"
+            )
+        if at < 0 or size < 0 or at + size > length:
+            fail(
+                f"{shown(path)}: {length} bytes, too short for bytes {at} to {at + size}"
+            )
+        data = os.pread(fd, size, at) if size else b""
+    except OSError as e:
+        fail(f"{shown(path)}: cannot be read ({e.strerror})")
+    finally:
+        os.close(fd)
+    if len(data) != size:
+        fail(f"{shown(path)}: changed while it was read")
+    return data
+
+
+def read_json(path, limit, what="JSON"):
+    """The JSON object in the regular file `path`, of at most `limit` bytes, JSON_DEPTH
+    levels of nesting and no NaN or Infinity; `what` names what it should be, in the
+    error."""
+    data = read_file(path, limit)
+    try:
+        found = json.loads(data, parse_constant=not_json)
+        reason = "" if isinstance(found, dict) else "not a JSON object"
+    except RecursionError:
+        found, reason = None, f"nested more than {JSON_DEPTH} deep"
+    except ValueError as e:  # not JSON, not UTF-8
+        found, reason = None, str(e).splitlines()[0][:100]
+    if not reason and json_depth(found) > JSON_DEPTH:
+        reason = f"nested more than {JSON_DEPTH} deep"
+    if reason:
+        fail(f"{shown(path)}: cannot read it as {what} ({reason})")
+    return found
+
+
+def not_json(constant):
+    raise ValueError(f"{constant} is not JSON")
+
+
+def json_depth(value):
+    """How deep arrays and objects nest in `value`, found without recursion."""
+    deepest, nested = 0, [(value, 1)]
+    while nested:
+        value, depth = nested.pop()
+        if isinstance(value, (dict, list)):
+            deepest = max(deepest, depth)
+            items = value.values() if isinstance(value, dict) else value
+            nested += [(v, depth + 1) for v in items]
+    return deepest
 
 
 def seed_key(seed, *key):
