@@ -27,6 +27,8 @@ CODES: dict[str, str] = {
     "N021": "value taken from the catalog",
     "W022": "unused definition",
     "W023": "empty file",
+    "E025": "checkpoint.dir that is not a folder name the script can make",
+    "W026": "checkpoint.dir in a folder this user cannot write",
     "E024": "recompute `every` on a policy other than full, or not a whole number ≥ 1",
     # -- mesh and placement -------------------------------------------------
     "E030": "mesh size does not match the cluster",

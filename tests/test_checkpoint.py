@@ -19,6 +19,7 @@ data is written and before its commit, or one rank killed or stopped before a sa
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import pickle
@@ -246,38 +247,139 @@ def test_a_hung_peer_is_named_after_the_timeout(tmp_path, launch):
     assert 'train.py", line' not in out.stderr
 
 
-def test_bad_checkpoints_are_refused_in_one_line(tmp_path, launch, uninterrupted):
-    """A truncated shard, a missing shard, another model's checkpoint and a metadata
-    pickle that would run code: exit 1 with one line naming the file, nothing loaded."""
-    ck = tmp_path / "ck"
-    shutil.copytree(uninterrupted[1], ck)  # dp2 x tp2's, the newest at step 4
-    reader = gpt2_plan(tmp_path, "serial", ck, every=4)
-    step = ck / "step0000004"
 
-    def refused():
-        _, _, out = launch(reader, "--resume", ok=False)
-        assert out.returncode == 1
-        return error_line(out)
 
-    shard = step / "__1_0.distcp"
-    data = shard.read_bytes()
-    shard.write_bytes(data[: len(data) // 2])
-    assert refused() == f"{shard}: truncated: {len(data) // 2} bytes, the metadata says {len(data)}"
-    shard.unlink()
-    assert refused() == f"{shard}: missing (a rank's part of the checkpoint)"
-    shard.write_bytes(data)
+@pytest.fixture(scope="module")
+def received(run_script, uninterrupted, tmp_path_factory):
+    """resume(mutate) -> (completed process, losses or None): the serial plan resumed
+    from a fresh copy of the dp2 x tp2 run's step-2 checkpoint that ``mutate(step
+    folder)`` changed first, as a checkpoint received from someone else may be. One
+    process, forked: each run takes about a second. ``resume.base``: the run's folder."""
+    base = tmp_path_factory.mktemp("received")
+    ck, dump = base / "ck", base / "losses.json"
+    script = codegen.write(gpt2_plan(base, "serial", ck, every=4), base / "out") / "train.py"
 
-    marker = json.loads((step / "COMMIT.json").read_text())
-    other = dict(marker, model=dict(marker["model"], layers=2))
-    (step / "COMMIT.json").write_text(json.dumps(other))
-    assert refused() == f"{step / 'COMMIT.json'}: a checkpoint of another model: layers 2 there, 4 here"
-    (step / "COMMIT.json").write_text(json.dumps(marker))
+    def resume(mutate=lambda step: None, timeout=60):
+        shutil.rmtree(ck, ignore_errors=True)
+        shutil.copytree(uninterrupted[1], ck, symlinks=True)
+        only_up_to(ck, 2)
+        mutate(ck / "step0000002")
+        dump.unlink(missing_ok=True)
+        out = run_script(script, 1, "--resume", "--dump-losses", dump, cwd=base, timeout=timeout)
+        return out, json.loads(dump.read_text())["loss"] if out.returncode == 0 else None
+
+    resume.base = base
+    return resume
+
+
+def rewrite_manifest(step: Path, edit) -> None:
+    """manifest.json changed by ``edit(manifest)``, and COMMIT.json's digest of it too: as
+    someone who rewrote both would leave them."""
+    manifest = json.loads((step / "manifest.json").read_text())
+    edit(manifest)
+    data = json.dumps(manifest).encode()
+    (step / "manifest.json").write_bytes(data)
+    edit_json(step / "COMMIT.json", lambda c: c.update(manifest=hashlib.sha256(data).hexdigest()))
+
+
+def edit_json(path: Path, edit) -> None:
+    value = json.loads(path.read_text())
+    edit(value)
+    path.write_text(json.dumps(value))
+
+
+def first_chunk(m: dict, key: str = "model.wte.weight") -> dict:
+    return m["tensors"][key]["chunks"][0]
+
+
+def swap_chunks(m: dict) -> None:
+    """The weights' first chunk and its exp_avg's traded places (file, offset, length
+    and sum): each entry is whole, but under another name."""
+    a, b = first_chunk(m), first_chunk(m, "optimizer.wte.weight.exp_avg")
+    for k in ("file", "at", "bytes", "sha256"):
+        a[k], b[k] = b[k], a[k]
+
+
+def flip_byte(path: Path, at: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def forged_item(step: Path) -> None:
+    """The first chunk's bytes replaced by other bytes of its length, its sum and the
+    manifest's digest recomputed, as a forger would: the sums pass, torch.load refuses."""
+    def edit(m):
+        c = first_chunk(m)
+        path = step / c["file"]
+        data = bytearray(path.read_bytes())
+        data[c["at"] : c["at"] + c["bytes"]] = b"x" * c["bytes"]
+        path.write_bytes(bytes(data))
+        c["sha256"] = hashlib.sha256(f"model.wte.weight {c['offsets']}\n".encode() + b"x" * c["bytes"]).hexdigest()
+    rewrite_manifest(step, edit)
+
+
+def replace(path: Path, how: str) -> None:
+    """``path`` swapped for a FIFO, a folder, or a link to ``how``."""
+    shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+    if how == "fifo":
+        os.mkfifo(path)
+    elif how == "folder":
+        path.mkdir()
+    else:
+        path.symlink_to(how)
+
+
+RECEIVED = {  # how a received checkpoint was changed -> what the error line says of it
+    "a shard truncated": (lambda s: (s / "__1_0.distcp").write_bytes((s / "__1_0.distcp").read_bytes()[:1000]), "truncated"),
+    "a shard missing": (lambda s: (s / "__1_0.distcp").unlink(), "missing (a rank's part of the checkpoint)"),
+    "another model's": (lambda s: edit_json(s / "COMMIT.json", lambda c: c["model"].update(layers=2)), "a checkpoint of another model: layers 2 there, 4 here"),
+    "a file ../ in another step": (lambda s: rewrite_manifest(s, lambda m: first_chunk(m).update(file="../step0000004/__0_0.distcp")), "model.wte.weight's chunk 0: its file '../step0000004/__0_0.distcp' is not one DCP writes"),
+    "an absolute file": (lambda s: rewrite_manifest(s, lambda m: first_chunk(m).update(file="/etc/passwd")), "model.wte.weight's chunk 0: its file '/etc/passwd' is not one DCP writes"),
+    "a negative offset": (lambda s: rewrite_manifest(s, lambda m: first_chunk(m).update(at=-8)), "model.wte.weight's chunk 0: outside its tensor"),
+    "a negative length": (lambda s: rewrite_manifest(s, lambda m: first_chunk(m).update(bytes=-1)), "model.wte.weight's chunk 0: outside its tensor"),
+    "an offset past the file": (lambda s: rewrite_manifest(s, lambda m: first_chunk(m).update(at=2**40)), "truncated"),
+    "two tensors' entries swapped": (lambda s: rewrite_manifest(s, swap_chunks), "do not have the SHA-256 manifest.json gives them"),
+    "a byte of a shard flipped": (lambda s: flip_byte(s / "__0_0.distcp", 700), "do not have the SHA-256 manifest.json gives them"),
+    "the manifest changed, COMMIT.json not": (lambda s: flip_byte(s / "manifest.json", 40), "not the manifest COMMIT.json was written with"),
+    "a forged item": (forged_item, "not a saved tensor"),
+    "a 2**50-element tensor": (lambda s: rewrite_manifest(s, lambda m: m["tensors"]["model.wte.weight"].update(shape=[2**50])), "model.wte.weight is [1125899906842624] 'float32' there"),
+    "a chunk left out": (lambda s: rewrite_manifest(s, lambda m: m["tensors"]["model.wte.weight"]["chunks"].pop()), "model.wte.weight's chunks hold"),
+    "a float64 tensor": (lambda s: rewrite_manifest(s, lambda m: m["tensors"]["model.wte.weight"].update(dtype="float64")), "model.wte.weight is [250, 64] 'float64' there"),
+    "step true": (lambda s: edit_json(s / "COMMIT.json", lambda c: c.update(step=True)), "step True, but the folder is step 2's"),
+    "step 1,000,000": (lambda s: edit_json(s / "COMMIT.json", lambda c: c.update(step=10**6)), "step 1000000, but the folder is step 2's"),
+    "a layout that is not text": (lambda s: edit_json(s / "COMMIT.json", lambda c: c.update(layout=[1])), "its layout is [1], not a str"),
+    "COMMIT.json nested 100,000 deep": (lambda s: (s / "COMMIT.json").write_text("[" * 10**5 + "]" * 10**5), "cannot read it as a checkpoint's commit marker (nested more than 64 deep)"),
+    "COMMIT.json a link to /dev/stdin": (lambda s: replace(s / "COMMIT.json", "/dev/stdin"), "not a regular file"),
+    "manifest.json a FIFO": (lambda s: replace(s / "manifest.json", "fifo"), "not a regular file (a FIFO)"),
+    "a shard a FIFO": (lambda s: replace(s / "__0_0.distcp", "fifo"), "not a file of the checkpoint's own (a FIFO)"),
+    "a shard a link to /dev/zero": (lambda s: replace(s / "__0_0.distcp", "/dev/zero"), "not a file of the checkpoint's own (a link)"),
+    "a shard a folder": (lambda s: replace(s / "__0_0.distcp", "folder"), "not a file of the checkpoint's own (a folder)"),
+    "the step folder a link": (lambda s: replace(s, shutil.copytree(s, s.parent.parent / "elsewhere", dirs_exist_ok=True)), "not a folder a save made"),
+}
+
+
+@pytest.mark.parametrize("case", list(RECEIVED))
+def test_a_received_checkpoint_is_checked_before_it_is_read(received, case):
+    """Each way a checkpoint from someone else can be wrong that the adversarial review
+    tried: exit 1 with one line naming the file and what is wrong, before a byte of the
+    weights is loaded; nothing hangs (a timeout), nothing is a traceback."""
+    mutate, says = RECEIVED[case]
+    out, _ = received(mutate)
+    assert out.returncode == 1, out.stderr
+    assert says in error_line(out)
+
+
+def test_the_metadata_pickle_is_never_read(received, tmp_path):
+    """DCP's .metadata, a pickle, is written for DCP's own tools and never read: one that
+    would run code (os.system) changes nothing, and the run resumes with the untouched
+    checkpoint's losses, bit for bit."""
+    _, losses = received()
 
     class Evil:
         def __reduce__(self):
             return (os.system, (f"touch {tmp_path / 'pwned'}",))
 
-    (step / ".metadata").write_bytes(pickle.dumps(Evil()))
-    line = refused()
-    assert line.startswith(f"{step / '.metadata'}: unreadable (UnpicklingError") and "system" in line
+    out, evil = received(lambda s: (s / ".metadata").write_bytes(pickle.dumps(Evil())))
+    assert out.returncode == 0 and evil == losses and len(losses) == 2
     assert not (tmp_path / "pwned").exists()

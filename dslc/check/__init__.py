@@ -16,7 +16,7 @@ from ..front.recompute import EAGER_POLICIES
 from ..groups import axis_crossing
 from ..ir import SCHEDULES, Cluster, Model, Plan
 from ..source import Span
-from .data import data_file
+from .data import checkpoint_dir, data_file
 
 Check = Callable[[Plan], Iterator[Diagnostic]]
 CHECKS: list[Check] = []
@@ -363,4 +363,5 @@ def init_checkpoint(plan: Plan):
                     "write its folder relative to the plan file" if kind == "read" else "start from a checkpoint of this model, or change the model to match it")
 
 
+rule(checkpoint_dir)  # dslc/check/data.py: where the script writes its checkpoints
 rule(data_file)  # dslc/check/data.py: reads the files, left out by check_plan(files=False)

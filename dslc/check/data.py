@@ -3,6 +3,8 @@ part of each): registered by :mod:`dslc.check` like the others."""
 
 from __future__ import annotations
 
+import os
+
 from .. import tokenfiles
 from ..diagnostics import error, note, warning
 from ..ir import Plan
@@ -62,3 +64,30 @@ def _data_source(d, m, budget: int):
         yield note("N086", where, f"token ids of {d.path} checked in its first {limit / 2**20:g} MiB only", "lint reads at most 64 MiB of a file and 256 MiB for a plan; the script checks the ids of every batch")
     return lay.index_read + min(limit, lay.count * tokenfiles.ITEMSIZE[lay.dtype])
 
+
+
+def checkpoint_dir(plan: Plan):
+    """``checkpoint.dir``, where the script will make its checkpoint folders (relative to
+    the directory it runs in, taken here as the one lint runs in): a name (E025: not
+    empty, no NUL or other control character) that is not a file (E025), in a folder this
+    user may write (W026: the script may run as another user, elsewhere)."""
+    ck = plan.train.checkpoint
+    if ck is None:
+        return
+    where, path = plan.where("checkpoint.dir", "train.checkpoint"), ck.dir
+    if not path.strip() or not path.isprintable():
+        why = "is empty" if not path.strip() else "holds a control character"
+        yield error("E025", where, f"checkpoint.dir {why}: the script makes its checkpoint folders there", 'name a folder, such as dir = "checkpoints/run1"')
+        return
+    if os.path.lexists(path) and not os.path.isdir(path):
+        yield error("E025", where, f"checkpoint.dir {path} is a file, not a folder", "name a folder, or move the file away")
+        return
+    existing = path
+    while existing and not os.path.lexists(existing):  # the nearest folder that exists
+        existing = os.path.dirname(existing.rstrip("/")) or ("/" if path.startswith("/") else "")
+    existing = existing or "."
+    if not os.path.isdir(existing):
+        yield error("E025", where, f"checkpoint.dir {path}: {existing} is a file, so no folder can be made in it", "name a folder, or move the file away")
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        made = "" if existing == path else f" (the nearest existing folder of {path})"
+        yield warning("W026", where, f"checkpoint.dir: {existing}{made} is not writable by this user", "the script's user must be able to make folders there")

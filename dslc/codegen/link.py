@@ -27,7 +27,7 @@ ENTRY = "train"  # the entry point: run, never imported
 # name -> (module, imported name or None for ``import module [as name]``)
 EXTERNAL: dict[str, tuple[str, str | None]] = {
     **{m: (m, None) for m in (
-        "argparse", "contextlib", "datetime", "functools", "hashlib", "json", "math", "mmap",
+        "argparse", "contextlib", "datetime", "functools", "hashlib", "io", "json", "math", "mmap",
         "os", "pickle", "re", "shutil", "stat", "struct", "sys", "time", "warnings", "torch",
     )},
     "dist": ("torch.distributed", None),
@@ -35,7 +35,8 @@ EXTERNAL: dict[str, tuple[str, str | None]] = {
     "F": ("torch.nn.functional", None),
     "dcp": ("torch.distributed.checkpoint", None),
     **{n: ("torch.distributed.checkpoint.metadata", n) for n in (
-        "ChunkStorageMetadata", "MetadataIndex", "StorageMeta", "TensorProperties",
+        "ChunkStorageMetadata", "Metadata", "MetadataIndex", "StorageMeta", "TensorProperties",
+        "TensorStorageMetadata",
     )},
     **{n: ("torch.distributed.checkpoint.planner", n) for n in (
         "LoadPlan", "SavePlan", "TensorWriteData", "WriteItem", "WriteItemType",

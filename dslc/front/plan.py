@@ -242,6 +242,7 @@ def _train(r: Reader, f: Fields, plan_block, cluster, micro_batch, global_batch,
         if every is not None and cdir is not None:
             keep, restarts = r.int(cf, "keep", 0), r.int(cf, "max_restarts", 0)
             checkpoint = ir.Checkpoint(every, cdir, ck_block.span, keep, r.bool(cf, "async", False), restarts)
+            spans["checkpoint.dir"] = cf.assigns["dir"].value.span
     evaluation = _eval(r, f, plan_block, spans)
     if None in (steps, grad_clip, seed, lr, data, micro_batch) or ("eval" in f.blocks and evaluation is None):
         return None
@@ -343,8 +344,9 @@ def _blend(r, v: ast.Call, base: str) -> ir.Data | None:
         parts.append((weight, source))
     if not ok:
         return None
-    total = sum(w for w, _ in parts)
-    return ir.Data("blend", None, None, v.span, parts=tuple((w / total, d) for w, d in parts))
+    big = max(w for w, _ in parts)  # scaled by the largest first: a sum that cannot overflow
+    total = sum(w / big for w, _ in parts)
+    return ir.Data("blend", None, None, v.span, parts=tuple((w / big / total, d) for w, d in parts))
 
 
 def _eval(r, f: Fields, plan_block, spans) -> ir.Eval | None:

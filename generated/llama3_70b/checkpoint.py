@@ -16,10 +16,8 @@ step and the fingerprint of the model and the data) and renames the folder to st
 --resume takes the newest step<N> with a COMMIT.json: a crash in a save leaves the one
 before as the latest."""
 
-import json
 import math
 import os
-import pickle
 import shutil
 import sys
 import time
@@ -30,7 +28,6 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import (
     ChunkStorageMetadata,
     MetadataIndex,
-    StorageMeta,
     TensorProperties,
 )
 from torch.distributed.checkpoint.planner import (
@@ -44,47 +41,21 @@ from torch.distributed.checkpoint.planner_helpers import (
     create_read_items_for_chunk_list,
 )
 
+from checkpoint_files import (
+    CHECKPOINT_DIR,
+    CheckpointReader,
+    CheckpointWriter,
+    claim,
+    commit,
+    committed_steps,
+    ours,
+    read_manifest,
+    read_marker,
+    step_folder,
+)
 from mesh import CALLING, COORDS
-from plan import LAYOUT, TIMEOUT, TP, VOCAB, WORLD_SIZE
-from utils import fail, human_size
-
-CHECKPOINT_DIR = "checkpoints/llama3_70b"  # relative to the working directory
-CHECKPOINT_KEEP = 0  # the newest kept; 0: all
-FINGERPRINT = {
-    "model": {
-        "arch": "llama",
-        "layers": 80,
-        "hidden": 8192,
-        "heads": 64,
-        "kv_heads": 8,
-        "head_dim": 128,
-        "max_positions": 8192,
-        "ffn": 28672,
-        "vocab": 128256,
-        "norm_eps": 1e-05,
-        "rope_theta": 500000.0,
-        "tie_embeddings": False,
-        "experts": 0,
-        "top_k": 0,
-        "router": "",
-    },
-    "data": {"sources": "synthetic", "seq_len": 8192, "global_batch": 64, "seed": 1234},
-}
-SAFE_CLASSES = {  # what DCP's metadata pickle may name: nothing that runs code
-    "torch": {"Size"}
-    | {
-        n
-        for n in dir(torch)
-        if isinstance(
-            getattr(torch, n, None), (torch.dtype, torch.layout, torch.memory_format)
-        )
-    },
-    "torch.serialization": {"_get_layout"},  # a layout by its name
-    "collections": {"OrderedDict"},
-    "pathlib": {"PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath", "Path"},
-    "copyreg": {"_reconstructor"},
-    "builtins": {"object", "set", "frozenset", "slice"},
-}
+from plan import TIMEOUT, TP, VOCAB
+from utils import fail, shown
 
 
 class Checkpoints:
@@ -148,10 +119,18 @@ class Checkpoints:
         """Every rank writes its pieces into step<N>.partial; the master commits it."""
         began, final = time.perf_counter(), step_folder(step)
         partial = final + ".partial"
+        for folder in (partial, final):  # replaced below: only this model's own
+            if os.path.lexists(folder) and not ours(folder):
+                fail(
+                    f"{shown(folder)} is there and is not a checkpoint of this model and data; the save would replace it: move it away"
+                )
+        dist.barrier(
+            group=self.group
+        )  # every rank checked before the master changes them
         if self.master:
-            # a crashed save of the same step
-            shutil.rmtree(partial, ignore_errors=True)
-            os.makedirs(partial)
+            if os.path.lexists(partial):  # a crashed save of the same step
+                shutil.rmtree(partial)
+            claim(partial)
         states = [
             self.optimizer.state[q] for q in self.opt_params if self.optimizer.state[q]
         ]
@@ -164,7 +143,7 @@ class Checkpoints:
         tensors = self.tensors(True)
         CALLING[0] = f"the save of {partial}"
         dist.barrier(group=self.group)  # the folder exists
-        writer, planner = dcp.FileSystemWriter(partial), SavePieces(tensors)
+        writer, planner = CheckpointWriter(partial), SavePieces(tensors)
         dcp.save({}, storage_writer=writer, planner=planner, process_group=self.group)
         # save() returns on every rank after the metadata is written, which is after every
         # rank's part: the checkpoint is whole
@@ -188,14 +167,24 @@ class Checkpoints:
         for q in self.opt_params:  # written into in place
             self.optimizer.state[q].update(fresh_state(q))
         tensors = self.tensors(False)
-        metadata = check_checkpoint_files(path, tensors)
+        wanted = {key: (shape, t.dtype) for (key, _), (shape, t) in tensors.items()}
+        metadata = read_manifest(path, marker["manifest"], wanted)
         CALLING[0] = f"the load of {path}"
-        dcp.load(
-            {},
-            storage_reader=CheckpointReader(path, metadata),
-            planner=LoadPieces(tensors),
-            process_group=self.group,
-        )
+        try:
+            dcp.load(
+                {},
+                storage_reader=CheckpointReader(path, metadata),
+                planner=LoadPieces(tensors, path),
+                process_group=self.group,
+            )
+        except dcp.CheckpointException as e:  # DCP gathers each rank's exceptions
+            if any(
+                isinstance(failure[0], SystemExit) for failure in e.failures.values()
+            ):
+                sys.exit(
+                    1
+                )  # a check of a file failed while it was read, and said so in one line
+            raise
         for q in self.opt_params:
             if "step" in self.optimizer.state[q]:
                 self.optimizer.state[q]["step"].fill_(self.step_count.item())
@@ -274,19 +263,25 @@ class SavePieces(dcp.DefaultSavePlanner):
 
 
 class LoadPieces(dcp.DefaultLoadPlanner):
-    """Reads, into each of this rank's pieces, the saved blocks that overlap it."""
+    """Reads, into each of this rank's pieces, the saved blocks that overlap it, which
+    must cover it (checkpoint `path`'s manifest.json may leave holes)."""
 
-    def __init__(self, tensors):
+    def __init__(self, tensors, path):
         super().__init__(flatten_state_dict=False)
-        self.tensors = tensors
+        self.tensors, self.path = tensors, path
 
     def create_local_plan(self):
         items = []
         for (key, offsets), (_, t) in self.tensors.items():
             chunk = ChunkStorageMetadata(torch.Size(offsets), t.size())
-            items += create_read_items_for_chunk_list(
+            reads = create_read_items_for_chunk_list(
                 key, self.metadata.state_dict_metadata[key], [chunk]
             )
+            if sum(math.prod(read.lengths) for read in reads) != t.numel():
+                fail(
+                    f"{self.path}/manifest.json: {key}'s chunks do not cover its block at {list(offsets)} once"
+                )
+            items += reads
         return LoadPlan(items)
 
     def resolve_tensor(self, item):
@@ -296,154 +291,9 @@ class LoadPieces(dcp.DefaultLoadPlanner):
         return t
 
 
-class MetadataUnpickler(pickle.Unpickler):
-    def find_class(self, module, name):
-        if name in SAFE_CLASSES.get(module, ()) or (
-            module.startswith("torch.distributed.checkpoint.")
-            and isinstance(getattr(sys.modules.get(module), name, None), type)
-        ):
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(
-            f"{module}.{name} is not part of a checkpoint's metadata"
-        )
-
-
-class CheckpointReader(dcp.FileSystemReader):
-    """DCP's reader, given the metadata check_checkpoint_files read (with an unpickler
-    that allows DCP's own classes only) instead of unpickling it again."""
-
-    def __init__(self, path, metadata):
-        super().__init__(path)
-        self.metadata = metadata
-
-    def read_metadata(self, *args, **kwargs):
-        metadata = self.metadata
-        metadata.storage_meta = metadata.storage_meta or StorageMeta()
-        metadata.storage_meta.load_id = getattr(self, "load_id", None)
-        return metadata
-
-
-def step_folder(step):
-    return os.path.join(CHECKPOINT_DIR, f"step{step:07d}")
-
-
 def fresh_state(q):
     """The state the optimizer starts a parameter with."""
     state = {"step": torch.zeros((), dtype=torch.float32)}
     state["exp_avg"] = torch.zeros_like(q, memory_format=torch.preserve_format)
     state["exp_avg_sq"] = torch.zeros_like(q, memory_format=torch.preserve_format)
     return state
-
-
-def commit(partial, final, step, began):
-    """Marks step<N>.partial whole and names it step<N>; prunes; says so in one line."""
-    marker = os.path.join(partial, "COMMIT.json")
-    with open(marker + ".tmp", "w") as f:
-        json.dump(
-            {"step": step, "layout": LAYOUT, "world_size": WORLD_SIZE, **FINGERPRINT},
-            f,
-            allow_nan=False,
-        )
-        f.flush()
-        os.fsync(f.fileno())
-    os.rename(marker + ".tmp", marker)
-    shutil.rmtree(final, ignore_errors=True)  # a run resumed before it saves it again
-    os.rename(partial, final)
-    fsync_folder(CHECKPOINT_DIR)
-    committed = committed_steps()
-    for old in committed[:-CHECKPOINT_KEEP] if CHECKPOINT_KEEP else []:
-        shutil.rmtree(step_folder(old), ignore_errors=True)
-    for name in os.listdir(CHECKPOINT_DIR):  # saves that crashed before this one
-        if name.endswith(".partial") and name < os.path.basename(final):
-            shutil.rmtree(os.path.join(CHECKPOINT_DIR, name), ignore_errors=True)
-    size = sum(f.stat().st_size for f in os.scandir(final) if f.is_file())
-    print(
-        f"checkpoint {final}: step {step}, {human_size(size)} in {time.perf_counter() - began:.1f} s",
-        flush=True,
-    )
-
-
-def fsync_folder(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def committed_steps():
-    """The steps of the committed checkpoints, oldest first."""
-    if not os.path.isdir(CHECKPOINT_DIR):
-        return []
-    names = [
-        n
-        for n in os.listdir(CHECKPOINT_DIR)
-        if n.startswith("step") and n[4:].isdecimal()
-    ]
-    return sorted(
-        int(n[4:])
-        for n in names
-        if os.path.isfile(os.path.join(CHECKPOINT_DIR, n, "COMMIT.json"))
-    )
-
-
-def read_marker(path):
-    """COMMIT.json of a checkpoint, checked against this model and data."""
-    file = os.path.join(path, "COMMIT.json")
-    try:
-        with open(file) as f:
-            marker = json.load(f)
-        step = marker["step"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        fail(f"{file}: not a checkpoint's commit marker ({e.__class__.__name__})")
-    if not (isinstance(step, int) and step > 0):
-        fail(f"{file}: step {step!r} is not a positive whole number")
-    for part in ("model", "data"):
-        mine, theirs = FINGERPRINT[part], marker.get(part)
-        if not isinstance(theirs, dict):
-            fail(f"{file}: it says nothing of the {part}")
-        for key in mine:
-            if theirs.get(key) != mine[key]:
-                fail(
-                    f"{file}: a checkpoint of another {part}: {key} {theirs.get(key)!r} there, {mine[key]!r} here"
-                )
-    return marker
-
-
-def check_checkpoint_files(path, tensors):
-    """Before any read: the metadata names what this rank needs, with this model's shapes,
-    and every file it points into is there and long enough. Returns the metadata."""
-    file = os.path.join(path, ".metadata")
-    try:
-        with open(file, "rb") as f:
-            metadata = MetadataUnpickler(f).load()
-        saved, storage = metadata.state_dict_metadata, metadata.storage_data
-    except (
-        OSError,
-        EOFError,
-        pickle.UnpicklingError,
-        AttributeError,
-        ValueError,
-        TypeError,
-        IndexError,
-    ) as e:
-        fail(f"{file}: unreadable ({e.__class__.__name__}: {str(e)[:200]})")
-    for key, shape in {key: shape for (key, _), (shape, _) in tensors.items()}.items():
-        if key not in saved:
-            fail(f"{file}: the checkpoint has no {key}")
-        if list(saved[key].size) != list(shape):
-            fail(f"{file}: {key} is {list(saved[key].size)} there, {list(shape)} here")
-    ends = {}
-    for info in storage.values():
-        ends[info.relative_path] = max(
-            ends.get(info.relative_path, 0), info.offset + info.length
-        )
-    for name, end in sorted(ends.items()):
-        data = os.path.join(path, name)
-        if not os.path.isfile(data):
-            fail(f"{data}: missing (a rank's part of the checkpoint)")
-        if os.path.getsize(data) < end:
-            fail(
-                f"{data}: truncated: {os.path.getsize(data)} bytes, the metadata says {end}"
-            )
-    return metadata

@@ -24,7 +24,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from checkpoint import CHECKPOINT_DIR, Checkpoints
+from checkpoint import Checkpoints
+from checkpoint_files import CHECKPOINT_DIR
 from data_parallel import GradientBuckets
 from hf import add_export_flags, check_export_folder, export_hf, gather_weights
 from mesh import (
@@ -52,7 +53,7 @@ from plan import (
     VOCAB,
     WORLD_SIZE,
 )
-from utils import copy_all, fail, generator, to_device
+from utils import copy_all, fail, file_name, generator, to_device
 
 # -----------------------------------------------------------------------------
 # Settings of the run, from the plan (the model's, the mesh's and the batch's are in plan.py)
@@ -86,7 +87,7 @@ outputs = {  # written after training, so refused now if they cannot be
     "--trace": "when every rank ran each action of the last step (Chrome trace JSON)",
 }
 for flag, what in outputs.items():
-    parser.add_argument(flag, metavar="FILE", help="write " + what)
+    parser.add_argument(flag, metavar="FILE", type=file_name, help="write " + what)
 add_export_flags(parser)  # --export-hf DIR, --export-dtype, --export-shard-size (hf.py)
 parser.add_argument("--tensorboard", metavar="DIR", help="log to TensorBoard, in DIR")
 parser.add_argument("--wandb", metavar="PROJECT", help="log to W&B, in PROJECT")

@@ -49,7 +49,7 @@ from plan import (
     TP,
     WORLD_SIZE,
 )
-from utils import fail, to_device
+from utils import fail, file_name, to_device
 
 # -----------------------------------------------------------------------------
 # Settings of the run, from the plan (the model's, the mesh's and the batch's are in plan.py)
@@ -79,7 +79,7 @@ parser.add_argument("--log-every", type=int, default=1, metavar="N")
 parser.add_argument("--device", choices=["cpu", "cuda"], help="cuda if present")
 parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=COMPILE)
 parser.add_argument(
-    "--data", metavar="FILE", help="instead of the plan's training data"
+    "--data", metavar="FILE", type=file_name, help="instead of the plan's training data"
 )
 outputs = {  # written after training, so refused now if they cannot be
     "--dump-losses": "the global loss of every step, as JSON",
@@ -87,7 +87,7 @@ outputs = {  # written after training, so refused now if they cannot be
     "--measure": "bytes sent, held and saved by autograd, as JSON, one file per rank: FILE with .rank<R> before its extension (m.json: m.rank0.json, m.rank1.json, ...)",
 }
 for flag, what in outputs.items():
-    parser.add_argument(flag, metavar="FILE", help="write " + what)
+    parser.add_argument(flag, metavar="FILE", type=file_name, help="write " + what)
 add_export_flags(parser)  # --export-hf DIR, --export-dtype, --export-shard-size (hf.py)
 parser.add_argument("--tensorboard", metavar="DIR", help="log to TensorBoard, in DIR")
 parser.add_argument("--wandb", metavar="PROJECT", help="log to W&B, in PROJECT")

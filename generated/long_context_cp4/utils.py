@@ -10,6 +10,7 @@ program is given (data, checkpoints, Hugging Face folders), which someone else m
 written: regular files only, each read bounded, JSON of bounded depth, and one line
 naming the file (and the file a link points to) for whatever it refuses."""
 
+import argparse
 import hashlib
 import json
 import math
@@ -33,6 +34,15 @@ def fail(message, status=1):  # one line on stderr, in one write, not a tracebac
 
 JSON_DEPTH = 64  # the deepest nesting of arrays and objects a JSON file read may have
 SYSTEM_FILES = ("/proc/", "/sys/", "/dev/")  # regular-looking files of the kernel's
+
+
+def file_name(text):
+    """A flag's file name, checked as argparse reads it: not empty, no NUL byte."""
+    if not text or "\0" in text:
+        raise argparse.ArgumentTypeError(
+            "an empty file name" if not text else f"{text!r}: a NUL byte in a file name"
+        )
+    return text
 
 
 def shown(path):
@@ -107,10 +117,14 @@ def read_file(path, limit, at=0, size=None):
 
 
 def read_json(path, limit, what="JSON"):
-    """The JSON object in the regular file `path`, of at most `limit` bytes, JSON_DEPTH
-    levels of nesting and no NaN or Infinity; `what` names what it should be, in the
-    error."""
-    data = read_file(path, limit)
+    """The JSON object in the regular file `path`, of at most `limit` bytes: parse_json."""
+    return parse_json(path, read_file(path, limit), what)
+
+
+def parse_json(path, data, what):
+    """The JSON object in `data` (read from `path`), of at most JSON_DEPTH levels of
+    nesting and without NaN or Infinity; `what` names what it should be, in the error.
+    """
     try:
         found = json.loads(data, parse_constant=not_json)
         reason = "" if isinstance(found, dict) else "not a JSON object"
