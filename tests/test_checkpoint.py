@@ -23,11 +23,14 @@ import hashlib
 import json
 import os
 import pickle
+import random
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 from dslc import codegen
 from dslc.driver import load_text
@@ -253,20 +256,21 @@ def test_a_hung_peer_is_named_after_the_timeout(tmp_path, launch):
 def received(run_script, uninterrupted, tmp_path_factory):
     """resume(mutate) -> (completed process, losses or None): the serial plan resumed
     from a fresh copy of the dp2 x tp2 run's step-2 checkpoint that ``mutate(step
-    folder)`` changed first, as a checkpoint received from someone else may be. One
-    process, forked: each run takes about a second. ``resume.base``: the run's folder."""
+    folder)`` changed first, as a checkpoint received from someone else may be (``flags``:
+    instead of --dump-losses). One process, forked: each run takes about a second.
+    ``resume.base``: the run's folder."""
     base = tmp_path_factory.mktemp("received")
     ck, dump = base / "ck", base / "losses.json"
     script = codegen.write(gpt2_plan(base, "serial", ck, every=4), base / "out") / "train.py"
 
-    def resume(mutate=lambda step: None, timeout=60):
+    def resume(mutate=lambda step: None, *flags, timeout=60):
         shutil.rmtree(ck, ignore_errors=True)
         shutil.copytree(uninterrupted[1], ck, symlinks=True)
         only_up_to(ck, 2)
         mutate(ck / "step0000002")
         dump.unlink(missing_ok=True)
-        out = run_script(script, 1, "--resume", "--dump-losses", dump, cwd=base, timeout=timeout)
-        return out, json.loads(dump.read_text())["loss"] if out.returncode == 0 else None
+        out = run_script(script, 1, "--resume", *(flags or ("--dump-losses", dump)), cwd=base, timeout=timeout)
+        return out, json.loads(dump.read_text())["loss"] if out.returncode == 0 and not flags else None
 
     resume.base = base
     return resume
@@ -383,3 +387,138 @@ def test_the_metadata_pickle_is_never_read(received, tmp_path):
     out, evil = received(lambda s: (s / ".metadata").write_bytes(pickle.dumps(Evil())))
     assert out.returncode == 0 and evil == losses and len(losses) == 2
     assert not (tmp_path / "pwned").exists()
+
+
+def test_a_shared_folder_loses_nothing_the_script_did_not_make(tmp_path, run_script):
+    """checkpoint.dir a folder others use too: a commit prunes (keep = 1) and clears
+    crashed saves of this model only (their MADE_BY.json says so); another program's
+    ``*.partial`` and another model's checkpoint stay. A folder of someone else's where a
+    save would go stops the run in one line, untouched."""
+    shared = tmp_path / "shared"
+    plan = gpt2_plan(tmp_path, "serial", shared, extra="; keep = 1", every=1)
+    script = codegen.write(plan, tmp_path / "out") / "train.py"
+    out = run_script(script, 1, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert steps(shared) == ["step0000004"]
+    (shared / "step0000004").rename(shared / "step0000000.partial")  # this model's crashed save
+    (shared / "notes.partial").mkdir()  # another program's
+    (shared / "notes.partial" / "todo.txt").write_text("mine")
+    other = shared / "step0000001x"
+    shutil.copytree(shared / "step0000000.partial", other)  # another model's committed checkpoint
+    edit_json(other / "MADE_BY.json", lambda m: m["model"].update(layers=2))
+    other.rename(shared / "step0000000")
+    out = run_script(script, 1, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert steps(shared) == ["notes.partial", "step0000000", "step0000004"]
+    assert (shared / "notes.partial" / "todo.txt").read_text() == "mine"
+
+    (shared / "step0000002").mkdir()  # someone else's, where the second save goes
+    (shared / "step0000002" / "data").write_text("theirs")
+    out = run_script(script, 1, cwd=tmp_path)
+    assert out.returncode == 1
+    assert error_line(out) == f"{shared / 'step0000002'} is there and is not a checkpoint of this model and data; the save would replace it: move it away"
+    assert (shared / "step0000002" / "data").read_text() == "theirs"
+
+
+@pytest.mark.parametrize("folder, code, says", [
+    ('""', "E025", "checkpoint.dir is empty"),
+    ('"ck\x01"', "E025", "checkpoint.dir holds a control character"),
+    ('"{file}"', "E025", "is a file, not a folder"),
+    ('"{file}/sub/ck"', "E025", "is a file, so no folder can be made in it"),
+    ('"/proc/1/checkpoints"', "W026", "/proc/1 (the nearest existing folder of /proc/1/checkpoints) is not writable"),
+])
+def test_lint_checks_the_checkpoint_folder_at_its_value(tmp_path, folder, code, says):
+    """checkpoint.dir is where the script makes and deletes folders: lint says at the
+    value when it is empty, holds a control character, is a file or lies under one
+    (errors: no folder can be made there), or lies in a folder this user cannot write
+    (a warning: the script may run elsewhere, as another user)."""
+    (tmp_path / "afile").write_text("")
+    text = f"""import "{CLUSTERS}"
+model m {{ arch = gpt2; layers = 2; hidden = 64; heads = 4; vocab = 250; seq_len = 32 }}
+plan p {{ model = m; cluster = cpu1
+    train {{ steps = 2; micro_batch = 2; global_batch = 2; data = synthetic
+        checkpoint {{ every = 1; dir = {folder.format(file=tmp_path / "afile")} }} }} }}
+"""
+    res = load_text(text, str(tmp_path / "p.plan"))
+    found = [(d.code, d.span.line, d.span.col, d.message) for d in res.diagnostics if d.code in ("E025", "W026")]
+    col = text.splitlines()[4].index("dir = ") + len("dir = ") + 1
+    assert [(c, line, at) for c, line, at, _ in found] == [(code, 5, col)] and says in found[0][3], found
+
+
+MUTATIONS = 80  # the fuzz test's: about a third of a second each
+HOSTILE = [-1, 0, 2**63, 2**50, True, None, "", "../x", "/etc/passwd", [], {}, 1e308, "a" * 300, [[[[[]]]]]]
+
+
+def mutation(rng: random.Random, outside: Path):
+    """A random change to a checkpoint's step folder, and its name: a byte flipped, a file
+    cut short, a JSON field set to a hostile value (the manifest's digest rewritten to
+    match, or not), a file swapped for a FIFO, a folder or a link out, the folder for a
+    link."""
+    kind = rng.choice(["flip", "cut", "field", "field", "swap", "folder"])
+    pick = rng.random()  # which file, chosen once the folder is seen: the same for a seed
+
+    def apply(step: Path):
+        files = sorted(p.name for p in step.iterdir())
+        name = files[int(pick * len(files))]
+        path = step / name
+        if kind in ("flip", "cut"):
+            data = bytearray(path.read_bytes())
+            at = rng.randrange(max(1, len(data)))
+            if kind == "flip" and data:
+                data[at] ^= rng.randrange(1, 256)
+            path.write_bytes(bytes(data if kind == "flip" else data[:at]))
+        elif kind == "field":
+            target = step / rng.choice(["COMMIT.json", "manifest.json"])
+            value = json.loads(target.read_text())
+            holder, key = value, None
+            while key is None or (isinstance(holder[key], (dict, list)) and holder[key] and rng.random() < 0.8):
+                holder = holder if key is None else holder[key]
+                key = rng.choice(list(holder)) if isinstance(holder, dict) else rng.randrange(len(holder))
+            holder[key] = rng.choice(HOSTILE)
+            if target.name == "manifest.json" and rng.random() < 0.5:
+                rewrite_manifest(step, lambda m: m.clear() or m.update(value))
+            else:
+                target.write_text(json.dumps(value))
+        elif kind == "swap":
+            replace(path, rng.choice(["fifo", "folder", str(outside / "secret"), str(outside / "fifo"), "/dev/zero"]))
+        else:
+            replace(step, rng.choice([str(outside), str(outside / "secret")]))
+    return f"{kind} {pick:.2f}", apply
+
+
+def snapshot(folder: Path) -> dict:
+    return {p.name: (p.is_fifo() or p.read_bytes(), p.stat().st_mtime_ns) for p in folder.iterdir()}
+
+
+def test_received_checkpoints_fuzzed_load_the_same_weights_or_stop_in_one_line(received, tmp_path):
+    """Fixed-seed mutations of a real checkpoint (dp2 x tp2's, read by one process):
+    for every one, the run either loads exactly the weights of the untouched checkpoint
+    (--dump-weights), or exits 1 with one line; never a traceback, never a hang (30 s),
+    and a folder outside the run's, which links point into, keeps every file as it was."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_text("not a checkpoint's")
+    os.mkfifo(outside / "fifo")
+    before = snapshot(outside)
+    weights = received.base / "weights.pt"
+    out, _ = received(lambda s: None, "--steps", "2", "--dump-weights", weights)
+    assert out.returncode == 0, out.stderr
+    want = torch.load(weights)
+    rng, counts = random.Random(33), {"loaded": 0, "refused": 0}
+    for _ in range(MUTATIONS):
+        name, apply = mutation(rng, outside)
+        weights.unlink(missing_ok=True)
+        try:
+            out, _ = received(apply, "--steps", "2", "--dump-weights", weights, timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{name}: hung")
+        assert out.returncode in (0, 1) and "Traceback" not in out.stderr, (name, out.stderr)
+        if out.returncode == 0:
+            got = torch.load(weights)
+            assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want), name
+        else:
+            error_line(out)
+        counts["loaded" if out.returncode == 0 else "refused"] += 1
+        assert snapshot(outside) == before, name
+    print(f"{MUTATIONS} mutations of a checkpoint: {counts['loaded']} loaded the same weights, {counts['refused']} refused in one line")
+    assert counts["refused"] >= MUTATIONS // 2 and counts["loaded"] >= 1

@@ -622,3 +622,18 @@ def test_a_bad_id_in_the_validation_data_is_one_line(tmp_path, capsys, run_scrip
     assert out.returncode == 1 and "step" not in out.stdout
     assert error_line(out) == f"data file {tmp_path / 'val.bin'}: id 999 at byte 6 is not below vocab = 256"
     assert not (tmp_path / "l.json").exists()
+
+
+def test_blend_weights_whose_sum_overflows_are_still_shares(tmp_path, run_script):
+    """blend(1e308, a, 1e308, b): the weights' sum is past a float's range, yet each is a
+    half (scaled by the largest before they are summed), as lint and the script both say;
+    and --data "" is refused in one line rather than training on the plan's data."""
+    write_raw(tmp_path / "a.bin", np.arange(200) % 256)
+    write_raw(tmp_path / "b.bin", np.arange(200) % 256)
+    script = compile_plan(tmp_path, 'blend(1e308, tokens("a.bin"), 1e308, tokens("b.bin"))', arch="gpt2", hidden=16)
+    out = run_script(script, 1, "--steps", 8, "--log-every", 8)
+    assert out.returncode == 0, out.stderr
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("data blend, rows drawn (weight): "))
+    assert [float(w) for w in re.findall(r"\(([\d.]+)\)", line)] == [0.5, 0.5], line
+    out = run_script(script, 1, "--data", "")
+    assert out.returncode == 2 and out.stderr.strip() == "train.py: error: argument --data: an empty file name"

@@ -349,9 +349,12 @@ def commit(partial, final, step, began):
         shutil.rmtree(final)
     os.rename(partial, final)
     fsync_folder(CHECKPOINT_DIR)
+    size = sum(f.stat().st_size for f in os.scandir(final) if f.is_file())
     committed = committed_steps()
     for old in committed[:-CHECKPOINT_KEEP] if CHECKPOINT_KEEP else []:
-        if ours(step_folder(old)):
+        if old != step and ours(
+            step_folder(old)
+        ):  # never the one just made, even under newer ones
             shutil.rmtree(step_folder(old), ignore_errors=True)
     for name in os.listdir(
         CHECKPOINT_DIR
@@ -363,7 +366,6 @@ def commit(partial, final, step, began):
             and ours(folder)
         ):
             shutil.rmtree(folder, ignore_errors=True)
-    size = sum(f.stat().st_size for f in os.scandir(final) if f.is_file())
     print(
         f"checkpoint {final}: step {step}, {human_size(size)} in {time.perf_counter() - began:.1f} s",
         flush=True,

@@ -14,14 +14,19 @@ import warnings
 import torch
 
 from plan import GLOBAL_BATCH, SEQ_LEN
-from utils import fail, generator
+from utils import fail, generator, open_regular, shown
 
 
 def memory_map(path, dtype, offset=0, count=-1):
     """`count` ids of `dtype` from byte `offset` of the file (all: -1), mapped, not read:
     read-only, so that no memory is committed for it; nothing writes to it."""
-    with open(path, "rb") as f:
-        buffer = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    fd = open_regular(path)  # utils' one reader: a regular file, or one line
+    try:
+        buffer = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError) as e:
+        fail(f"data file {shown(path)}: cannot be memory-mapped ({e})")
+    finally:
+        os.close(fd)
     with warnings.catch_warnings():  # torch warns that the buffer is not writable
         warnings.simplefilter("ignore", UserWarning)
         return torch.frombuffer(buffer, dtype=dtype, offset=offset, count=count)
