@@ -110,7 +110,11 @@ def read_json(path, limit, what="JSON"):
     """The JSON object in the regular file `path`, of at most `limit` bytes, JSON_DEPTH
     levels of nesting and no NaN or Infinity; `what` names what it should be, in the
     error."""
-    data = read_file(path, limit)
+    return parse_json(read_file(path, limit), path, what)
+
+
+def parse_json(data, path, what="JSON"):
+    """The JSON object in the bytes `data`, read from `path`, as read_json takes it."""
     try:
         found = json.loads(data, parse_constant=not_json)
         reason = "" if isinstance(found, dict) else "not a JSON object"
