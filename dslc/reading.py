@@ -101,6 +101,11 @@ def read_json(path: str, limit: int) -> object:
     data, st = read_bytes(path, limit)
     if st.st_size > limit or len(data) > limit:
         raise ValueError(f"larger than {limit // 2**20} MiB")
+    return parse_json(data)
+
+
+def parse_json(data: bytes) -> object:
+    """The JSON value in ``data``, as :func:`read_json` takes it (ValueError: why not)."""
     try:
         found = json.loads(data, parse_constant=_not_json)
     except RecursionError:

@@ -12,16 +12,24 @@ exports in bf16 into several files of a small size, under a known umask, which
 checkpoint that ``transformers`` wrote comes back out of a plan byte for byte; tp2, dp2
 ZeRO-3 and ep2 plans started from it take the serial plan's first step and export what
 the serial plan exports; and a missing tensor, another model's config or a bad export
-flag stops the script with one line.
+flag stops the script with one line. A folder from a stranger (HOSTILE: FIFOs and device
+links in place of its files, links and index entries out of it, deep JSON, a corrupted
+header, a wider fused qkv, an int tensor) stops the script with one line naming the file
+and is E048 or E049 from lint at the init; and 60 fixed-seed mutations of an exported
+folder each load the same weights or stop with one line, lint agreeing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import os
+import random
 import re
+import shutil
+import signal
 from pathlib import Path
 
 import pytest
@@ -290,14 +298,107 @@ def first_batch(seed: int, size: tuple[int, int]):
     return torch.randint(vocab, (8, seq + 1), generator=g)
 
 
+def fifo(path: Path) -> None:
+    path.unlink()
+    os.mkfifo(path)
+
+
+def link(target: str):
+    def swap(path: Path) -> None:
+        path.unlink()
+        path.symlink_to(target)
+    return swap
+
+
+def edit_index(change):
+    """change(weight_map) in the index's weight_map, its first key's value."""
+    def edit(path: Path) -> None:
+        index = json.loads(path.read_text())
+        first = sorted(index["weight_map"])[0]
+        index["weight_map"][first] = change(index["weight_map"][first])
+        path.write_text(json.dumps(index))
+    return edit
+
+
+def edit_tensor(name: str, change):
+    """model.safetensors with its tensor ``name`` replaced by change(tensor)."""
+    def edit(path: Path) -> None:
+        tensors = safetensors_torch.load_file(path)
+        tensors[name] = change(tensors[name])
+        safetensors_torch.save_file(tensors, path, {"format": "pt"})
+    return edit
+
+
+def flip_header_byte(path: Path) -> None:  # the header's first key's opening quote: not UTF-8
+    data = bytearray(path.read_bytes())
+    data[9] ^= 0x80
+    path.write_bytes(bytes(data))
+
+
+SHARD = "model-00001-of-00002.safetensors"
+# (what, the layout: one file or two and their index, the file the case changes, how):
+# each stops the gpt2 script with one line naming that file, and lint with E048 or E049
+HOSTILE = [
+    ("config.json a FIFO", 1, "config.json", fifo),
+    ("config.json a link to /dev/stdin", 1, "config.json", link("/dev/stdin")),
+    ("config.json nested 100000 deep", 1, "config.json", lambda p: p.write_text('{"n_embd": ' + "[" * 10**5 + "]" * 10**5 + "}")),
+    ("model.safetensors a FIFO", 1, "model.safetensors", fifo),
+    ("model.safetensors a link to /dev/zero", 1, "model.safetensors", link("/dev/zero")),
+    ("model.safetensors a link to /dev/stdin", 1, "model.safetensors", link("/dev/stdin")),
+    ("a shard a FIFO", 2, SHARD, fifo),
+    ("a shard a link to /dev/zero", 2, SHARD, link("/dev/zero")),
+    ("a shard a link to /dev/stdin", 2, SHARD, link("/dev/stdin")),
+    ("a shard a link out of the folder", 2, SHARD, link(f"../outside/{SHARD}")),
+    ("an unhashable weight_map value", 2, INDEX, edit_index(lambda name: [name])),
+    ("a weight_map value not a string", 2, INDEX, edit_index(lambda name: 7)),
+    ("a weight_map file in ../", 2, INDEX, edit_index(lambda name: f"../outside/{name}")),
+    ("a weight_map file by its absolute path", 2, INDEX, edit_index(lambda name: str(OUTSIDE / name))),
+    ("a corrupted byte in a header", 1, "model.safetensors", flip_header_byte),
+    ("a wider fused qkv", 1, "model.safetensors", edit_tensor("transformer.h.0.attn.c_attn.weight", lambda t: torch.randn(64, 195))),
+    ("an int tensor", 1, "model.safetensors", edit_tensor("transformer.h.1.ln_2.weight", lambda t: t.int())),
+    ("a bool tensor", 1, "model.safetensors", edit_tensor("transformer.ln_f.bias", lambda t: t > 0)),
+    ("an fp8 tensor", 1, "model.safetensors", edit_tensor("transformer.h.0.mlp.c_fc.bias", lambda t: t.to(torch.float8_e4m3fn))),
+]
+OUTSIDE = Path("/nonexistent")  # set by hostile_checkpoints: a folder beside the checkpoint's
+
+
+def hostile_checkpoints(tmp: Path):
+    """Yields ("unchanged", "") while tmp / "hf" holds transformers' gpt2 (the fused,
+    transposed c_attn) in two files and their index, then each case of HOSTILE (what,
+    the file it changes) while it holds that case; copies of the files lie outside the
+    folder (tmp / "outside"), where a case that escapes it would read."""
+    global OUTSIDE
+    OUTSIDE = tmp / "outside"
+    tensors = saved_by_transformers(tmp / "one", "gpt2", tie=True)
+    names = sorted(tensors)
+    (tmp / "two").mkdir()
+    shutil.copy(tmp / "one" / "config.json", tmp / "two")
+    halves = {SHARD: names[: len(names) // 2], "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    for name, keys in halves.items():
+        safetensors_torch.save_file({k: tensors[k] for k in keys}, tmp / "two" / name, {"format": "pt"})
+    weight_map = {k: name for name, keys in halves.items() for k in keys}
+    (tmp / "two" / INDEX).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    OUTSIDE.mkdir()
+    for source in [*(tmp / "one").iterdir(), *(tmp / "two").iterdir()]:
+        shutil.copy(source, OUTSIDE)
+    shutil.copytree(tmp / "two", tmp / "hf")
+    yield "unchanged", ""
+    for what, layout, name, change in HOSTILE:
+        shutil.rmtree(tmp / "hf")
+        shutil.copytree(tmp / ("one" if layout == 1 else "two"), tmp / "hf")
+        change(tmp / "hf" / name)
+        yield what, name
+
+
 def test_bad_checkpoints_stop_with_one_line(run_script, tmp_path):
     original = saved_by_transformers(tmp_path / "hf", "llama", tie=False)
     script = compile_plan(tmp_path, "bad", MODELS["llama"] + "; tie_embeddings = false", "hf")
 
-    def one_line(*needles: str, flags=()) -> None:
-        run = run_script(script, 1, "--steps", 0, *flags)
+    def one_line(*needles: str, flags=(), script=script) -> None:
+        run = run_script(script, 1, "--steps", 0, *flags, timeout=60)  # a hang: TimeoutExpired
         assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr[-3000:]
         assert len(run.stderr.strip().splitlines()) == 1, run.stderr
+        assert run.stderr.startswith("train.py: error: "), run.stderr
         assert all(n in run.stderr for n in needles), run.stderr
 
     (tmp_path / "f").write_text("")
@@ -319,6 +420,37 @@ def test_bad_checkpoints_stop_with_one_line(run_script, tmp_path):
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     one_line("model.safetensors", "cannot read")
 
+    # a folder from a stranger: files that hang a reader, escape the folder, break a parser
+    # or hold another tensor than the model's
+    cases = hostile_checkpoints(tmp_path / "gpt2")
+    next(cases)  # the folder unchanged: the plan compiles
+    gpt2 = compile_plan(tmp_path / "gpt2", "gpt2", MODELS["gpt2"] + "; tie_embeddings = true", "hf")
+    assert sum(one_line(name, script=gpt2) is None for what, name in cases) == len(HOSTILE) == 19
+
+
+@contextlib.contextmanager
+def deadline(seconds: int):
+    """TimeoutError in the block once it has run ``seconds`` (a blocking read included)."""
+    def hang(*_):
+        raise TimeoutError(f"still running after {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, hang)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def lint_init(tmp: Path, model: str, init: str = "hf") -> tuple[list, int]:
+    """Lint's errors for a plan in tmp that starts from the checkpoint in tmp / init, and
+    the line of its init = hf(...)."""
+    text = PLAN.format(n=1, model=model, mesh="", init=f'init = hf("{init}")', precision="fp32")
+    res = load_text(text, str(tmp / "p.plan"))
+    line = 1 + text[: text.index("init = hf")].count("\n")
+    return [d for d in res.diagnostics if d.is_error], line
+
 
 def test_shard_sizes_read_as_transformers_writes_them(tmp_path, import_generated):
     script = compile_plan(tmp_path, "sizes", MODELS["llama"], None)
@@ -336,3 +468,147 @@ def test_lint_compares_the_config_with_the_model(tmp_path):
                        precision="fp32")
     diags = load_text(text, str(tmp_path / "p.plan")).diagnostics
     assert [(d.code, "num_attention_heads = 8" in d.message) for d in diags if d.is_error] == [("E049", True)]
+
+    # ... and the files with the model, reading each file's header only: every hostile case
+    # of the script is an error at the init, naming the file, and none hangs
+    model = MODELS["gpt2"] + "; tie_embeddings = true"
+    for what, name in hostile_checkpoints(tmp_path / "gpt2"):
+        with deadline(20):
+            errors, line = lint_init(tmp_path / "gpt2", model)
+        if what == "unchanged":
+            assert errors == []
+            continue
+        assert [d.code for d in errors] in (["E048"], ["E049"]), (what, errors)
+        assert errors[0].span.line == line and name in errors[0].message, (what, errors[0])
+
+
+FUZZ_MODEL = "arch = gpt2; layers = 1; hidden = 32; heads = 2; vocab = 64; seq_len = 16; tie_embeddings = true"
+MUTATIONS = 60  # of a real exported folder, from a fixed seed
+
+
+def test_fuzzed_hugging_face_folders_give_the_same_weights_or_one_line(run_script, tmp_path):
+    """A gpt2 checkpoint that --export-hf wrote into small files and an index, mutated
+    MUTATIONS times from a fixed seed (bytes flipped in headers and data, fields of
+    config.json, the index and headers changed, files swapped for links out of the
+    folder, to /dev/zero or to a copy inside it, FIFOs, folders, truncated or removed).
+    For each, the script started from it exits 0 with the weights of the unchanged
+    folder (a flipped data byte: all but one element) or 1 with one line, never hangs
+    nor creates or removes a file outside the folder; and lint agrees with it."""
+    exporter = compile_plan(tmp_path, "exporter", FUZZ_MODEL, None)
+    run = run_script(exporter, 1, "--steps", 0, "--export-hf", tmp_path / "pristine", "--export-shard-size", "10KB")
+    assert run.returncode == 0, run.stderr[-3000:]
+    pristine, scratch, outside = tmp_path / "pristine", tmp_path / "scratch", tmp_path / "outside"
+    assert len(list(pristine.glob("model-*.safetensors"))) >= 3
+    shutil.copytree(pristine, outside)
+    shutil.copytree(pristine, scratch / "hf")
+    script = compile_plan(tmp_path, "fz", FUZZ_MODEL, "scratch/hf")
+    run = run_script(script, 1, "--steps", 0, "--dump-weights", scratch / "w.pt", timeout=60)
+    assert run.returncode == 0, run.stderr[-3000:]
+    want = torch.load(scratch / "w.pt")
+
+    rng, outcomes = random.Random(33), {0: 0, 1: 0}
+    before = tree(tmp_path, skip=scratch)
+    for n in range(MUTATIONS):
+        shutil.rmtree(scratch)
+        shutil.copytree(pristine, scratch / "hf")
+        what, data = mutate(rng, scratch / "hf", outside)
+        run = run_script(script, 1, "--steps", 0, "--dump-weights", scratch / "w.pt", timeout=60)
+        assert "Traceback" not in run.stderr and run.returncode in (0, 1), (what, run.stderr[-3000:])
+        if run.returncode == 0:
+            got = torch.load(scratch / "w.pt")
+            assert sorted(got) == sorted(want), what
+            changed = sum(int((~((got[k] == want[k]) | (got[k].isnan() & want[k].isnan()))).sum()) for k in want)
+            assert changed <= data, (what, changed)  # data: the elements a flip may change
+        else:
+            assert run.stderr.startswith("train.py: error: ") and len(run.stderr.splitlines()) == 1, (what, run.stderr)
+        with deadline(20):
+            errors, _ = lint_init(tmp_path, FUZZ_MODEL, init="scratch/hf")
+        assert bool(errors) == bool(run.returncode), (what, run.stderr, errors)
+        assert tree(tmp_path, skip=scratch) == before, what
+        outcomes[run.returncode] += 1
+    print(f"{MUTATIONS} mutations of a Hugging Face folder: {outcomes[0]} loaded the same weights, {outcomes[1]} stopped with one line")
+    assert sum(outcomes.values()) == MUTATIONS and min(outcomes.values()) > 0
+
+
+def tree(folder: Path, skip: Path) -> dict:
+    """Every path under ``folder`` but ``skip``'s, with its size and modification time."""
+    out = {}
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = [d for d in dirs if Path(root, d) != skip]
+        for name in files + dirs:
+            st = os.lstat(Path(root, name))
+            out[str(Path(root, name))] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def mutate(rng: random.Random, folder: Path, outside: Path) -> tuple[str, int]:
+    """One random change to the checkpoint in ``folder``: (what it did, how many weight
+    elements it may change while the folder stays a valid checkpoint of the model)."""
+    files = sorted(p.name for p in folder.iterdir())
+    shards = [name for name in files if name.endswith(".safetensors")]
+    kind = rng.choice(["header byte", "data byte", "config", "index", "header field", "swap"])
+    if kind in ("header byte", "data byte"):
+        path = folder / rng.choice(shards)
+        data = bytearray(path.read_bytes())
+        start = 8 + int.from_bytes(data[:8], "little")
+        at = rng.randrange(start) if kind == "header byte" else rng.randrange(start, len(data))
+        data[at] ^= 1 << rng.randrange(8)
+        path.write_bytes(bytes(data))
+        return f"{path.name}: bit flipped at byte {at}", kind == "data byte"
+    if kind in ("config", "index"):
+        path = folder / ("config.json" if kind == "config" else INDEX)
+        value = json.loads(path.read_text())
+        table = value if kind == "config" else value[rng.choice(["metadata", "weight_map", "weight_map"])]
+        key = rng.choice(sorted(table))
+        new = rng.choice([None, 7, -1, 64.0, 1e308, True, "x", [], {}, [table[key]], "../outside/" + rng.choice(shards),
+                          str(outside / rng.choice(shards)), rng.choice(shards), "", ".", "config.json", "a/b", "DELETE",
+                          table[key], {"a": [[[[]]]]}])
+        if new == "DELETE":
+            del table[key]
+        else:
+            table[key] = new
+        path.write_text(json.dumps(value))
+        return f"{path.name}: {key} = {new!r}", 0
+    if kind == "header field":
+        path = folder / rng.choice(shards)
+        data = path.read_bytes()
+        start = 8 + int.from_bytes(data[:8], "little")
+        header = json.loads(data[8:start])
+        key = rng.choice(sorted(header))
+        entry, field = header[key], rng.choice(["dtype", "shape", "data_offsets", "rename", "DELETE", "metadata"])
+        if field == "rename":
+            header[key + "x"] = header.pop(key)
+        elif field == "DELETE":
+            del header[key]
+        elif field == "metadata":
+            header["__metadata__"] = rng.choice([{"format": "pt", "note": "changed"}, {}, [1], "x"])
+        elif key != "__metadata__":
+            old = entry[field]
+            if field == "dtype":
+                choices = ["I32", "F16", "BF16", "BOOL", "XX", 5, None, "F8_E4M3", old]
+            elif field == "shape":
+                choices = [old[::-1], old + [1], old[:-1], [-1], ["a"], [2**70], None, [1] * 100]
+            else:
+                choices = [[old[0], old[1] + 4], [old[1], old[0]], [old[0] + 4, old[1] + 4], [0, old[1] - old[0]], [old[0]], None]
+            entry[field] = rng.choice(choices)
+        text = json.dumps(header).encode()
+        path.write_bytes(len(text).to_bytes(8, "little") + text + data[start:])
+        return f"{path.name}: header entry {key}'s {field} changed", 0
+    name = rng.choice(files)
+    path, how = folder / name, rng.choice(["fifo", "folder", "zero", "stdin", "outside", "inside", "dangling", "loop",
+                                           "removed", "empty", "truncated"])
+    content = path.read_bytes()
+    path.unlink()
+    if how == "fifo":
+        os.mkfifo(path)
+    elif how == "folder":
+        path.mkdir()
+    elif how in ("zero", "stdin", "outside", "dangling", "loop"):
+        path.symlink_to({"zero": "/dev/zero", "stdin": "/dev/stdin", "outside": str(outside / name),
+                         "dangling": "missing", "loop": name}[how])
+    elif how == "inside":  # a link to a copy of itself in the folder: the same checkpoint
+        (folder / ".copy").write_bytes(content)
+        path.symlink_to(".copy")
+    elif how in ("empty", "truncated"):
+        path.write_bytes(content[: len(content) // 2 if how == "truncated" else 0])
+    return f"{name}: {how}", 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+from math import prod
 
 from .. import reading
 from ..ir import Model
@@ -116,9 +117,6 @@ def exportable(model: Model) -> str:
     return ""
 
 
-MAX_CONFIG = 2**20  # bytes of config.json lint reads
-
-
 def deepseek(model: Model) -> str:
     """Why a model with a dense prefix or shared experts has no Hugging Face mapping here
     ("" without them): transformers' DeepSeek-V3 routes by sigmoid scores over expert
@@ -129,29 +127,172 @@ def deepseek(model: Model) -> str:
     return ""
 
 
+# What lint reads of a checkpoint, in bytes: config.json, the index (DeepSeek-V3's: 9 MB),
+# one safetensors header (the format's own bound), and all the headers together
+MAX_CONFIG, MAX_INDEX, MAX_HEADER, MAX_HEADERS = 2**20, 64 * 2**20, 100_000_000, 256 * 2**20
+INDEX = "model.safetensors.index.json"
+MAX_DIMS = 64  # of a tensor's shape
+# safetensors' dtypes and their bits; a weight is read from a floating one only (fp32 in
+# the script), never from an int, a bool or fp8 (whose scales are other tensors)
+DTYPE_BITS = {"F4": 4, "F6_E2M3": 6, "F6_E3M2": 6} | dict.fromkeys(["BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0"], 8)
+DTYPE_BITS |= dict.fromkeys(["I16", "U16", "F16", "BF16"], 16) | dict.fromkeys(["I32", "U32", "F32"], 32)
+DTYPE_BITS |= dict.fromkeys(["I64", "U64", "F64", "C64"], 64)
+WEIGHT_DTYPES = ("F16", "BF16", "F32", "F64")
+
+
+class Refused(Exception):
+    """What lint finds wrong with a checkpoint: args (kind, message) as :func:`problem`
+    returns them."""
+
+
 def problem(arch: Arch, model: Model, folder: str) -> tuple[str, str] | None:
     """What lint finds wrong with the checkpoint in ``folder`` for ``model``, as (kind,
-    message): kind "read" (no folder, no config.json or weights, not JSON) or "model"
-    (the first key of config.json that differs from the plan); None when it fits."""
-    conf = os.path.join(folder, "config.json")
+    message): kind "read" (no folder, no config.json or weights), "file" (a file that
+    cannot be read safely: not a regular file inside the folder, over its bound, or not
+    a well-formed config, index or safetensors file) or "model" (the first key of config.json that differs from the plan, a tensor
+    the model needs that is missing, of another shape or not floating-point); None when
+    it fits. Of the weights, it reads the index and each file's header, never the data."""
     if deepseek(model):
         return "model", deepseek(model)
     if not os.path.isdir(folder):
         return "read", f"Hugging Face checkpoint {folder} " + ("is not a folder" if os.path.exists(folder) else "not found")
-    if not any(os.path.isfile(os.path.join(folder, f)) for f in ("model.safetensors", "model.safetensors.index.json")):
-        return "read", f"{folder} holds no model.safetensors (nor model.safetensors.index.json)"
+    if not any(os.path.lexists(os.path.join(folder, f)) for f in ("model.safetensors", INDEX)):
+        return "read", f"{folder} holds no model.safetensors (nor {INDEX})"
     try:
-        config = reading.read_json(conf, MAX_CONFIG)
-        if not isinstance(config, dict):
-            raise ValueError("not a JSON object")
-    except OSError as e:
-        return "read", f"{reading.shown(conf)}: cannot read it as a Hugging Face config ({e.strerror})"
-    except ValueError as e:
-        return "read", f"{reading.shown(conf)}: cannot read it as a Hugging Face config ({e})"
-    for what, keys, want, default in checks(arch, model):
-        got = next((v for v in (lookup(config, k) for k in keys) if v is not None), default)
-        if got != want:
-            return "model", f"{conf}: {keys[0]} = {json.dumps(got)}, but the plan's model has {what} = {json.dumps(want)}"
+        checkpoint = Checkpoint(folder)
+        config = checkpoint.read_json("config.json", MAX_CONFIG, "a Hugging Face config")
+        for what, keys, want, default in checks(arch, model):
+            got = next((v for v in (lookup(config, k) for k in keys) if v is not None), default)
+            if got != want:
+                return "model", f"{checkpoint.path('config.json')}: {keys[0]} = {json.dumps(got)}, but the plan's model has {what} = {json.dumps(want)}"
+        checkpoint.compare(expected(arch, model))
+    except Refused as e:
+        return e.args
+    return None
+
+
+def expected(arch: Arch, model: Model) -> dict[str, tuple[list[int], str]]:
+    """{their name: (its shape, our name)} of every tensor the serial model reads from a
+    checkpoint: our weight's shape, times n in dim 0 for a piece of n fused ones (gpt2's
+    c_attn), reversed where theirs is stored transposed."""
+    shapes = {w.name: w.shape for w in weights(arch, model)}
+    out = {}
+    for ours, theirs, transposed, piece, expert in tensors(arch, model):
+        shape = list(shapes[ours])
+        shape[0] *= piece[1] if piece else 1
+        for i in range(model.layers) if "{i}" in ours else [0]:
+            for e in range(model.experts) if expert else [None]:
+                out.setdefault(theirs.format(i=i, e=e), (shape[::-1] if transposed else shape, ours.format(i=i)))
+    return out
+
+
+class Checkpoint:
+    """The files of a Hugging Face folder, read as the generated script reads them
+    (templates/hf_init.py.jinja's HFCheckpoint): through :mod:`dslc.reading`, each file a
+    plain name inside the folder (or, in the Hugging Face cache, its blobs); a failure
+    raises :class:`Refused`."""
+
+    def __init__(self, folder: str):
+        self.folder, real = folder, os.path.realpath(folder)
+        cached = os.path.basename(os.path.dirname(real)) == "snapshots"  # snapshots/REV/ links to ../../blobs/
+        self.root = os.path.dirname(os.path.dirname(real)) if cached else real
+        self.budget = MAX_HEADERS
+
+    def path(self, name: str) -> str:
+        path = os.path.join(self.folder, name)
+        if os.path.commonpath([os.path.realpath(path), self.root]) != self.root:
+            raise Refused("file", f"{reading.shown(path)}: leads out of the checkpoint's folder")
+        return path
+
+    def read_json(self, name: str, limit: int, what: str) -> dict:
+        path = self.path(name)
+        try:
+            found = reading.read_json(path, limit)
+            if not isinstance(found, dict):
+                raise ValueError("not a JSON object")
+        except reading.NotAFile as e:
+            raise Refused("file", f"{reading.shown(path)}: not a regular file ({e.kind})") from None
+        except OSError as e:
+            raise Refused("file", f"{reading.shown(path)}: cannot read it as {what} ({e.strerror})") from None
+        except ValueError as e:
+            raise Refused("file", f"{reading.shown(path)}: cannot read it as {what} ({e})") from None
+        return found
+
+    def compare(self, want: dict[str, tuple[list[int], str]]) -> None:
+        """Every tensor of ``want`` in its file, of its shape and a floating dtype."""
+        weight_map = {theirs: "model.safetensors" for theirs in want}  # their name: its file
+        if os.path.lexists(os.path.join(self.folder, INDEX)):
+            weight_map = self.read_json(INDEX, MAX_INDEX, "a safetensors index").get("weight_map")
+            pairs = weight_map.items() if isinstance(weight_map, dict) else [(0, 0)]
+            if not all(isinstance(k, str) and isinstance(v, str) for k, v in pairs):
+                raise Refused("file", f"{reading.shown(self.path(INDEX))}: its weight_map is not an object of tensor names to file names")
+            for name in weight_map.values():
+                if not name or "/" in name or "\0" in name or name in (".", ".."):
+                    raise Refused("file", f"{reading.shown(self.path(INDEX))}: names {name!r}, not a file of the folder")
+        headers = {name: self.header(name) for name in sorted(set(weight_map.values()))}
+        for theirs, (shape, ours) in want.items():
+            name = weight_map.get(theirs)
+            entry = headers[name].get(theirs) if name else None
+            if entry is None:
+                raise Refused("model", f"{reading.shown(self.path(name or INDEX))}: no tensor {theirs} (the model's {ours})")
+            if entry["dtype"] not in WEIGHT_DTYPES:
+                raise Refused("model", f"{reading.shown(self.path(name))}: {theirs} is {entry['dtype']}, not a floating-point weight (the model's {ours})")
+            if entry["shape"] != shape:
+                raise Refused("model", f"{reading.shown(self.path(name))}: {theirs} has shape {entry['shape']}, not the {shape} of the model's {ours}")
+
+    def header(self, name: str) -> dict:
+        """The header of the safetensors file ``name``, every entry checked: a known
+        dtype, a shape and the bytes they take, inside the file, no two overlapping."""
+        path = self.path(name)
+
+        def refuse(why: str):
+            return Refused("file", f"{reading.shown(path)}: cannot read it as safetensors ({why})")
+
+        try:
+            data, st = reading.read_bytes(path, 8, 0, 8)
+            n = int.from_bytes(data, "little") if len(data) == 8 else 0
+            if not 0 < n <= min(MAX_HEADER, st.st_size - 8):
+                raise refuse(f"{st.st_size} bytes, with a header of {n}")
+            if n > self.budget:
+                raise refuse(f"the headers of the checkpoint's files are more than {MAX_HEADERS // 2**20} MiB")
+            self.budget -= n
+            data, st = reading.read_bytes(path, n, 8, n)
+            header = reading.parse_json(data) if len(data) == n else None
+        except reading.NotAFile as e:
+            raise Refused("file", f"{reading.shown(path)}: not a regular file ({e.kind})") from None
+        except OSError as e:
+            raise refuse(e.strerror) from None
+        except ValueError as e:
+            raise refuse(str(e)) from None
+        if not isinstance(header, dict):
+            raise refuse("the header is not a JSON object")
+        header.pop("__metadata__", None)
+        spans = []
+        for key, entry in header.items():
+            span = _span(entry, 8 + n, st.st_size)
+            if span is None:
+                raise refuse(f"the entry of {key!r} is not a known dtype, a shape and their bytes in the file")
+            spans.append((span, key))
+        spans.sort()
+        for ((_, end), a), ((begin, _), b) in zip(spans, spans[1:]):
+            if begin < end:
+                raise refuse(f"the bytes of {a!r} and {b!r} overlap")
+        return header
+
+
+def _span(entry: object, start: int, size: int) -> tuple[int, int] | None:
+    """The [begin, end) of a header's entry in the data, which starts at byte ``start`` of
+    a file of ``size`` bytes; None unless it is a known dtype, a shape of at most MAX_DIMS
+    dims and data_offsets of as many bytes as they take, within the file."""
+    def counts(x: object) -> bool:
+        return isinstance(x, list) and len(x) <= MAX_DIMS and all(type(v) is int and v >= 0 for v in x)
+
+    entry = entry if isinstance(entry, dict) else {}
+    shape, span = entry.get("shape"), entry.get("data_offsets")
+    bits = DTYPE_BITS.get(entry.get("dtype")) if isinstance(entry.get("dtype"), str) else None
+    if bits and counts(shape) and counts(span) and len(span) == 2 and start + span[1] <= size:
+        if 8 * (span[1] - span[0]) == prod(shape) * bits:
+            return span[0], span[1]
     return None
 
 

@@ -354,13 +354,20 @@ def _zero(plan: Plan, z: int):
 @rule
 def init_checkpoint(plan: Plan):
     """The Hugging Face checkpoint a plan starts from (``init = hf("DIR")``): a folder with
-    weights and a config.json (E048) of this model (E049: the first key that differs)."""
+    weights and a config.json, each file well-formed and inside it (E048), of this model
+    (E049: the first key that differs, a tensor missing, of another shape or not floating)."""
     init = plan.train.init
     found = init and arch.hf.problem(arch.of(plan.model), plan.model, init.resolved_path)
     if found:
         kind, message = found
-        yield error("E048" if kind == "read" else "E049", init.span, message,
-                    "write its folder relative to the plan file" if kind == "read" else "start from a checkpoint of this model, or change the model to match it")
+        yield error("E049" if kind == "model" else "E048", init.span, message, INIT_HINTS[kind])
+
+
+INIT_HINTS = {  # by the kind of problem arch.hf.problem finds
+    "read": "write its folder relative to the plan file",
+    "file": "its files are not a Hugging Face checkpoint that can be read safely: download or export it again",
+    "model": "start from a checkpoint of this model, or change the model to match it",
+}
 
 
 rule(checkpoint_dir)  # dslc/check/data.py: where the script writes its checkpoints

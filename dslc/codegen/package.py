@@ -10,9 +10,9 @@ descriptions go into the folder's README.md.
 from __future__ import annotations
 
 MODULES = (
-    "train.py", "checkpoint.py", "checkpoint_files.py", "data.py", "hf.py", "optimizer.py", "data_parallel.py",
-    "pipeline_parallel.py", "model.py", "moe.py", "expert_parallel.py", "context_parallel.py",
-    "tensor_parallel.py", "layers.py", "zero_bubble.py", "mesh.py", "meter.py", "plan.py", "utils.py",
+    "train.py", "checkpoint.py", "checkpoint_files.py", "data.py", "hf_init.py", "hf.py", "optimizer.py",
+    "data_parallel.py", "pipeline_parallel.py", "model.py", "moe.py", "expert_parallel.py",
+    "context_parallel.py", "tensor_parallel.py", "layers.py", "zero_bubble.py", "mesh.py", "meter.py", "plan.py", "utils.py",
 )
 # modules whose text does not depend on the plan: the same bytes in every plan that has
 # them, so their stamp names no plan
@@ -43,6 +43,7 @@ def package(view: dict) -> list[tuple[str, str]]:
         ("data.py", "the data files, cut into each step's batch", view["reads_files"]),
         ("checkpoint.py", "checkpoints that any layout resumes", view["checkpoint"]),
         ("checkpoint_files.py", "a checkpoint's files: summed when saved, checked before a load reads them", view["checkpoint"]),
+        ("hf_init.py", "init = hf(...): the Hugging Face checkpoint the weights start from, read and checked", view["hf_init"]),
         ("hf.py", "Hugging Face checkpoints: --export-hf (each rank its part), init = hf(...); --dump-weights", True),
         ("meter.py", "--measure" + (" and --trace" if view["pipeline_parallel"] else "") + ": bytes sent and held; --tensorboard, --wandb", True),
         ("utils.py", "one-line errors and seeded random generators", True),
