@@ -33,6 +33,7 @@ import pytest
 import torch
 
 from dslc import codegen
+from dslc.check import check_plan
 from dslc.driver import load_text
 from dslc.ir import Checkpoint
 
@@ -422,14 +423,13 @@ def test_a_shared_folder_loses_nothing_the_script_did_not_make(tmp_path, run_scr
 
 @pytest.mark.parametrize("folder, code, says", [
     ('""', "E025", "checkpoint.dir is empty"),
-    ('"ck\x01"', "E025", "checkpoint.dir holds a control character"),
     ('"{file}"', "E025", "is a file, not a folder"),
     ('"{file}/sub/ck"', "E025", "is a file, so no folder can be made in it"),
     ('"/proc/1/checkpoints"', "W026", "/proc/1 (the nearest existing folder of /proc/1/checkpoints) is not writable"),
 ])
 def test_lint_checks_the_checkpoint_folder_at_its_value(tmp_path, folder, code, says):
     """checkpoint.dir is where the script makes and deletes folders: lint says at the
-    value when it is empty, holds a control character, is a file or lies under one
+    value when it is empty, holds a NUL byte, is a file or lies under one
     (errors: no folder can be made there), or lies in a folder this user cannot write
     (a warning: the script may run elsewhere, as another user)."""
     (tmp_path / "afile").write_text("")
@@ -443,6 +443,15 @@ plan p {{ model = m; cluster = cpu1
     found = [(d.code, d.span.line, d.span.col, d.message) for d in res.diagnostics if d.code in ("E025", "W026")]
     col = text.splitlines()[4].index("dir = ") + len("dir = ") + 1
     assert [(c, line, at) for c, line, at, _ in found] == [(code, 5, col)] and says in found[0][3], found
+
+
+def test_a_checkpoint_folder_with_a_nul_byte_is_refused():
+    """A plan cannot hold a NUL byte (E004), but a plan built in Python can: the rule
+    refuses it too, at the checkpoint block."""
+    plan = gpt2_plan(Path("/tmp"), "serial", Path("ck"))
+    plan = dataclasses.replace(plan, train=dataclasses.replace(plan.train, checkpoint=dataclasses.replace(plan.train.checkpoint, dir="ck\0x")))
+    found = [d for d in check_plan(plan) if d.code == "E025"]
+    assert len(found) == 1 and "holds a NUL byte" in found[0].message
 
 
 MUTATIONS = 80  # the fuzz test's: about a third of a second each

@@ -468,6 +468,16 @@ def test_lint_compares_the_config_with_the_model(tmp_path):
                        precision="fp32")
     diags = load_text(text, str(tmp_path / "p.plan")).diagnostics
     assert [(d.code, "num_attention_heads = 8" in d.message) for d in diags if d.is_error] == [("E049", True)]
+    # what changes the function but no shape: Llama 3.1's rope scaling, another activation
+    conf = tmp_path / "hf" / "config.json"
+    pristine = json.loads(conf.read_text())
+    right = PLAN.format(n=1, model=MODELS["llama"], mesh="", init='init = hf("hf")', precision="fp32")
+    for key, value, says in [("rope_scaling", {"rope_type": "llama3", "factor": 8.0}, 'rope_scaling.rope_type = "llama3"'),
+                             ("hidden_act", "gelu", 'hidden_act = "gelu"'), ("attention_bias", True, "attention_bias = true")]:
+        conf.write_text(json.dumps(pristine | {key: value}))
+        errors = [d for d in load_text(right, str(tmp_path / "p.plan")).diagnostics if d.is_error]
+        assert [(d.code, says in d.message) for d in errors] == [("E049", True)], (key, errors)
+    conf.write_text(json.dumps(pristine))
 
     # ... and the files with the model, reading each file's header only: every hostile case
     # of the script is an error at the init, naming the file, and none hangs

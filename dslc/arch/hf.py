@@ -82,6 +82,9 @@ def checks(arch: Arch, model: Model) -> list[tuple[str, tuple[str, ...], object,
             ("seq_len", ("n_positions",), m.max_positions, None),
             ("norm_eps", ("layer_norm_epsilon",), m.norm_eps, 1e-5),
             ("tie_embeddings", ("tie_word_embeddings",), m.tie_embeddings, True),
+            ("activation", ("activation_function",), "gelu_new", "gelu_new"),  # GELU, tanh approximation
+            ("attention scaling", ("scale_attn_weights",), True, True),
+            ("attention scaling by layer", ("scale_attn_by_inverse_layer_idx",), False, False),
         ]
     out = [
         ("model_type", ("model_type",), arch.hf.model_type, None),
@@ -95,6 +98,11 @@ def checks(arch: Arch, model: Model) -> list[tuple[str, tuple[str, ...], object,
         ("norm_eps", ("rms_norm_eps",), m.norm_eps, 1e-6 if arch.name == "llama" else 1e-5),
         ("rope_theta", ("rope_parameters.rope_theta", "rope_theta"), m.rope_theta, 10000.0),
         ("tie_embeddings", ("tie_word_embeddings",), m.tie_embeddings, False),
+        ("activation", ("hidden_act",), "silu", "silu"),
+        ("rope_type", ("rope_parameters.rope_type",), "default", "default"),  # transformers 5
+        ("rope_type", ("rope_scaling.rope_type", "rope_scaling.type"), "default", "default"),  # 4: Llama 3.1's "llama3"
+        ("attention_bias", ("attention_bias",), False, False),
+        ("mlp_bias", ("mlp_bias",), False, False),
     ]
     if arch.moe:
         out += [("experts", ("num_local_experts",), m.experts, None),

@@ -69,14 +69,14 @@ def _data_source(d, m, budget: int):
 def checkpoint_dir(plan: Plan):
     """``checkpoint.dir``, where the script will make its checkpoint folders (relative to
     the directory it runs in, taken here as the one lint runs in): a name (E025: not
-    empty, no NUL or other control character) that is not a file (E025), in a folder this
+    empty, no NUL byte) that is not a file nor under one (E025), in a folder this
     user may write (W026: the script may run as another user, elsewhere)."""
     ck = plan.train.checkpoint
     if ck is None:
         return
     where, path = plan.where("checkpoint.dir", "train.checkpoint"), ck.dir
-    if not path.strip() or not path.isprintable():
-        why = "is empty" if not path.strip() else "holds a control character"
+    if not path.strip() or "\0" in path:
+        why = "is empty" if not path.strip() else "holds a NUL byte, which no file name may"
         yield error("E025", where, f"checkpoint.dir {why}: the script makes its checkpoint folders there", 'name a folder, such as dir = "checkpoints/run1"')
         return
     if os.path.lexists(path) and not os.path.isdir(path):
