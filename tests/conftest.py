@@ -4,6 +4,7 @@ hypothesis profile for CI."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import json
@@ -37,6 +38,28 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: first.get(item.path.name, len(LONGEST)))
 
 
+# False while a fixture compiles plans only to run them (unformatted): black changes only
+# the layout, which black_layouts_shared asserts for every text it formats, and
+# test_codegen formats every golden plan; formatting is most of what a compile costs
+FORMATTED = [True]
+
+
+@contextlib.contextmanager
+def _unformatted():
+    FORMATTED[0] = False
+    try:
+        yield
+    finally:
+        FORMATTED[0] = True
+
+
+@pytest.fixture(scope="session", name="unformatted")
+def unformatted_fixture():
+    """with unformatted(): plans compiled inside are written as the templates render them,
+    not laid out by black: for plans compiled to be run, never read."""
+    return _unformatted
+
+
 @pytest.fixture(scope="session", autouse=True)
 def black_layouts_shared(tmp_path_factory):
     """black's layout of a module's text, kept on disk for this run's other worker too:
@@ -54,11 +77,14 @@ def black_layouts_shared(tmp_path_factory):
     layout = render._format_python
 
     def cached(text, name):
+        if not FORMATTED[0]:
+            return text
         path = shared / hashlib.sha256(f"{black.__version__}\n{text}".encode()).hexdigest()
         try:
             return path.read_text()
         except FileNotFoundError:
             out = layout(text, name)
+            black.assert_equivalent(text, out)  # black only lays code out: the same AST
             tmp = path.with_suffix(f".{os.getpid()}")
             tmp.write_text(out)
             os.replace(tmp, path)  # whole or absent: another worker may read it now
@@ -199,13 +225,15 @@ def trained(run_script, run_programs, golden_plans, tmp_path_factory):
                 p for name, p in pool.items()
                 if name != plan.name and (name, ()) not in cache and p.world_size == plan.world_size
             ]
-            jobs = [(codegen.write(p, root), flags(p, ())) for p in batch]
+            with _unformatted():
+                jobs = [(codegen.write(p, root), flags(p, ())) for p in batch]
             done = run_programs(jobs, plan.world_size)
             for p, (folder, _) in zip(batch, jobs):
                 if folder in done:
                     keep(p, (), done[folder])
         if key not in cache:
-            script = codegen.write(plan, root) / "train.py"
+            with _unformatted():
+                script = codegen.write(plan, root) / "train.py"
             out = run_script(script, plan.world_size, *flags(plan, args))
             assert (
                 out.returncode == 0

@@ -179,7 +179,7 @@ def plans(golden_plans, pipeline_plans):
 
 
 @pytest.fixture(scope="module")
-def measured(plans, run_script, run_programs, tmp_path_factory):
+def measured(plans, run_script, run_programs, unformatted, tmp_path_factory):
     """measured(name) -> (plan, [record of rank 0, 1, ...]), running each plan once: the
     first time a plan of a world size is asked for, with every plan of that size that
     has not run yet (one job, run_programs); one that did not finish there, on its own."""
@@ -202,14 +202,16 @@ def measured(plans, run_script, run_programs, tmp_path_factory):
         if name not in cache:
             size = plans[name].world_size
             batch = [name] + [n for n, p in plans.items() if n != name and n not in cache and p.world_size == size]
-            jobs = [(codegen.write(plans[n], root), flags(n)) for n in batch]
+            with unformatted():
+                jobs = [(codegen.write(plans[n], root), flags(n)) for n in batch]
             done = run_programs(jobs, size)
             for n, (folder, _) in zip(batch, jobs):
                 if folder in done:
                     keep(n)
         if name not in cache:
             plan = plans[name]
-            script = codegen.write(plan, root) / "train.py"
+            with unformatted():
+                script = codegen.write(plan, root) / "train.py"
             run = run_script(script, plan.world_size, *flags(name))
             assert (
                 run.returncode == 0
