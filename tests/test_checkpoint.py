@@ -105,7 +105,7 @@ def launcher(run_script, folder: Path):
         script = codegen.write(plan, folder / "out") / "train.py"
         dump = folder / f"{plan.name}.json"
         dump.unlink(missing_ok=True)
-        env = {"PYTHONPATH": str(folder / "inject"), **(fail or {})}
+        env = {"PYTHONPATH": str(folder / "inject"), **fail} if fail else None  # None: one process is forked
         out = run_script(script, plan.world_size, "--dump-losses", dump, *flags, env=env, timeout=300, torchrun=torchrun)
         if not ok:
             return None, None, out
