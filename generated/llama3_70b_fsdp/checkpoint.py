@@ -11,10 +11,12 @@ is written once. Loading, each rank reads the blocks that overlap its own, so an
 of the same model resumes any other's checkpoint.
 
 CHECKPOINT_DIR/step<N>.partial is written first; once every rank has written its part
-(DCP's metadata is written last, after all of them), the master writes COMMIT.json (the
-step and the fingerprint of the model and the data) and renames the folder to step<N>.
---resume takes the newest step<N> with a COMMIT.json: a crash in a save leaves the one
-before as the latest."""
+(DCP's metadata and the manifest are written last, after all of them), the master writes
+COMMIT.json (the step, the fingerprint of the model and the data, the manifest's
+SHA-256) and renames the folder to step<N>. What a save writes beside DCP's files and
+how a load checks them before it reads a byte: checkpoint_files.py. --resume takes the
+newest step<N> with a COMMIT.json: a crash in a save leaves the one before as the
+latest."""
 
 import math
 import os
