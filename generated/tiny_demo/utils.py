@@ -5,7 +5,7 @@
 generators that make every plan of a model draw the same data, the counter-based normal
 draws that give every plan the same weights (each rank drawing only its part), copies to
 the device and between lists of tensors, sizes as people read them, the import of
-safetensors, which only Hugging Face checkpoints need, and the one reader of the files the
+safetensors, which only --export-hf needs, and the one reader of the files the
 program is given (data, checkpoints, Hugging Face folders), which someone else may have
 written: regular files only, each read bounded, JSON of bounded depth, and one line
 naming the file (and the file a link points to) for whatever it refuses."""
@@ -233,11 +233,9 @@ def human_size(nbytes):
 
 
 def import_safetensors():
-    """safetensors, imported when a Hugging Face checkpoint is used."""
+    """safetensors, imported when --export-hf writes a Hugging Face checkpoint."""
     try:
         import safetensors.torch
     except ImportError:
-        fail(
-            "Hugging Face checkpoints need the safetensors package: pip install safetensors"
-        )
+        fail("--export-hf needs the safetensors package: pip install safetensors")
     return safetensors
