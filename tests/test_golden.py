@@ -364,10 +364,9 @@ def test_bundled_text_loss_falls(demo, run_script, read_scalars, tmp_path):
 
     plan = load_paths([ROOT / "plans" / f"{demo}.plan"]).program.plans[0]
     script = codegen.write(plan, tmp_path) / "train.py"
-    dump, board, stand_in = tmp_path / "losses.json", tmp_path / "board", tmp_path / "stand_in"
-    stand_in.mkdir()
-    (stand_in / "wandb.py").write_text(WANDB_STAND_IN)
-    env = {"PYTHONPATH": str(stand_in), "WANDB_CALLS": str(tmp_path / "wandb.jsonl")}
+    dump, board = tmp_path / "losses.json", tmp_path / "board"
+    (script.parent / "wandb.py").write_text(WANDB_STAND_IN)  # found first, beside train.py
+    env = {"WANDB_CALLS": str(tmp_path / "wandb.jsonl")}
     out = run_script(
         script, plan.world_size, "--steps", "50", "--dump-losses", dump, "--log-every", "10",
         "--tensorboard", board, "--wandb", "demos", env=env,
