@@ -24,7 +24,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
-
 from common import ROOT, compared
 
 

@@ -24,10 +24,10 @@ import time
 import traceback
 
 import torch  # noqa: F401  (what every program imports, once for all of them)
+import torch._dynamo  # noqa: F401  (what torch.optim's optimizers import when one is built: 1 s a run)
 import torch.distributed  # noqa: F401
 import torch.distributed.checkpoint  # noqa: F401
 import torch.nn.functional  # noqa: F401
-import torch._dynamo  # noqa: F401  (what torch.optim's optimizers import when one is built: 1 s a run)
 
 
 def child(request: dict) -> None:

@@ -24,9 +24,9 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from .. import reading
 from ..codes import CODES
 from ..diagnostics import Diagnostic, error, warning
-from .. import reading
 from ..reading import NotAFile
 from ..source import Sources, Span
 from . import ast
