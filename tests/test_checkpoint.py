@@ -499,7 +499,8 @@ def snapshot(folder: Path) -> dict:
     return {p.name: (p.is_fifo() or p.read_bytes(), p.stat().st_mtime_ns) for p in folder.iterdir()}
 
 
-def test_received_checkpoints_fuzzed_load_the_same_weights_or_stop_in_one_line(received, tmp_path):
+@pytest.mark.parametrize("mutations", [MUTATIONS], ids=lambda n: f"{n} mutations")  # the count in its name
+def test_received_checkpoints_fuzzed_load_the_same_weights_or_stop_in_one_line(received, tmp_path, mutations):
     """Fixed-seed mutations of a real checkpoint (dp2 x tp2's, read by one process):
     for every one, the run either loads exactly the weights of the untouched checkpoint
     (--dump-weights), or exits 1 with one line; never a traceback, never a hang (30 s),
@@ -514,7 +515,7 @@ def test_received_checkpoints_fuzzed_load_the_same_weights_or_stop_in_one_line(r
     assert out.returncode == 0, out.stderr
     want = torch.load(weights)
     rng, counts = random.Random(33), {"loaded": 0, "refused": 0}
-    for _ in range(MUTATIONS):
+    for _ in range(mutations):
         name, apply = mutation(rng, outside)
         weights.unlink(missing_ok=True)
         try:
@@ -529,5 +530,5 @@ def test_received_checkpoints_fuzzed_load_the_same_weights_or_stop_in_one_line(r
             error_line(out)
         counts["loaded" if out.returncode == 0 else "refused"] += 1
         assert snapshot(outside) == before, name
-    print(f"{MUTATIONS} mutations of a checkpoint: {counts['loaded']} loaded the same weights, {counts['refused']} refused in one line")
-    assert counts["refused"] >= MUTATIONS // 2 and counts["loaded"] >= 1
+    print(f"{mutations} mutations of a checkpoint: {counts['loaded']} loaded the same weights, {counts['refused']} refused in one line")
+    assert counts["refused"] >= mutations // 2 and counts["loaded"] >= 1

@@ -496,7 +496,8 @@ FUZZ_MODEL = "arch = gpt2; layers = 1; hidden = 32; heads = 2; vocab = 64; seq_l
 MUTATIONS = 60  # of a real exported folder, from a fixed seed
 
 
-def test_fuzzed_hugging_face_folders_give_the_same_weights_or_one_line(run_script, tmp_path):
+@pytest.mark.parametrize("mutations", [MUTATIONS], ids=lambda n: f"{n} mutations")  # the count in its name
+def test_fuzzed_hugging_face_folders_give_the_same_weights_or_one_line(run_script, tmp_path, mutations):
     """A gpt2 checkpoint that --export-hf wrote into small files and an index, mutated
     MUTATIONS times from a fixed seed (bytes flipped in headers and data, fields of
     config.json, the index and headers changed, files swapped for links out of the
@@ -518,7 +519,7 @@ def test_fuzzed_hugging_face_folders_give_the_same_weights_or_one_line(run_scrip
 
     rng, outcomes = random.Random(33), {0: 0, 1: 0}
     before = tree(tmp_path, skip=scratch)
-    for n in range(MUTATIONS):
+    for n in range(mutations):
         shutil.rmtree(scratch)
         shutil.copytree(pristine, scratch / "hf")
         what, data = mutate(rng, scratch / "hf", outside)
@@ -536,8 +537,8 @@ def test_fuzzed_hugging_face_folders_give_the_same_weights_or_one_line(run_scrip
         assert bool(errors) == bool(run.returncode), (what, run.stderr, errors)
         assert tree(tmp_path, skip=scratch) == before, what
         outcomes[run.returncode] += 1
-    print(f"{MUTATIONS} mutations of a Hugging Face folder: {outcomes[0]} loaded the same weights, {outcomes[1]} stopped with one line")
-    assert sum(outcomes.values()) == MUTATIONS and min(outcomes.values()) > 0
+    print(f"{mutations} mutations of a Hugging Face folder: {outcomes[0]} loaded the same weights, {outcomes[1]} stopped with one line")
+    assert sum(outcomes.values()) == mutations and min(outcomes.values()) > 0
 
 
 def tree(folder: Path, skip: Path) -> dict:
