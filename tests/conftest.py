@@ -109,19 +109,20 @@ def golden_plans():
 @pytest.fixture(scope="session")
 def run_script(tmp_path_factory):
     """run(train_py, nproc, *args, env=..., torchrun=...) -> CompletedProcess: one process
-    as ``python train.py`` runs it (no torchrun variables unless ``env`` sets them), more,
-    or one with ``torchrun`` given, with torchrun --standalone (a free port each time, so
-    runs may overlap) and its extra flags ``torchrun``.
+    as ``python train.py`` runs it (no torchrun variables unless ``env`` sets them), or
+    ``nproc`` as ``torchrun --standalone`` runs them (RANK, WORLD_SIZE, a free port; the
+    first failure ends every rank; the ranks' output one after another).
 
-    One process is forked from tests/forkserver.py, which has imported torch once,
+    The processes are forked from tests/forkserver.py, which has imported torch once,
     unless ``env`` sets a PYTHON* variable (read when an interpreter starts: a
-    sitecustomize on PYTHONPATH) or ``torchrun`` is given: a real interpreter then."""
+    sitecustomize on PYTHONPATH) or ``torchrun`` is given (its flags, such as
+    --max-restarts): then a real interpreter, under torchrun for several ranks."""
     base = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
     base |= {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     outputs = tmp_path_factory.mktemp("runs")
     server = []  # the fork server, started at its first use
 
-    def forked(argv, env, cwd, timeout):
+    def forked(argv, env, cwd, timeout, nproc=1):
         if not server:
             server.append(subprocess.Popen(
                 [sys.executable, str(FORKSERVER), *package_modules()], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -129,7 +130,8 @@ def run_script(tmp_path_factory):
             ))
         n = len(list(outputs.iterdir()))
         out, err = outputs / f"{n}.out", outputs / f"{n}.err"
-        request = {"argv": argv, "env": env, "cwd": str(cwd or os.getcwd()), "stdout": str(out), "stderr": str(err), "timeout": timeout}
+        request = {"argv": argv, "env": env, "cwd": str(cwd or os.getcwd()), "stdout": str(out), "stderr": str(err),
+                   "timeout": timeout, "nproc": nproc}
         server[0].stdin.write(json.dumps(request) + "\n")
         server[0].stdin.flush()
         code = json.loads(server[0].stdout.readline())["returncode"]
@@ -141,8 +143,8 @@ def run_script(tmp_path_factory):
     def run(train_py: Path, nproc: int, *args: str, timeout: float = 600, cwd=None, env=None, torchrun=None):
         env = base | (env or {})
         args = [str(a) for a in args]
-        if nproc == 1 and torchrun is None and all(env[k] == base.get(k) for k in env if k.startswith("PYTHON")):
-            return forked([str(train_py), *args], env, cwd, timeout)
+        if torchrun is None and all(env[k] == base.get(k) for k in env if k.startswith("PYTHON")):
+            return forked([str(train_py), *args], env, cwd, timeout, nproc)
         if nproc > 1 or torchrun is not None:
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", *map(str, torchrun or ())]
             cmd += [f"--nproc-per-node={nproc}", str(train_py)]

@@ -1,17 +1,22 @@
-"""Runs generated programs of one process as ``python train.py ARGS`` runs them, each in a
-child forked from this process, which has imported torch once: the tests run some hundred
-such programs, and importing torch is most of what each one costs.
+"""Runs generated programs as ``python train.py ARGS`` or ``torchrun --standalone
+--nproc-per-node N train.py ARGS`` run them, each process a child forked from this
+process, which has imported torch once: the tests run some hundred such programs, and
+importing torch (in every rank, and in torchrun itself) is most of what each one costs.
 
 Started by conftest's run_script (``forkserver.py MODULE...``, the names of a generated
 program's modules, none of which may be imported here); reads one JSON request a line on
 standard input,
-{"argv", "env", "cwd", "stdout", "stderr", "timeout"}, and answers each with a line,
-{"returncode"} (null after a timeout, when the child was killed). The child takes the
-request's environment, folder and arguments, finds the program's modules first on the
-path (as python does for a script), writes its output into the two files, and exits with
-the program's status: an exception is printed with its traceback and exits 1, as the
-interpreter would. The process has one thread when it forks (torch starts none on
-import), so the child inherits no lock held by another.
+{"argv", "env", "cwd", "stdout", "stderr", "timeout", "nproc"}, and answers each with a
+line, {"returncode"} (null after a timeout, when the children were killed). Each child
+takes the request's environment, folder and arguments, finds the program's modules first
+on the path (as python does for a script), writes its output into files of its own,
+appended to the request's two in rank order once all have ended, and exits with the
+program's status: an exception is printed with its traceback and exits 1, as the
+interpreter would. Several ranks get what torchrun --standalone gives its workers (RANK,
+WORLD_SIZE, LOCAL_RANK, a free MASTER_PORT on 127.0.0.1, restart count 0) and what it
+does on a failure: the first rank that fails ends the others, and the status is 1. The
+process has one thread when it forks (torch starts none on import), so a child inherits
+no lock held by another.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from __future__ import annotations
 import json
 import os
 import runpy
+import signal
+import socket
 import sys
 import time
 import traceback
@@ -57,27 +64,62 @@ def child(request: dict) -> None:
     os._exit(status)
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(request: dict) -> int | None:
+    """Forks the request's ranks and waits for them: the status, or None after the timeout."""
+    n, port = request.get("nproc", 1), free_port()
+    ranks = {}
+    for rank in range(n):
+        mine = dict(request, stdout=f"{request['stdout']}.{rank}", stderr=f"{request['stderr']}.{rank}")
+        if n > 1:
+            mine["env"] = request["env"] | {
+                "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_WORLD_SIZE": str(n),
+                "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
+            }
+        pid = os.fork()
+        if pid == 0:
+            child(mine)
+        ranks[pid] = rank
+    deadline, codes, timed_out = time.monotonic() + request["timeout"], {}, False
+    while len(codes) < n:
+        pid, code = os.waitpid(-1, os.WNOHANG)
+        if pid:
+            codes[pid] = os.waitstatus_to_exitcode(code)
+            if codes[pid] != 0:
+                break  # as torchrun: the first failure ends every rank
+        elif time.monotonic() > deadline:
+            timed_out = True
+            break
+        else:
+            time.sleep(0.005)
+    for pid in ranks.keys() - codes.keys():
+        os.kill(pid, signal.SIGKILL)
+        codes[pid] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    for key in ("stdout", "stderr"):
+        with open(request[key], "wb") as out:
+            for rank in range(n):
+                with open(f"{request[key]}.{rank}", "rb") as f:
+                    out.write(f.read())
+    if timed_out:
+        return None
+    if n == 1:
+        return codes.popitem()[1]
+    return 1 if any(codes.values()) else 0
+
+
 def main() -> None:
     package = set(sys.argv[1:])  # the generated programs' module names: each child imports its own
     assert not package & sys.modules.keys(), package & sys.modules.keys()
     for line in sys.stdin:
         request = json.loads(line)
         sys.stdout.flush()  # nothing of ours for the child to flush into its output
-        pid = os.fork()
-        if pid == 0:
-            child(request)
-        deadline, status = time.monotonic() + request["timeout"], None
-        while status is None:
-            done, code = os.waitpid(pid, os.WNOHANG)
-            if done:
-                status = os.waitstatus_to_exitcode(code)
-            elif time.monotonic() > deadline:
-                os.kill(pid, 9)
-                os.waitpid(pid, 0)
-                break
-            else:
-                time.sleep(0.005)
-        print(json.dumps({"returncode": status}), flush=True)
+        print(json.dumps({"returncode": run(request)}), flush=True)
 
 
 if __name__ == "__main__":
