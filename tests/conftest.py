@@ -130,8 +130,10 @@ def run_script(tmp_path_factory):
             ))
         n = len(list(outputs.iterdir()))
         out, err = outputs / f"{n}.out", outputs / f"{n}.err"
+        mask = os.umask(0)  # what a process started now would inherit
+        os.umask(mask)
         request = {"argv": argv, "env": env, "cwd": str(cwd or os.getcwd()), "stdout": str(out), "stderr": str(err),
-                   "timeout": timeout, "nproc": nproc}
+                   "timeout": timeout, "nproc": nproc, "umask": mask}
         server[0].stdin.write(json.dumps(request) + "\n")
         server[0].stdin.flush()
         code = json.loads(server[0].stdout.readline())["returncode"]

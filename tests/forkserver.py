@@ -6,7 +6,7 @@ importing torch (in every rank, and in torchrun itself) is most of what each one
 Started by conftest's run_script (``forkserver.py MODULE...``, the names of a generated
 program's modules, none of which may be imported here); reads one JSON request a line on
 standard input,
-{"argv", "env", "cwd", "stdout", "stderr", "timeout", "nproc"}, and answers each with a
+{"argv", "env", "cwd", "stdout", "stderr", "timeout", "nproc", "umask"}, and answers each with a
 line, {"returncode"} (null after a timeout, when the children were killed). Each child
 takes the request's environment, folder and arguments, finds the program's modules first
 on the path (as python does for a script), writes its output into files of its own,
@@ -39,6 +39,7 @@ import torch.nn.functional  # noqa: F401
 
 def child(request: dict) -> None:
     os.chdir(request["cwd"])
+    os.umask(request["umask"])  # the test's, as a process it started would inherit
     os.environ.clear()
     os.environ.update(request["env"])
     for fd, path, flags in ((0, os.devnull, os.O_RDONLY), (1, request["stdout"], os.O_WRONLY | os.O_CREAT),
