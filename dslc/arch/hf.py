@@ -145,7 +145,7 @@ MAX_DIMS = 64  # of a tensor's shape
 DTYPE_BITS = {"F4": 4, "F6_E2M3": 6, "F6_E3M2": 6} | dict.fromkeys(["BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0"], 8)
 DTYPE_BITS |= dict.fromkeys(["I16", "U16", "F16", "BF16"], 16) | dict.fromkeys(["I32", "U32", "F32"], 32)
 DTYPE_BITS |= dict.fromkeys(["I64", "U64", "F64", "C64"], 64)
-WEIGHT_DTYPES = ("F16", "BF16", "F32", "F64")
+WEIGHT_DTYPES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64"}  # torch's names
 
 
 class Refused(Exception):

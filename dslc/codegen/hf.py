@@ -22,6 +22,11 @@ def hf_view(plan: Plan, init_path: str | None) -> dict:
         "hf_exportable": not arch.hf.exportable(m),
         "hf_export_refused": repr(arch.hf.exportable(m)),
         "hf_init": init_path is not None,
+        # what the script reads of the folder: lint's bounds and tables (dslc.arch.hf)
+        "hf_read_bytes": f"{arch.hf.MAX_CONFIG}, {arch.hf.MAX_INDEX}, {arch.hf.MAX_HEADER}",
+        "hf_dtype_bits": repr(arch.hf.DTYPE_BITS),
+        "hf_weight_dtypes": "{" + ", ".join(f'"{n}": torch.{t}' for n, t in arch.hf.WEIGHT_DTYPES.items()) + "}",
+        "hf_max_dims": arch.hf.MAX_DIMS,
         "hf_init_dir": repr(init_path),
         # the axes whose ranks hold copies of the same weights: --export-hf's writers are
         # the first on each (ZeRO's shards are gathered first)
