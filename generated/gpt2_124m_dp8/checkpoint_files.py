@@ -76,7 +76,12 @@ DATA_FILE = re.compile(r"__\d+_\d+\.distcp")  # the names DCP gives its files
 
 class CheckpointWriter(dcp.FileSystemWriter):
     """DCP's writer, which sums each item it wrote (read back from the page cache) and,
-    on the master, writes manifest.json once every rank's items are written."""
+    on the master, writes manifest.json once every rank's items are written (its SHA-256:
+    `manifest`, for COMMIT.json)."""
+
+    def __init__(self, folder):
+        super().__init__(folder)
+        self.folder, self.manifest = folder, None
 
     def write_data(self, plan, planner):
         future = super().write_data(plan, planner)
@@ -107,7 +112,7 @@ class CheckpointWriter(dcp.FileSystemWriter):
                 )
             dtype = str(saved.properties.dtype).removeprefix("torch.")
             tensors[key] = {"dtype": dtype, "shape": list(saved.size), "chunks": chunks}
-        write_json(
+        self.manifest = write_json(
             os.path.join(self.path, "manifest.json"),
             {"format": MANIFEST, "tensors": tensors},
         )
@@ -327,24 +332,26 @@ def ours(folder):
 
 
 def write_json(file, value):
-    """`value` as JSON in `file`, whole or not at all: written beside it, synced, renamed."""
-    with open(file + ".tmp", "w") as f:
-        json.dump(value, f, allow_nan=False)
+    """`value` as JSON in `file`, whole or not at all: written beside it, synced, renamed.
+    Returns the SHA-256 of what it wrote."""
+    data = json.dumps(value, allow_nan=False).encode()
+    with open(file + ".tmp", "wb") as f:
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.rename(file + ".tmp", file)
+    return hashlib.sha256(data).hexdigest()
 
 
-def commit(partial, final, step, began):
-    """Marks step<N>.partial whole and names it step<N>; prunes this model's older ones;
-    says so in one line."""
-    with open(os.path.join(partial, "manifest.json"), "rb") as f:
-        manifest = hashlib.sha256(f.read()).hexdigest()
+def commit(writer, final, step, began):
+    """Marks the folder `writer` saved into (step<N>.partial) whole and names it step<N>;
+    prunes this model's older ones; says so in one line."""
+    partial = writer.folder
     marker = {
         "step": step,
         "layout": LAYOUT,
         "world_size": WORLD_SIZE,
-        "manifest": manifest,
+        "manifest": writer.manifest,
         **FINGERPRINT,
     }
     write_json(os.path.join(partial, "COMMIT.json"), marker)

@@ -149,7 +149,7 @@ class Checkpoints:
         # save() returns on every rank after the metadata is written, which is after every
         # rank's part: the checkpoint is whole
         if self.master:
-            commit(partial, final, step, began)
+            commit(writer, final, step, began)
         dist.barrier(group=self.group)
 
     def load(self):

@@ -79,7 +79,7 @@ class Checkpoints:
         self.step_count = torch.zeros(1, dtype=torch.float64)
         self.in_flight = (
             []
-        )  # the background save: (future, folder, its final name, step, its start)
+        )  # the background save: (future, its writer, the folder's final name, step, its start)
 
     def boxes(self, saving):
         """Per entry i of `owners` (the optimizer's tensors): (name, global shape, offsets,
@@ -159,16 +159,16 @@ class Checkpoints:
         future = dcp.async_save(
             {}, storage_writer=writer, planner=planner, process_group=self.group
         )
-        self.in_flight.append((future, partial, final, step, began))
+        self.in_flight.append((future, writer, final, step, began))
 
     def finish_saving(self):
         """Waits for the background save, then commits it: its metadata, written last,
         says that every rank's part is written."""
-        for future, partial, final, step, began in self.in_flight:
-            CALLING[0] = f"the save of {partial}"
+        for future, writer, final, step, began in self.in_flight:
+            CALLING[0] = f"the save of {writer.folder}"
             future.result()
             if self.master:
-                commit(partial, final, step, began)
+                commit(writer, final, step, began)
         self.in_flight.clear()
 
     def load(self):
