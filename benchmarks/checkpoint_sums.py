@@ -13,7 +13,6 @@ is a temporary one on the disk of --dir (default: the system's temporary folder)
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib
 import shutil
 import sys
@@ -53,8 +52,8 @@ def main() -> None:
                 into = {k: torch.empty_like(t) for k, t in state.items()}
                 began = time.perf_counter()
                 if side == "ours":
-                    digest = hashlib.sha256((folder / "manifest.json").read_bytes()).hexdigest()
-                    reader = files.CheckpointReader(str(folder), files.read_manifest(str(folder), digest, wanted))
+                    metadata = files.read_manifest(str(folder), writer.manifest, wanted)
+                    reader = files.CheckpointReader(str(folder), metadata)
                 else:
                     reader = dcp.FileSystemReader(str(folder))
                 dcp.load(into, storage_reader=reader, no_dist=True)

@@ -326,7 +326,10 @@ def forged_item(step: Path) -> None:
 
 def replace(path: Path, how: str) -> None:
     """``path`` swapped for a FIFO, a folder, or a link to ``how``."""
-    shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
     if how == "fifo":
         os.mkfifo(path)
     elif how == "folder":
