@@ -81,6 +81,13 @@ def peak(plan: Plan, settings: mem.Settings = mem.DEFAULT) -> int:
     return max(s.total for s in mem.memory(plan, settings))
 
 
+def fits(plan: Plan, settings: mem.Settings = mem.DEFAULT) -> tuple[bool, int]:
+    """Whether the worst rank of ``plan`` fits in its device's memory (E090's test), and
+    its bytes."""
+    need = peak(plan, settings)
+    return need <= plan.cluster.device.memory, need
+
+
 @dataclass(frozen=True)
 class Fixes:
     """For a plan that does not fit: per knob, the smallest change that passes the checks
@@ -91,18 +98,17 @@ class Fixes:
 
 
 def fixes(plan: Plan, settings: mem.Settings = mem.DEFAULT) -> Fixes:
-    cap = plan.cluster.device.memory
-    fits: dict[str, tuple[Candidate, int]] = {}
+    found: dict[str, tuple[Candidate, int]] = {}
     closest: tuple[Candidate, int] | None = None
     for c in candidates(plan):
-        if c.knob in fits:
+        if c.knob in found:
             continue
-        need = peak(c.plan, settings)
-        if need <= cap:
-            fits[c.knob] = (c, need)
+        ok, need = fits(c.plan, settings)
+        if ok:
+            found[c.knob] = (c, need)
         elif closest is None or need < closest[1]:
             closest = (c, need)
-    return Fixes(tuple(fits.values()), closest)
+    return Fixes(tuple(found.values()), closest)
 
 
 def fit_diagnostics(plan: Plan, settings: mem.Settings = mem.DEFAULT,

@@ -8,6 +8,8 @@ take a model and use its architecture.
 
 from __future__ import annotations
 
+import functools
+
 from ..ir import Model
 from . import base, gpt2, hf, llama, mixtral
 from .base import (
@@ -40,7 +42,10 @@ def params(model: Model) -> Params:
     return base.params(of(model), model)
 
 
+@functools.lru_cache(maxsize=1024)
 def layer_params(model: Model, t: int = 1) -> tuple[int, int, int]:
+    """(tp-sharded, replicated, expert) parameters of one block on a tp rank; kept for the
+    next plan of the same model (memory, traffic and the search ask again and again)."""
     return base.layer_params(of(model), model, t)
 
 

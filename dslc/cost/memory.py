@@ -12,13 +12,14 @@ bf16/fp16 2). Every number is *per rank and per step* unless it says otherwise.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from math import ceil, prod
 
 from .. import arch, catalog
 from ..groups import DP_SHARD, axes_of, group_mesh
-from ..ir import Plan
+from ..ir import Model, Plan
 from ..units import DTYPE_BYTES
 from . import recompute as rc
 from . import schedule as sched
@@ -132,12 +133,17 @@ def stage_params(plan: Plan) -> tuple[StageParams, ...]:
     """Vocab-parallel embedding (+ gpt2 positions) on the first stage; final norm and head on
     the last (with tied embeddings and p > 1 the last stage holds a copy, as Megatron).
     Experts: layers·(all E experts of a layer)/ep, whole on every tp rank (not /t)."""
-    m, t, p, a = plan.model, plan.tp, plan.pp, arch.of(plan.model)
+    return _stage_params(plan.model, plan.tp, plan.pp, plan.pipeline.virtual_stages, plan.stage_layers(), plan.ep)
+
+
+@functools.lru_cache(maxsize=4096)
+def _stage_params(m: Model, t: int, p: int, v: int, split: tuple[int, ...], ep: int) -> tuple[StageParams, ...]:
+    a = arch.of(m)
     h, emb = m.hidden, arch.vocab_per_rank(m, t) * m.hidden
     tied = emb if m.tie_embeddings and p > 1 else 0
     out = []
     for r in range(p):  # the rank's blocks, each by its kind (a dense prefix, MoE blocks)
-        sharded, reps, experts = arch.layers_params(m, t, rc.stage_layer_ids(plan, r))
+        sharded, reps, experts = arch.layers_params(m, t, rc._layer_ids(p, v, split, r))
         dense = sharded + reps
         if r == 0:  # gpt2's positions are replicated over tp (under SP each rank sees its slice)
             pos = m.max_positions * h if a.positions == "learned" else 0
@@ -145,7 +151,7 @@ def stage_params(plan: Plan) -> tuple[StageParams, ...]:
         if r == p - 1:
             norm = a.norm_params * h
             dense, reps = dense + norm + (emb if not m.tie_embeddings or p > 1 else 0), reps + norm
-        out.append(StageParams(dense, experts // plan.ep, reps, tied if r in (0, p - 1) else 0))
+        out.append(StageParams(dense, experts // ep, reps, tied if r in (0, p - 1) else 0))
     return tuple(out)
 
 
@@ -371,7 +377,8 @@ def memory(plan: Plan, settings: Settings = DEFAULT, peaks: tuple[int, ...] | No
     zero, v = plan.data_parallel.zero, plan.pipeline.virtual_stages
     allow = catalog.allowance(plan.cluster.device.name)
     if peaks is None:
-        peaks = sched.peak_inflight(actions(plan))  # the order alone sets it: no simulation
+        pl = plan.pipeline  # the order alone sets it: no simulation
+        peaks = sched.peaks(pl.schedule, plan.pp, pl.microbatches, pl.virtual_stages)
     emb, head = edge_activation_bytes(plan, settings)
     out = []
     for s, (sp, chunks) in enumerate(zip(stage_params(plan), chunk_layers(plan))):

@@ -21,6 +21,7 @@ Notation as in :mod:`dslc.cost.memory`.
 
 from __future__ import annotations
 
+import functools
 from itertools import accumulate
 
 from .. import arch
@@ -37,11 +38,15 @@ def layer_policy(plan: Plan, layer: int | None = None) -> str:
     return t.recompute
 
 
-def stage_layer_ids(plan: Plan, stage: int) -> list[int]:
+def stage_layer_ids(plan: Plan, stage: int) -> tuple[int, ...]:
     """The blocks a rank of pipeline ``stage`` holds: chunk g = c·p + stage for each local c."""
-    p, v, split = plan.pp, plan.pipeline.virtual_stages, plan.stage_layers()
+    return _layer_ids(plan.pp, plan.pipeline.virtual_stages, plan.stage_layers(), stage)
+
+
+@functools.lru_cache(maxsize=4096)
+def _layer_ids(p: int, v: int, split: tuple[int, ...], stage: int) -> tuple[int, ...]:
     starts = [0, *accumulate(split)]
-    return [i for c in range(v) for i in range(starts[c * p + stage], starts[c * p + stage + 1])]
+    return tuple(i for c in range(v) for i in range(starts[c * p + stage], starts[c * p + stage + 1]))
 
 
 def recomputed_layers(plan: Plan, layers=None) -> int:

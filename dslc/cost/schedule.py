@@ -51,6 +51,7 @@ for ``t_comm``, a receive blocks until the matching send has completed.
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -112,8 +113,10 @@ class ScheduleError(Exception):
 # ---------------------------------------------------------------------------- build
 
 
+@functools.lru_cache(maxsize=256)
 def build(schedule: str, pp: int, microbatches: int, virtual_stages: int = 1) -> Actions:
-    """One ordered action list per pipeline rank (index = pp rank).
+    """One ordered action list per pipeline rank (index = pp rank); kept for the next plan
+    of the same shape (the search costs many; the lists are immutable).
 
     Raises ValueError with the message of the first of :func:`dslc.check.shape_problems`."""
     if problems := shape_problems(schedule, pp, microbatches, virtual_stages):
@@ -247,6 +250,7 @@ def simulate(actions: Actions, t_f: Cost, t_b: Cost, t_w: Cost = 0.0,
     p = len(actions)
     chunks = p * (1 + max((a.chunk for acts in actions for a in acts), default=0))
     cost = {k: [t] * chunks if isinstance(t, (int, float)) else list(t) for k, t in (("F", t_f), ("B", t_b), ("W", t_w))}
+    steps = _compiled(actions)
     clock, pos = [0.0] * p, [0] * p
     sent: dict[tuple, float] = {}
     waiting: dict[tuple, list[int]] = defaultdict(list)
@@ -254,23 +258,26 @@ def simulate(actions: Actions, t_f: Cost, t_b: Cost, t_w: Cost = 0.0,
     ready = deque(range(p))
     while ready:
         r = ready.popleft()
-        while pos[r] < len(actions[r]):
-            a, start = actions[r][pos[r]], clock[r]
-            if a.kind in ("SEND_F", "SEND_B"):
+        acts, todo, row = actions[r], steps[r], rows[r]
+        i, start = pos[r], clock[r]
+        while i < len(todo):
+            what, key = todo[i]
+            if what == "send":
                 end = start + t_comm
-                sent.setdefault(message(a, r, p), end)
-                ready.extend(waiting.pop(message(a, r, p), []))
-            elif a.kind in ("RECV_F", "RECV_B"):
-                if (key := message(a, r, p)) not in sent:
+                sent.setdefault(key, end)
+                ready.extend(waiting.pop(key, ()))
+            elif what == "recv":
+                if key not in sent:
                     waiting[key].append(r)
                     break
                 end = max(start, sent[key])
-            elif a.kind in cost:
-                end = start + cost[a.kind][a.chunk * p + r]
+            elif what in cost:
+                end = start + cost[what][key]
             else:
-                raise ScheduleError(f"{locate(r, pos[r], a)}: unknown kind {a.kind!r}")
-            rows[r].append((r, a, start, end))
-            clock[r], pos[r] = end, pos[r] + 1
+                raise ScheduleError(f"{locate(r, i, acts[i])}: unknown kind {what!r}")
+            row.append((r, acts[i], start, end))
+            start, i = end, i + 1
+        clock[r], pos[r] = start, i
     if stuck := [f"{locate(r, pos[r], actions[r][pos[r]])} waits forever"
                  for r in range(p) if pos[r] < len(actions[r])]:
         raise ScheduleError("deadlock in simulation: " + "; ".join(stuck), tuple(stuck))
@@ -279,6 +286,34 @@ def simulate(actions: Actions, t_f: Cost, t_b: Cost, t_w: Cost = 0.0,
     busy = sum(end - start for _, a, start, end in timeline if a.kind in COMPUTE)
     bubble = (p * makespan - busy) / busy if busy > 0 else 0.0
     return Simulation(bubble, makespan, peak_inflight(actions), timeline)
+
+
+@functools.lru_cache(maxsize=256)
+def peaks(schedule: str, pp: int, microbatches: int, virtual_stages: int = 1) -> tuple[int, ...]:
+    """:func:`peak_inflight` of :func:`build`'s lists, kept for the next plan of this shape."""
+    return peak_inflight(build(schedule, pp, microbatches, virtual_stages))
+
+
+_COMPILED: dict[int, tuple[Actions, list]] = {}
+
+
+def _compiled(actions: Actions) -> list[list[tuple[str, object]]]:
+    """Each rank's actions as (send | recv | F | B | W | other kind, message or global chunk),
+    worked out once per action lists (:func:`build` hands out the same lists again): the
+    simulation of a large pipeline runs its loop without working out a message again."""
+    kept = _COMPILED.get(id(actions))
+    if kept is not None and kept[0] is actions:
+        return kept[1]
+    p, out = len(actions), []
+    for r, acts in enumerate(actions):
+        out.append([("send", message(a, r, p)) if a.kind in ("SEND_F", "SEND_B") else
+                    ("recv", message(a, r, p)) if a.kind in ("RECV_F", "RECV_B") else
+                    (a.kind, a.chunk * p + r) for a in acts])
+    if isinstance(actions, tuple) and all(isinstance(acts, tuple) for acts in actions):  # never changes
+        if len(_COMPILED) >= 64:
+            _COMPILED.clear()
+        _COMPILED[id(actions)] = (actions, out)
+    return out
 
 
 def peak_inflight(actions: Actions) -> tuple[int, ...]:

@@ -80,7 +80,14 @@ def progress(label: str, total: int | None = None) -> Iterator[Progress]:
     if not interactive(sys.stderr):
         yield Progress()
         return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+    from rich.progress import Progress as Bar
 
     columns = (SpinnerColumn(), TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Bar(*columns, console=console(sys.stderr), transient=True) as bar:
