@@ -244,8 +244,8 @@ def cmd_verify(args) -> int:
     from .report.terminal import console
     from .verify.show import render_text
 
-    if args.max_procs < 1 or args.steps < 1:
-        raise UsageError("--max-procs and --steps must be at least 1")
+    if args.max_procs < 1 or args.steps < 1 or not args.timeout > 0:
+        raise UsageError("--max-procs and --steps must be at least 1, --timeout more than 0")
     loaded = load_plans([args.plan_file], args.plan, args.quiet)
     if loaded is None:
         return 1
@@ -263,12 +263,12 @@ def cmd_verify(args) -> int:
             if e.tail:
                 print("\n".join(map(printable, e.tail.rstrip().splitlines())), file=sys.stderr)
             return 2
-        except (verify.ShrinkError, codegen.CodegenError) as e:
-            raise UsageError(f"{plan.name}: {e}") from None
-        except codegen.Unsupported as e:
+        except codegen.Unsupported as e:  # before CodegenError, its base
             print(f"dslc: not verified: {plan.name}: {e}", file=sys.stderr)
             status = max(status, 1)
             continue
+        except (verify.ShrinkError, codegen.CodegenError) as e:
+            raise UsageError(f"{plan.name}: {e}") from None
         status = max(status, 0 if outcome.passed else 1)
         if args.json:
             docs.append(outcome.to_json())
@@ -277,7 +277,7 @@ def cmd_verify(args) -> int:
         for text, style in render_text(outcome):
             out.print(text, style=style)
     if args.json:
-        print(json.dumps(docs[0] if len(docs) == 1 else docs, indent=2, allow_nan=False, default=str))
+        print(json.dumps(docs[0] if len(docs) == 1 else docs, indent=2, allow_nan=False))
     return status
 
 

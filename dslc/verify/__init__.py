@@ -24,6 +24,7 @@ The observed gaps are the serial run's: a layout's rounding differences are far 
 from __future__ import annotations
 
 import json
+import math
 import tempfile
 import time
 from collections.abc import Callable
@@ -73,11 +74,17 @@ class Outcome:
         if c is not None:
             doc |= {
                 "rtol": c.rtol, "atol": c.atol, "first_bad_step": c.first_bad_step,
-                "steps": [{"step": s.step, "serial": s.serial, "parallel": s.parallel, "rel_diff": s.rel_diff} for s in c.steps],
-                "weights": {"tensors": c.tensors, "max_diff": c.max_diff, "tensor": c.max_tensor, "failing": list(c.bad_tensors)},
+                "steps": [{"step": s.step, "serial": _num(s.serial), "parallel": _num(s.parallel), "rel_diff": _num(s.rel_diff)}
+                          for s in c.steps],
+                "weights": {"tensors": c.tensors, "max_diff": _num(c.max_diff), "tensor": c.max_tensor, "failing": list(c.bad_tensors)},
                 "problems": list(c.problems),
             }
         return doc
+
+
+def _num(x: float) -> float | str:
+    """``x`` for JSON: a NaN or an infinity as its name ("nan", "inf"), which JSON lacks."""
+    return x if math.isfinite(x) else repr(x)
 
 
 def lint(plan: Plan) -> list[Diagnostic]:

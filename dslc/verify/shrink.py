@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass, replace
 
 from ..catalog import DEVICES
-from ..ir import Cluster, Data, Link, Mesh, MeshAxis, Model, Pipeline, Plan
+from ..ir import Cluster, Data, Link, Mesh, Model, Pipeline, Plan
 
 LINK = "shm"  # every axis on one node link: the processes talk gloo through shared memory
 # which axes a shrunk mesh keeps first when it cannot keep all: the pipeline and the kernels
