@@ -100,6 +100,16 @@ def test_compare_passes_within_the_bound_and_names_the_first_step_and_tensor():
     assert not short.passed and len(short.problems) == 2
 
 
+def test_the_json_report_holds_a_nan(every_plan):
+    import torch
+
+    plan = next(p for p in every_plan if p.name == "tiny_demo")
+    w = {"a": torch.ones(2)}
+    outcome = verify.Outcome(plan.name, shrink(plan), compare([math.nan], [4.0], {"a": torch.full((2,), math.inf)}, w))
+    doc = json.loads(json.dumps(outcome.to_json(), allow_nan=False))
+    assert doc["steps"][0]["parallel"] == "nan" and doc["weights"]["max_diff"] == "inf" and not doc["passed"]
+
+
 def test_a_one_process_plan_is_its_own_serial_model(every_plan, capsys):
     plan = next(p for p in every_plan if p.name == "long_context_serial")
     outcome = verify.verify(plan)

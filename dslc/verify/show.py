@@ -9,7 +9,7 @@ from .shrink import describe
 def render_text(o: Outcome) -> list[tuple[str, str | None]]:
     """The report as lines, each with a rich style (``"green"``, ``"bold red"``) or None."""
     small = o.shrunk.plan
-    lines: list[tuple[str, str | None]] = [(f"{o.plan}: verified as {describe(small)}", "bold")]
+    lines: list[tuple[str, str | None]] = [(f"{o.plan}: shrunk to {describe(small)}", "bold")]
     lines += [(f"  shrunk: {note}", None) for note in o.shrunk.notes]
     c = o.comparison
     if c is None:
