@@ -220,11 +220,12 @@ def describe(plan: Plan) -> str:
         parts.append(f"{pl.schedule} (" + (f"v {pl.virtual_stages}, " if pl.virtual_stages > 1 else "")
                      + f"{pl.microbatches} micro-batches)")
     if plan.data_parallel.zero:
-        parts.append(f"zero {plan.data_parallel.zero}")
+        parts.append(f"zero {plan.data_parallel.zero}" + (f" (HSDP shard {plan.data_parallel.shard})" if plan.data_parallel.hsdp(plan.dp) else ""))
     if plan.tensor_parallel.sequence_parallel:
         parts.append("sequence parallel")
     if plan.cp > 1:
-        parts.append(plan.context_parallel.method + (" load-balanced" if plan.context_parallel.load_balance else ""))
+        cpo = plan.context_parallel
+        parts.append(cpo.method + (" load-balanced" if cpo.method == "ring" and cpo.load_balance else ""))
     if m.is_moe:
         parts.append(f"{m.experts} experts top-{m.top_k}")
     if plan.train.recompute != "none":
