@@ -1,4 +1,4 @@
-"""Command line: ``dslc lint | compile | explain | schedule``.
+"""Command line: ``dslc lint | compile | explain | schedule | verify``.
 
 Exit codes: 0 clean, 1 plan errors (warnings too with ``--strict``), 2 usage
 or I/O errors (one line on stderr), 3 an internal error (a bug: please report
@@ -237,6 +237,50 @@ def cmd_schedule(args) -> int:
     return 0
 
 
+def cmd_verify(args) -> int:
+    """Each plan (or the one named) shrunk, run in parallel and serially, and compared:
+    0 all match, 1 a mismatch or plan errors, 2 a run that could not be made."""
+    from . import codegen, verify
+    from .report.terminal import console
+    from .verify.show import render_text
+
+    if args.max_procs < 1 or args.steps < 1 or not args.timeout > 0:
+        raise UsageError("--max-procs and --steps must be at least 1, --timeout more than 0")
+    loaded = load_plans([args.plan_file], args.plan, args.quiet)
+    if loaded is None:
+        return 1
+    result, plans = loaded
+    docs, status = [], 0
+    for plan in plans:
+        if not result.clean(plan):
+            print(f"dslc: not verified: plan '{plan.name}' has errors", file=sys.stderr)
+            status = max(status, 1)
+            continue
+        try:
+            outcome = verify.verify(plan, args.max_procs, args.steps, args.timeout, args.keep)
+        except verify.RunFailed as e:
+            print(f"dslc: error: {plan.name}: {printable(str(e))}", file=sys.stderr)
+            if e.tail:
+                print("\n".join(map(printable, e.tail.rstrip().splitlines())), file=sys.stderr)
+            return 2
+        except codegen.Unsupported as e:  # before CodegenError, its base
+            print(f"dslc: not verified: {plan.name}: {e}", file=sys.stderr)
+            status = max(status, 1)
+            continue
+        except (verify.ShrinkError, codegen.CodegenError) as e:
+            raise UsageError(f"{plan.name}: {e}") from None
+        status = max(status, 0 if outcome.passed else 1)
+        if args.json:
+            docs.append(outcome.to_json())
+            continue
+        out = console()
+        for text, style in render_text(outcome):
+            out.print(text, style=style)
+    if args.json:
+        print(json.dumps(docs[0] if len(docs) == 1 else docs, indent=2, allow_nan=False))
+    return status
+
+
 def _schedule_json(plan, actions, sim, t) -> dict:
     """Every rank's action list with its simulated start and end (ms)."""
     pl = plan.pipeline
@@ -295,6 +339,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="every rank's actions with simulated times")
     p.add_argument("-q", "--quiet", action="store_true", help="leave out notes (N0xx)")
     p.set_defaults(fn=cmd_schedule)
+
+    p = sub.add_parser("verify", help="prove on CPU that the plan's parallel script computes what the serial model computes")
+    p.add_argument("plan_file", metavar="PLAN")
+    p.add_argument("--plan", help="the plan of this name (default: each in the file)")
+    p.add_argument("--steps", type=int, default=3, help="training steps compared (default: 3)")
+    p.add_argument("--max-procs", type=int, default=8, metavar="P", help="CPU processes at most; a larger mesh is shrunk (default: 8)")
+    p.add_argument("--timeout", type=float, default=300, metavar="S", help="seconds each run may take (default: 300)")
+    p.add_argument("--keep", metavar="DIR", help="compile and run in DIR and keep it (the scripts, losses, weights, logs)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("-q", "--quiet", action="store_true", help="leave out notes (N0xx)")
+    p.set_defaults(fn=cmd_verify)
     return ap
 
 

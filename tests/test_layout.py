@@ -24,6 +24,7 @@ STAGES = [
     ("dslc.search",),
     ("dslc.report",),
     ("dslc.codegen",),
+    ("dslc.verify",),
     ("dslc.driver", "dslc.cli", "dslc.__main__"),
 ]
 

@@ -28,10 +28,10 @@ NAME_MAX = 255  # bytes in one folder name, on the file systems dslc writes to
 MAX_OUTPUT = 16 * 1024 * 1024  # bytes: far above any file dslc writes
 
 
-def write(plan: Plan, root: Path = DEFAULT_ROOT, sources: Iterable[str] = ()) -> Path:
+def write(plan: Plan, root: Path = DEFAULT_ROOT, sources: Iterable[str] = (), layout: bool = True) -> Path:
     """Render ``plan`` and write its files into ``root/<plan>/``; ``sources`` are the
-    plan files read (the output folder may hold none of them)."""
-    files = render(plan, root)  # a plan that cannot be rendered touches nothing
+    plan files read (the output folder may hold none of them); ``layout``: as :func:`render`."""
+    files = render(plan, root, layout)  # a plan that cannot be rendered touches nothing
     root = Path(root)
     target = root / plan.name
     _refuse(target, root, sources)

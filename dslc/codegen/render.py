@@ -28,11 +28,13 @@ LAUNCHER = "launch.sh"
 README = "README.md"  # the folder's guide: how to run it, which file holds what
 
 
-def render(plan: Plan, root: Path = DEFAULT_ROOT) -> dict[str, str]:
+def render(plan: Plan, root: Path = DEFAULT_ROOT, layout: bool = True) -> dict[str, str]:
     """The files of ``plan``'s output directory ``root/<plan>/``, by relative path.
 
     ``root`` only matters for the paths written into the files (the data file,
-    relative to the generated script, and the stamp's regenerate command)."""
+    relative to the generated script, and the stamp's regenerate command). ``layout=False``
+    leaves the modules as the templates render them, not laid out by black (the same code:
+    for a program compiled to be run, never read, as ``dslc verify`` runs its plans)."""
     view = view_model(plan, Path(root))
     env = _environment()
     stamp = env.get_template("macros.jinja").module.stamp
@@ -42,7 +44,7 @@ def render(plan: Plan, root: Path = DEFAULT_ROOT) -> dict[str, str]:
     for module, text in link(bodies).items():
         name = f"{module}.py"
         head = stamp(view["plan_file"], view["plan_name"], view["regenerate"], shared=name in SHARED)
-        out[name] = str(head) + _format_python(text, name)  # the stamp: comments, as they are
+        out[name] = str(head) + (_format_python(text, name) if layout else text)  # the stamp: comments, as they are
     out[LAUNCHER] = env.get_template(f"{LAUNCHER}.jinja").render(**view)
     out[README] = env.get_template(f"{README}.jinja").render(**view)
     if view["schedule_json"] is not None:
