@@ -206,6 +206,7 @@ def test_a_one_node_job_runs_torchrun_standalone(repo, tmp_path, name, nproc):
     assert "--standalone" in torchrun["argv"] and "MASTER_ADDR" not in torchrun["env"]
     assert _flags(torchrun["argv"])["nproc-per-node"] == nproc and _flags(torchrun["argv"])["nnodes"] == "1"
     assert torchrun["argv"][-3:] == [str(repo / "generated" / name / "train.py"), "--steps", "3"]
+    assert _flags(torchrun["argv"])["log-dir"] == f"{repo / 'generated' / name}/logs/{name}-4242/node-a"
 
 
 def test_a_single_process_plan_runs_python(repo, tmp_path):
