@@ -317,7 +317,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true", help="leave out notes (N0xx)")
     p.set_defaults(fn=cmd_lint)
 
-    p = sub.add_parser("compile", help="generate the training program (train.py and its modules, launch.sh) for each plan")
+    p = sub.add_parser("compile", help="generate the training program (train.py and its modules, launch.sh, sbatch.sh, trainjob.yaml) for each plan")
     p.add_argument("paths", nargs="+", metavar="PLAN")
     p.add_argument("-o", "--output", help="output root (default: generated/)")
     p.add_argument("--check", action="store_true", help="exit 1 if the generated files are out of date")

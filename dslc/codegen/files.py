@@ -1,8 +1,8 @@
 """Writing a plan's output folder, ``root/<plan>/``: only the files dslc owns.
 
 The folder is the user's too: checkpoints, loss dumps and notes kept there survive a
-recompile. :func:`write` replaces each file of the generated package, ``launch.sh`` and
-``schedule.json`` by a rename (every new file is written first, so a failure leaves the
+recompile. :func:`write` replaces each file of the generated package, the launchers
+(``launch.sh``, ``sbatch.sh``, ``trainjob.yaml``) and ``schedule.json`` by a rename (every new file is written first, so a failure leaves the
 previous output as it was); it removes a module or schedule.json that it wrote for this
 plan earlier and the plan no longer needs, and nothing else; it refuses a folder that
 holds plan sources or is a link to somewhere else. :func:`stale` is

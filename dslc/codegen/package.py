@@ -48,6 +48,8 @@ def package(view: dict) -> list[tuple[str, str]]:
         ("meter.py", "--measure" + (" and --trace" if view["pipeline_parallel"] else "") + ": bytes sent and held; --tensorboard, --wandb", True),
         ("utils.py", "one-line errors and seeded random generators", True),
         ("launch.sh", "torchrun for one or more nodes" if view["distributed"] else "python train.py", True),
+        ("sbatch.sh", "Slurm: sbatch sbatch.sh runs launch.sh on each node; edit its #SBATCH lines at the top", True),
+        ("trainjob.yaml", "Kubernetes: a Kubeflow Trainer TrainJob; edit its image and volumes (EDIT)", True),
         ("schedule.json", "the pipeline's action lists, which run_schedule executes", view["pipeline_parallel"]),
     ]
     return [(name, what) for name, what, needed in rows if needed]

@@ -2,7 +2,8 @@
 
 :func:`render` gives the files of a plan's output folder: the modules of the generated
 package that the plan needs (the view's ``package``, each from ``templates/<file>.jinja``),
-``launch.sh``, ``README.md`` (which file holds what), and for pipelines ``schedule.json``,
+``launch.sh`` with the cluster launchers beside it (``sbatch.sh`` for Slurm,
+``trainjob.yaml`` for Kubernetes), ``README.md`` (which file holds what), and for pipelines ``schedule.json``,
 the action lists the program executes (its hash is in the program). Each module gets its
 stamp and then its imports from :mod:`.link`; which files a plan has is :mod:`.package`.
 Writing them is :mod:`.files`.
@@ -25,6 +26,9 @@ from .view import DEFAULT_ROOT, view_model
 
 SCHEDULE_FILE = "schedule.json"
 LAUNCHER = "launch.sh"
+# beside it, the clusters' launchers: Slurm's batch script (which runs launch.sh on each
+# node) and a Kubeflow Trainer TrainJob (dslc.codegen.launchers says what they hold)
+CLUSTER_LAUNCHERS = ("sbatch.sh", "trainjob.yaml")
 README = "README.md"  # the folder's guide: how to run it, which file holds what
 
 
@@ -45,7 +49,8 @@ def render(plan: Plan, root: Path = DEFAULT_ROOT, layout: bool = True) -> dict[s
         name = f"{module}.py"
         head = stamp(view["plan_file"], view["plan_name"], view["regenerate"], shared=name in SHARED)
         out[name] = str(head) + (_format_python(text, name) if layout else text)  # the stamp: comments, as they are
-    out[LAUNCHER] = env.get_template(f"{LAUNCHER}.jinja").render(**view)
+    for name in (LAUNCHER, *CLUSTER_LAUNCHERS):
+        out[name] = env.get_template(f"{name}.jinja").render(**view)
     out[README] = env.get_template(f"{README}.jinja").render(**view)
     if view["schedule_json"] is not None:
         out[SCHEDULE_FILE] = view["schedule_json"]

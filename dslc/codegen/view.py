@@ -27,6 +27,7 @@ from ..groups import axes_of, group_mesh, replica_group
 from ..ir import Plan
 from .errors import Unsupported
 from .hf import hf_view
+from .launchers import launcher_view
 from .literals import comment_safe, identifier, number
 from .package import package
 from .pipeline import pipeline_view
@@ -58,6 +59,7 @@ def view_model(plan: Plan, root: Path = DEFAULT_ROOT) -> dict:
         **_checkpoint(plan),
         **_data(plan, Path(root) / name),
         **hf_view(plan, _script_path(plan.train.init, Path(root) / name) if plan.train.init else None),
+        **launcher_view(plan, name, _project_paths(plan, Path(root))[1], _data_paths(plan, Path(root) / name)),
     }
     # schedule.json, the data files and init's checkpoint (unless absolute) are found from the script's folder
     view["needs_script_dir"] = view["pipeline_parallel"] or view["reads_files"] or view["hf_init"]
@@ -82,16 +84,21 @@ def _missing_features(plan: Plan) -> list[str]:
     return missing
 
 
-def _stamp(plan: Plan, root: Path) -> dict:
-    """Where the output came from: the plan file and the whole ``-o`` (left out when it is
-    the default), relative to the project, the deepest folder that holds both; run there,
-    the command writes this folder again. Absolute when they share no folder but /."""
+def _project_paths(plan: Plan, root: Path) -> tuple[str, str]:
+    """The plan file and the whole ``-o``, relative to the project, the deepest folder
+    that holds both; absolute when they share no folder but /."""
     plan_path, out = os.path.abspath(plan.file), os.path.abspath(root)
     base = os.path.commonpath([os.path.dirname(plan_path), out])
     if os.path.dirname(base) == base:  # only the file system's root in common
-        plan_file, out_dir = plan_path, out
-    else:
-        plan_file, out_dir = os.path.relpath(plan_path, base), os.path.relpath(out, base)
+        return plan_path, out
+    return os.path.relpath(plan_path, base), os.path.relpath(out, base)
+
+
+def _stamp(plan: Plan, root: Path) -> dict:
+    """Where the output came from: the plan file and the whole ``-o`` (left out when it is
+    the default), relative to the project (:func:`_project_paths`); run there, the
+    command writes this folder again."""
+    plan_file, out_dir = _project_paths(plan, root)
     command = f"dslc compile {shlex.quote(plan_file)}"
     if Path(out_dir) != DEFAULT_ROOT:
         command += f" -o {shlex.quote(out_dir)}"
@@ -372,6 +379,14 @@ def _data(plan: Plan, out_dir: Path) -> dict:
         "megatron_dtypes": "{" + ", ".join(f"{code}: torch.{t}" for code, t in tokenfiles.MEGATRON_DTYPES.items()) + "}",
         "halves_scan": f"2**{tokenfiles.HALVES_SCAN.bit_length() - 1}",
     }
+
+
+def _data_paths(plan: Plan, out_dir: Path) -> list[str]:
+    """Every data file the script reads (training and validation), relative to it unless
+    absolute."""
+    ev = plan.train.eval
+    sources = plan.train.data.files + (ev.data.files if ev else ())
+    return [_script_path(s, out_dir) for s in sources]
 
 
 def _script_path(d, out_dir: Path) -> str:

@@ -32,9 +32,16 @@ case "$NNODES/$NPROC_PER_NODE" in
 esac
 # torchrun sets one thread per process anyway when this is unset (and prints a notice)
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+# LOG_DIR=<folder>: each process's stdout and stderr in files of its own as well, under
+# LOG_DIR/<node>/<run>/attempt_<n>/<local rank>/ (torchrun's --log-dir and --redirects); --tee
+# still prints every line here too, after its local rank
+LOGS=()
+if [ -n "${LOG_DIR:-}" ]; then
+    LOGS=(--log-dir="$LOG_DIR/${SLURMD_NODENAME:-$HOSTNAME}" --redirects=3 --tee=3)
+fi
 
 if [ "$NNODES" -eq 1 ] && [ -z "${MASTER_ADDR:-}" ]; then
-    exec "$TORCHRUN" --standalone --nnodes=1 --nproc-per-node="$NPROC_PER_NODE" "$HERE/train.py" "$@"
+    exec "$TORCHRUN" --standalone --nnodes=1 --nproc-per-node="$NPROC_PER_NODE" ${LOGS[@]+"${LOGS[@]}"} "$HERE/train.py" "$@"
 fi
 
 if [ -z "${MASTER_ADDR:-}" ]; then
@@ -43,10 +50,10 @@ if [ -z "${MASTER_ADDR:-}" ]; then
 fi
 MASTER_PORT="${MASTER_PORT:-29500}"
 if [ "${RDZV:-c10d}" = static ]; then
-    exec "$TORCHRUN" --nnodes="$NNODES" --nproc-per-node="$NPROC_PER_NODE" \
+    exec "$TORCHRUN" --nnodes="$NNODES" --nproc-per-node="$NPROC_PER_NODE" ${LOGS[@]+"${LOGS[@]}"} \
         --node-rank="${NODE_RANK:?RDZV=static needs NODE_RANK}" \
         --master-addr="$MASTER_ADDR" --master-port="$MASTER_PORT" "$HERE/train.py" "$@"
 fi
-exec "$TORCHRUN" --nnodes="$NNODES" --nproc-per-node="$NPROC_PER_NODE" \
+exec "$TORCHRUN" --nnodes="$NNODES" --nproc-per-node="$NPROC_PER_NODE" ${LOGS[@]+"${LOGS[@]}"} \
     --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="${RDZV_ID:-llama3_8b_128k}" \
     "$HERE/train.py" "$@"

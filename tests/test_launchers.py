@@ -1,0 +1,343 @@
+"""The cluster launchers beside launch.sh (issue 30): sbatch.sh and trainjob.yaml.
+
+sbatch.sh runs under bash with fake ``srun``, ``scontrol`` and ``torchrun`` on PATH that
+record what they were asked to run; trainjob.yaml is validated against the TrainJob CRD
+of Kubeflow Trainer's release (tests/fixtures/kubeflow/README.md says which)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from dslc import codegen
+from dslc.codegen.launchers import k8s_name
+from dslc.driver import load_paths
+
+ROOT = Path(__file__).resolve().parents[1]
+CRD = ROOT / "tests" / "fixtures" / "kubeflow" / "trainer.kubeflow.org_trainjobs.yaml"
+HOSTS = ["node-a", "node-b", "node-c", "node-d", "node-e", "node-f", "node-g", "node-h"]
+
+
+def _plans() -> dict:
+    return {p.name: p for p in load_paths(sorted((ROOT / "plans").glob("*.plan"))).program.plans}
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    """Every plan of plans/ compiled into a copy of the repository's layout: plans/ and
+    generated/ side by side, as `dslc compile plans/` writes them."""
+    root = tmp_path_factory.mktemp("repo")
+    for plan in _plans().values():
+        moved = dataclasses.replace(plan, file=str(root / "plans" / Path(plan.file).name))
+        codegen.write(moved, root / "generated")
+    return root
+
+
+# --------------------------------------------------------------------------------------
+# sbatch.sh under fake Slurm
+
+RECORDER = """#!{python}
+import json, os, sys
+keep = ("NNODES", "NPROC_PER_NODE", "MASTER_ADDR", "MASTER_PORT", "RDZV_ID", "LOG_DIR",
+        "SLURM_NODEID", "SLURM_PROCID", "SLURMD_NODENAME", "OMP_NUM_THREADS")
+with open(os.environ["RECORD"], "a") as f:
+    f.write(json.dumps({{"tool": "{tool}", "argv": sys.argv[1:],
+                        "env": {{k: os.environ[k] for k in keep if k in os.environ}}}}) + "\\n")
+"""
+
+# srun: runs its command once per node of the job, as Slurm would, with each task's ids
+FAKE_SRUN = """#!/usr/bin/env bash
+{record} "$@"
+while [ "${{1#--}}" != "$1" ]; do shift; done
+i=0
+for host in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do
+    SLURM_NODEID=$i SLURM_PROCID=$i SLURMD_NODENAME=$host "$@" || exit $?
+    i=$((i + 1))
+done
+"""
+
+FAKE_SCONTROL = """#!/usr/bin/env bash
+[ "$1 $2" = "show hostnames" ] || exit 1
+for host in $FAKE_HOSTS; do echo "$host"; done
+"""
+
+
+def _fake_slurm(tmp_path: Path) -> Path:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for tool in ("torchrun", "python3", "srun-record"):
+        (bindir / tool).write_text(RECORDER.format(python=sys.executable, tool=tool))
+    (bindir / "srun").write_text(FAKE_SRUN.format(record=bindir / "srun-record"))
+    (bindir / "scontrol").write_text(FAKE_SCONTROL)
+    for f in bindir.iterdir():
+        f.chmod(0o755)
+    return bindir
+
+
+def _sbatch(repo: Path, tmp_path: Path, name: str, submit: Path, *args: str, nodes: int | None = None, **extra: str):
+    """Run generated/<name>/sbatch.sh as sbatch would (a copy in a spool folder, the
+    job's SLURM_* variables) from ``submit``; what srun, torchrun and python were asked."""
+    bindir = _fake_slurm(tmp_path)
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    script = spool / "slurm_script"  # sbatch runs a copy: BASH_SOURCE says nothing of the folder
+    script.write_bytes((repo / "generated" / name / "sbatch.sh").read_bytes())
+    n = nodes or int(_directive(repo, name, "nodes"))
+    record = tmp_path / "record.jsonl"
+    env = {
+        "PATH": f"{bindir}:{os.environ['PATH']}",
+        "HOME": str(tmp_path),
+        "RECORD": str(record),
+        "FAKE_HOSTS": " ".join(HOSTS[:n]),
+        "SLURM_JOB_ID": "4242",
+        "SLURM_JOB_NAME": name,
+        "SLURM_JOB_NODELIST": f"node-[a-{'abcdefgh'[n - 1]}]",
+        "SLURM_NNODES": str(n),
+        "SLURM_SUBMIT_DIR": str(submit),
+        "SLURM_CPUS_ON_NODE": "96",
+        **extra,
+    }
+    run = subprocess.run(
+        ["bash", str(script), *args], cwd=submit, env=env, capture_output=True, text=True, check=False
+    )
+    calls = [json.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
+    return run, calls
+
+
+def _directive(repo: Path, name: str, option: str) -> str | None:
+    """The value of ``#SBATCH --option=value`` in the plan's sbatch.sh."""
+    text = (repo / "generated" / name / "sbatch.sh").read_text()
+    found = re.findall(rf"^#SBATCH --{option}(?:=(.*))?$", text, re.M)
+    return (found[0] or "") if found else None
+
+
+def _flags(argv: list[str]) -> dict[str, str]:
+    return dict(a[2:].split("=", 1) for a in argv if a.startswith("--") and "=" in a)
+
+
+def test_every_sbatch_sh_is_valid_bash(repo):
+    folders = sorted((repo / "generated").iterdir())
+    assert len(folders) == len(_plans())
+    for folder in folders:
+        script = folder / "sbatch.sh"
+        bash = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, check=False)
+        assert bash.returncode == 0, (folder.name, bash.stderr)
+        assert os.access(script, os.X_OK)
+        head = script.read_text().splitlines()
+        assert head[0] == "#!/usr/bin/env bash" and head[1].startswith("# @generated by dslc")
+        plan_file = f"plans/{Path(_plans()[folder.name].file).name}"
+        assert head[3] == f"# Plan {folder.name} from {plan_file}; regenerate with: dslc compile {plan_file}"
+
+
+@pytest.mark.parametrize("name", sorted(_plans()))
+def test_sbatch_directives_say_the_plans_shape(repo, name):
+    """The edit section comes first and holds the site's lines only; the job's shape
+    follows from the cluster: one task per node, a GPU per process (no GPU request for
+    gloo on CPUs, a CPU per process instead), the plan's name."""
+    plan = _plans()[name]
+    text = (repo / "generated" / name / "sbatch.sh").read_text()
+    edit, _, shape = text.partition("# ---- The job's shape, from the plan")
+    assert "# ---- EDIT" in edit and "#SBATCH" not in shape.split("set -euo")[1]
+    for option in ("partition", "account", "time"):
+        assert f"##SBATCH --{option}=" in edit and f"#SBATCH --{option}" not in shape
+    assert "#SBATCH --output=" in edit
+    assert _directive(repo, name, "job-name") == name
+    assert _directive(repo, name, "nodes") == str(plan.cluster.nodes)
+    assert _directive(repo, name, "ntasks-per-node") == "1"
+    gpus = plan.cluster.device.name != "cpu"
+    assert _directive(repo, name, "gpus-per-node") == (str(plan.cluster.gpus_per_node) if gpus else None)
+    assert _directive(repo, name, "cpus-per-task") == (None if gpus else str(plan.cluster.gpus_per_node))
+    assert "gres" not in shape
+
+
+@pytest.mark.parametrize("where", ["root", "folder"])
+def test_a_multi_node_job_runs_one_torchrun_per_node(repo, tmp_path, where):
+    """llama3_70b: 8 nodes of 8 GPUs; srun starts launch.sh once per node, each starts
+    torchrun with c10d rendezvous on the job's first node, the job id as its id, a log
+    folder per node and the extra arguments for train.py; from the repository's root or
+    from the generated folder."""
+    submit = repo if where == "root" else repo / "generated" / "llama3_70b"
+    run, calls = _sbatch(repo, tmp_path, "llama3_70b", submit, "--steps", "100", "--dump-losses", "a b.json")
+    assert run.returncode == 0, run.stderr
+    (srun,), torchruns = [c for c in calls if c["tool"] == "srun-record"], [c for c in calls if c["tool"] == "torchrun"]
+    assert _flags(srun["argv"])["ntasks-per-node"] == "1" and _flags(srun["argv"])["nodes"] == "8"
+    assert _flags(srun["argv"])["cpus-per-task"] == "96"
+    assert srun["argv"][-5:] == [str(repo / "generated" / "llama3_70b" / "launch.sh"), "--steps", "100", "--dump-losses", "a b.json"]
+    assert [c["env"]["SLURM_NODEID"] for c in torchruns] == [str(i) for i in range(8)]
+    for call in torchruns:
+        flags = _flags(call["argv"])
+        assert flags["nnodes"] == "8" and flags["nproc-per-node"] == "8"
+        assert flags["rdzv-backend"] == "c10d" and flags["rdzv-endpoint"] == "node-a:29500"
+        assert flags["rdzv-id"] == "4242"
+        assert "max-restarts" not in flags  # llama3_70b has no checkpoint
+        assert flags["log-dir"] == f"{submit}/logs/llama3_70b-4242/{call['env']['SLURMD_NODENAME']}"
+        assert flags["redirects"] == "3" and flags["tee"] == "3"
+        assert call["argv"][-5:] == [str(repo / "generated" / "llama3_70b" / "train.py"), "--steps", "100", "--dump-losses", "a b.json"]
+
+
+def test_a_plans_max_restarts_reaches_torchrun(repo, tmp_path):
+    """llama3_8b's checkpoint { max_restarts = 2 }: torchrun --max-restarts=2 on both nodes."""
+    run, calls = _sbatch(repo, tmp_path, "llama3_8b", repo)
+    assert run.returncode == 0, run.stderr
+    torchruns = [c for c in calls if c["tool"] == "torchrun"]
+    assert len(torchruns) == 2
+    for call in torchruns:
+        flags = _flags(call["argv"])
+        assert flags["max-restarts"] == "2" and flags["nnodes"] == "2" and flags["rdzv-endpoint"] == "node-a:29500"
+
+
+@pytest.mark.parametrize("name, nproc", [("gpt2_124m_dp8", "8"), ("tiny_demo", "4")])
+def test_a_one_node_job_runs_torchrun_standalone(repo, tmp_path, name, nproc):
+    """One node (8 GPUs; tiny_demo: 4 CPU processes): one task, torchrun --standalone,
+    whatever MASTER_ADDR the submitting shell exported."""
+    run, calls = _sbatch(repo, tmp_path, name, repo / "generated" / name, "--steps", "3", MASTER_ADDR="elsewhere")
+    assert run.returncode == 0, run.stderr
+    (torchrun,) = [c for c in calls if c["tool"] == "torchrun"]
+    assert "--standalone" in torchrun["argv"] and "MASTER_ADDR" not in torchrun["env"]
+    assert _flags(torchrun["argv"])["nproc-per-node"] == nproc and _flags(torchrun["argv"])["nnodes"] == "1"
+    assert torchrun["argv"][-3:] == [str(repo / "generated" / name / "train.py"), "--steps", "3"]
+    assert _flags(torchrun["argv"])["log-dir"] == f"{repo / 'generated' / name}/logs/{name}-4242/node-a"
+
+
+def test_a_single_process_plan_runs_python(repo, tmp_path):
+    """long_context_serial (one CPU process): one task, python train.py, no torchrun."""
+    run, calls = _sbatch(repo, tmp_path, "long_context_serial", repo, "--steps", "2")
+    assert run.returncode == 0, run.stderr
+    assert [c["tool"] for c in calls] == ["srun-record", "python3"]
+    assert calls[1]["argv"] == [str(repo / "generated" / "long_context_serial" / "train.py"), "--steps", "2"]
+
+
+def test_sbatch_refuses_a_job_of_another_size_and_a_missing_folder(repo, tmp_path):
+    (tmp_path / "a").mkdir()
+    run, calls = _sbatch(repo, tmp_path / "a", "llama3_70b", repo, nodes=4)
+    assert run.returncode == 2 and "runs on 8 node(s), this job has 4" in run.stderr and calls == []
+    (tmp_path / "b").mkdir()
+    run, calls = _sbatch(repo, tmp_path / "b", "llama3_70b", tmp_path)
+    assert run.returncode == 2 and "cannot find generated/llama3_70b" in run.stderr and calls == []
+    # another plan's folder is not this plan's
+    (tmp_path / "c").mkdir()
+    run, calls = _sbatch(repo, tmp_path / "c", "llama3_70b", repo / "generated" / "llama3_8b")
+    assert run.returncode == 2 and "cannot find" in run.stderr
+
+
+# --------------------------------------------------------------------------------------
+# trainjob.yaml against the TrainJob CRD
+
+
+def _strict(schema: dict) -> dict:
+    """The CRD's schema as the API server applies it with strict field validation
+    (kubectl's default): an object that lists its properties takes no others, and an
+    int-or-string is one of the two. CEL rules (x-kubernetes-validations) are not run
+    here; the one on the name is checked by the test."""
+    schema = copy.deepcopy(schema)
+
+    def walk(node):
+        if isinstance(node, dict):
+            if node.get("x-kubernetes-int-or-string"):
+                node["type"] = ["integer", "string"]
+            if "properties" in node and "additionalProperties" not in node and not node.get("x-kubernetes-preserve-unknown-fields"):
+                node["additionalProperties"] = False
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(schema)
+    return schema
+
+
+@pytest.fixture(scope="module")
+def validator():
+    crd = yaml.safe_load(CRD.read_text())
+    (version,) = crd["spec"]["versions"]
+    assert crd["spec"]["group"] == "trainer.kubeflow.org" and version["name"] == "v1alpha1"
+    schema = _strict(version["schema"]["openAPIV3Schema"])
+    jsonschema.Draft7Validator.check_schema(schema)
+    return jsonschema.Draft7Validator(schema)
+
+
+def _manifest(repo: Path, name: str) -> dict:
+    return yaml.safe_load((repo / "generated" / name / "trainjob.yaml").read_text())
+
+
+@pytest.mark.parametrize("name", sorted(_plans()))
+def test_every_trainjob_is_valid_against_the_crd(repo, validator, name):
+    plan = _plans()[name]
+    doc = _manifest(repo, name)
+    errors = sorted(validator.iter_errors(doc), key=str)
+    assert not errors, [f"{list(e.absolute_path)}: {e.message}" for e in errors]
+    assert doc["apiVersion"] == "trainer.kubeflow.org/v1alpha1" and doc["kind"] == "TrainJob"
+    assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", doc["metadata"]["name"]) and len(doc["metadata"]["name"]) <= 54
+    trainer = doc["spec"]["trainer"]
+    assert doc["spec"]["runtimeRef"] == {"name": "torch-distributed"}
+    assert trainer["numNodes"] == plan.cluster.nodes
+    assert trainer["numProcPerNode"] == plan.cluster.gpus_per_node
+    limits = trainer["resourcesPerNode"]["limits"]
+    if plan.cluster.device.name == "cpu":
+        assert limits == {"cpu": plan.cluster.gpus_per_node}
+    else:
+        assert limits == {"nvidia.com/gpu": plan.cluster.gpus_per_node}
+    command = trainer["command"]
+    assert command[0] == "torchrun" and command[-1] == f"/workspace/generated/{name}/train.py"
+    ck = plan.train.checkpoint
+    restarts = ck.max_restarts if ck else 0
+    assert [c for c in command if c.startswith("--max-restarts")] == [f"--max-restarts={restarts}"] * bool(restarts)
+    text = (repo / "generated" / name / "trainjob.yaml").read_text()
+    assert "# EDIT" in text.split("image:")[1].splitlines()[0]
+    (patch,) = doc["spec"]["runtimePatches"]
+    pod = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts["dshm"] == "/dev/shm"
+    assert ("data" in mounts) == bool(plan.train.data.files)
+    if ck:
+        assert mounts["checkpoints"] == os.path.normpath(f"/workspace/{ck.dir}")
+
+
+def test_the_data_volume_holds_the_data_files(monkeypatch):
+    """tiny_demo reads ../../data/verse.txt from generated/tiny_demo/: the volume is
+    mounted at /workspace/data, where that path leads in the image."""
+    monkeypatch.chdir(ROOT)
+    doc = yaml.safe_load(codegen.render(_plans()["tiny_demo"], Path("generated"))["trainjob.yaml"])
+    pod = doc["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]
+    container = pod["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "data", "mountPath": "/workspace/data", "readOnly": True} in container["volumeMounts"]
+
+
+@pytest.mark.parametrize("breakage, path", [
+    (lambda d: d["spec"]["trainer"].update(numNodes="8"), ["spec", "trainer", "numNodes"]),
+    (lambda d: d["spec"]["trainer"].update(numGPUs=8), ["spec", "trainer"]),  # no such field
+    (lambda d: d["spec"].pop("runtimeRef"), ["spec"]),  # required
+    (lambda d: d["spec"]["trainer"]["command"].append(3), ["spec", "trainer", "command", 3]),
+    (lambda d: d["spec"]["runtimePatches"][0].pop("manager"), ["spec", "runtimePatches", 0]),
+])
+def test_a_broken_manifest_is_rejected(repo, validator, breakage, path):
+    doc = _manifest(repo, "llama3_8b")
+    assert not list(validator.iter_errors(doc))
+    breakage(doc)
+    errors = list(validator.iter_errors(doc))
+    assert errors and any(list(e.absolute_path) == path for e in errors), [e.message for e in errors]
+
+
+@pytest.mark.parametrize("name, label", [
+    ("llama3_70b", "llama3-70b"), ("_x", "x"), ("X__Y_", "x-y"), ("yes", "yes"), ("_1", "plan-1"),
+    ("a" * 80, "a" * 54),
+])
+def test_kubernetes_names(name, label):
+    assert k8s_name(name) == label
+
+
+def test_a_plan_named_like_a_yaml_keyword_stays_a_string(tmp_path):
+    plan = dataclasses.replace(_plans()["tiny_demo"], name="null")
+    doc = yaml.safe_load(codegen.render(plan, tmp_path)["trainjob.yaml"])
+    assert doc["metadata"]["name"] == "null"
