@@ -426,7 +426,16 @@ def knobs(p: Plan) -> dict[str, str]:
 
 
 def changes(before: Plan, after: Plan) -> tuple[str, ...]:
-    """What ``after`` changes of ``before``'s layout: ``zero 1→3``, ``mesh dp2 × pp4 × tp8→…``."""
+    """What ``after`` changes of ``before``'s layout, shortly: ``tp 8→4``, ``cp 1→2``,
+    ``axis order``, ``v5→v4``, ``zero 1→3``, ``recompute selective→none``."""
+    out = [f"{n} {before.mesh.size(n)}→{after.mesh.size(n)}" for n in AXIS_ORDER if before.mesh.size(n) != after.mesh.size(n)]
+    if not out and [(a.name, a.link) for a in before.mesh.axes if a.size > 1] != [(a.name, a.link) for a in after.mesh.axes if a.size > 1]:
+        out.append("axis order")
     a, b = knobs(before), knobs(after)
-    return tuple(f"{k} {a.get(k, '-')}→{b.get(k, '-')}" for k in b if a.get(k) != b[k]) + tuple(
-        f"{k} {a[k]}→-" for k in a if k not in b)
+    for k in ("schedule", "micro_batch", "zero", "recompute", "sp", "cp"):
+        if a.get(k) != b.get(k) and k in b and (k != "cp" or k in a):  # a new cp's method is in its layout
+            old, new = a.get(k, "-"), b[k]
+            if k == "schedule" and old.split()[0] == new.split()[0] == "interleaved_1f1b":
+                old, new, k = old.split()[1], new.split()[1], "interleaved"
+            out.append(f"{k} {old}→{new}")
+    return tuple(out)

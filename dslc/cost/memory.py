@@ -234,9 +234,14 @@ def zero3_peak_units(plan: Plan, stage: int) -> int:
     first backward, the gradient filling and the one reducing. Between actions a chunk
     keeps its weights when reshard_after_forward is false and a forward gathered them,
     and its gradients (all L) until its last backward reduces them (one left in flight)."""
-    reshard, m = plan.data_parallel.reshard_after_forward, plan.microbatches
-    acts = [a for a in (actions(plan)[stage] if plan.pp > 1 else sched.build("1f1b", 1, m, 1)[0]) if a.kind in ("F", "B")]
-    layers = chunk_layers(plan)[stage]
+    pl = plan.pipeline
+    shape = (pl.schedule, plan.pp, pl.microbatches, pl.virtual_stages) if plan.pp > 1 else ("1f1b", 1, pl.microbatches, 1)
+    return _peak_units(shape, stage, tuple(chunk_layers(plan)[stage]), plan.data_parallel.reshard_after_forward)
+
+
+@functools.lru_cache(maxsize=4096)
+def _peak_units(shape: tuple[str, int, int, int], stage: int, layers: tuple[int, ...], reshard: bool) -> int:
+    acts = [a for a in sched.build(*shape)[stage] if a.kind in ("F", "B")]
     last = {a.chunk: i for i, a in enumerate(acts) if a.kind == "B"}
     gathered, grads, peak = [0] * len(layers), [0] * len(layers), 0
     for i, a in enumerate(acts):

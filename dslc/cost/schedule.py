@@ -248,9 +248,9 @@ def simulate(actions: Actions, t_f: Cost, t_b: Cost, t_w: Cost = 0.0,
 
     Raises ScheduleError naming the stuck ranks when the lists cannot finish."""
     p = len(actions)
-    chunks = p * (1 + max((a.chunk for acts in actions for a in acts), default=0))
+    steps, chunks, peaks_of = _compiled(actions)
     cost = {k: [t] * chunks if isinstance(t, (int, float)) else list(t) for k, t in (("F", t_f), ("B", t_b), ("W", t_w))}
-    steps = _compiled(actions)
+    busy = 0.0
     clock, pos = [0.0] * p, [0] * p
     sent: dict[tuple, float] = {}
     waiting: dict[tuple, list[int]] = defaultdict(list)
@@ -273,6 +273,7 @@ def simulate(actions: Actions, t_f: Cost, t_b: Cost, t_w: Cost = 0.0,
                 end = max(start, sent[key])
             elif what in cost:
                 end = start + cost[what][key]
+                busy += end - start
             else:
                 raise ScheduleError(f"{locate(r, i, acts[i])}: unknown kind {what!r}")
             row.append((r, acts[i], start, end))
@@ -282,33 +283,34 @@ def simulate(actions: Actions, t_f: Cost, t_b: Cost, t_w: Cost = 0.0,
                  for r in range(p) if pos[r] < len(actions[r])]:
         raise ScheduleError("deadlock in simulation: " + "; ".join(stuck), tuple(stuck))
     timeline = tuple(row for rank_rows in rows for row in rank_rows)
-    makespan = max((end for *_, end in timeline), default=0.0)
-    busy = sum(end - start for _, a, start, end in timeline if a.kind in COMPUTE)
+    makespan = max((rank_rows[-1][3] for rank_rows in rows if rank_rows), default=0.0)  # a rank's clock only grows
     bubble = (p * makespan - busy) / busy if busy > 0 else 0.0
-    return Simulation(bubble, makespan, peak_inflight(actions), timeline)
+    return Simulation(bubble, makespan, peaks_of, timeline)
 
 
 @functools.lru_cache(maxsize=256)
 def peaks(schedule: str, pp: int, microbatches: int, virtual_stages: int = 1) -> tuple[int, ...]:
     """:func:`peak_inflight` of :func:`build`'s lists, kept for the next plan of this shape."""
-    return peak_inflight(build(schedule, pp, microbatches, virtual_stages))
+    return _compiled(build(schedule, pp, microbatches, virtual_stages))[2]
 
 
-_COMPILED: dict[int, tuple[Actions, list]] = {}
+_COMPILED: dict[int, tuple] = {}
 
 
-def _compiled(actions: Actions) -> list[list[tuple[str, object]]]:
+def _compiled(actions: Actions) -> tuple[list[list[tuple[str, object]]], int, tuple[int, ...]]:
     """Each rank's actions as (send | recv | F | B | W | other kind, message or global chunk),
-    worked out once per action lists (:func:`build` hands out the same lists again): the
-    simulation of a large pipeline runs its loop without working out a message again."""
+    the number of global chunks, and :func:`peak_inflight`: worked out once per action lists
+    (:func:`build` hands out the same lists again), so the simulation of a large pipeline
+    runs its loop without working out a message again."""
     kept = _COMPILED.get(id(actions))
     if kept is not None and kept[0] is actions:
         return kept[1]
-    p, out = len(actions), []
+    p, steps = len(actions), []
     for r, acts in enumerate(actions):
-        out.append([("send", message(a, r, p)) if a.kind in ("SEND_F", "SEND_B") else
-                    ("recv", message(a, r, p)) if a.kind in ("RECV_F", "RECV_B") else
-                    (a.kind, a.chunk * p + r) for a in acts])
+        steps.append([("send", message(a, r, p)) if a.kind in ("SEND_F", "SEND_B") else
+                      ("recv", message(a, r, p)) if a.kind in ("RECV_F", "RECV_B") else
+                      (a.kind, a.chunk * p + r) for a in acts])
+    out = (steps, p * (1 + max((a.chunk for acts in actions for a in acts), default=0)), peak_inflight(actions))
     if isinstance(actions, tuple) and all(isinstance(acts, tuple) for acts in actions):  # never changes
         if len(_COMPILED) >= 64:
             _COMPILED.clear()

@@ -39,8 +39,21 @@ def console(stream: IO | None = None):
 
     stream = stream if stream is not None else sys.stdout
     tty = interactive(stream)
+    # off a terminal nothing wraps: a table is as wide as its cells, a line as long as it is
     return Console(file=stream, force_terminal=tty, force_interactive=tty, no_color=not colour(stream),
-                   highlight=False, soft_wrap=not tty, emoji=False, markup=False)
+                   highlight=False, emoji=False, markup=False, width=None if tty else 10_000)
+
+
+def show(renderable, stream: IO | None = None) -> None:
+    """Print a rich renderable (a table) to ``stream`` (standard output by default): as
+    the terminal draws it, or off a terminal as plain lines with no trailing blanks."""
+    out = console(stream)
+    if out.is_terminal:
+        out.print(renderable)
+        return
+    with out.capture() as captured:
+        out.print(renderable)
+    out.file.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
 
 
 class Progress:
