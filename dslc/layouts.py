@@ -183,22 +183,31 @@ def _with(plan: Plan, mesh, schedule: str, v: int, mb: int, sp: bool, method: st
     )
 
 
-def schedules(plan: Plan, pp: int) -> list[tuple[str, int]]:
+FIXABLE = ("mesh", "schedule", "micro_batch", "zero", "recompute", "sp", "cp")  # what --fix keeps as written
+
+
+def schedules(plan: Plan, pp: int, fixed=()) -> list[tuple[str, int]]:
     """(schedule, virtual stages) to try at ``pp``: 1f1b, zb_h1 and interleaved 1f1b at
     the virtual stages the layers allow (gpipe is 1f1b's bubble with more held)."""
     if pp == 1:
         return [("1f1b", 1)]
+    if "schedule" in fixed:
+        return [(plan.pipeline.schedule, plan.pipeline.virtual_stages)]
     return [("1f1b", 1), ("zb_h1", 1)] + [("interleaved_1f1b", v) for v in VIRTUAL if pp * v <= plan.model.layers]
 
 
-def micro_batches(plan: Plan, per_rank: int) -> list[int]:
+def micro_batches(plan: Plan, per_rank: int, fixed=()) -> list[int]:
     """Micro-batch sizes: the powers of two that divide a data-parallel rank's sequences."""
+    if "micro_batch" in fixed:
+        return [plan.train.micro_batch] if per_rank % plan.train.micro_batch == 0 else []
     return [b for b in (1, 2, 4, 8, 16) if b <= min(per_rank, MAX_MICRO_BATCH) and per_rank % b == 0]
 
 
-def zero_stages(plan: Plan, mesh) -> list[tuple[int, int]]:
+def zero_stages(plan: Plan, mesh, fixed=()) -> list[tuple[int, int]]:
     """(zero, HSDP shard): 0 when no rank shares the dense weights, else every stage and, for
     zero = 3, shards of the dp ranks of one node and of 8 nodes (HSDP)."""
+    if "zero" in fixed:
+        return [(plan.data_parallel.zero, plan.data_parallel.shard)]
     sizes = {a.name: a.size for a in mesh.axes}
     dp = sizes.get("dp", 1)
     if dp * sizes.get("cp", 1) * sizes.get("ep", 1) == 1:
@@ -214,7 +223,9 @@ def zero_stages(plan: Plan, mesh) -> list[tuple[int, int]]:
     return out
 
 
-def recompute_policies(plan: Plan) -> list[tuple[str, int]]:
+def recompute_policies(plan: Plan, fixed=()) -> list[tuple[str, int]]:
+    if "recompute" in fixed:
+        return [(plan.train.recompute, plan.train.recompute_every)]
     return [r for r in RECOMPUTE if not (r[0] == "full" and r[1] == 2 and plan.model.layers < 2)]
 
 
@@ -224,8 +235,8 @@ def recompute_policies(plan: Plan) -> list[tuple[str, int]]:
 class Searcher:
     """One search: the rules, the memory test and the estimate of each layout, once each."""
 
-    def __init__(self, plan: Plan, settings: mem.Settings = mem.DEFAULT):
-        self.plan, self.settings = plan, settings
+    def __init__(self, plan: Plan, settings: mem.Settings = mem.DEFAULT, fixed=frozenset()):
+        self.plan, self.settings, self.fixed = plan, settings, fixed
         self.checked = self.costed = 0
         self._ok: dict[Plan, bool] = {}
         self._fit: dict[Plan, tuple[bool, int]] = {}
@@ -260,7 +271,7 @@ class Searcher:
         (up while none does): a staircase, a couple of memory tests per stage. ``corners``:
         only the first stage and those that lighten the recompute (a higher stage at the same
         recompute moves more bytes for the same work: worth costing only at the end)."""
-        policies = recompute_policies(self.plan)
+        policies = recompute_policies(self.plan, self.fixed)
 
         def ok(zero: int, shard: int, j: int) -> tuple[Plan, int] | None:
             p = frame(zero=zero, shard=shard, recompute=policies[j])
@@ -270,7 +281,7 @@ class Searcher:
             return (p, peak) if fit else None
 
         j, last = 0, None
-        for zero, shard in zero_stages(self.plan, mesh):
+        for zero, shard in zero_stages(self.plan, mesh, self.fixed):
             found = ok(zero, shard, j)
             if found:
                 while j > 0 and (lighter := ok(zero, shard, j - 1)):
@@ -288,10 +299,14 @@ class Searcher:
         """Whether the most frugal layout of the mesh (the highest zero stage the rules
         allow, full recompute, micro-batches of one, 1f1b) fits: if not, no variant does.
         None when no such layout passes the rules (a shape the model cannot take)."""
-        stages = sorted({z for z, _ in zero_stages(self.plan, mesh)}, reverse=True)
-        schedules = ("1f1b", "zb_h1") if mesh_size(mesh, "pp") > 1 else ("1f1b",)
-        for zero, schedule, method in itertools.product(stages, schedules, _methods(self.plan, mesh_size(mesh, "cp"))):
-            p = _with(self.plan, mesh, schedule, 1, 1, sp, method, zero, 0, ("full", 1))
+        # the most sharded first: the highest stage, over every dp rank (shard 0), then wider shards
+        stages = sorted(zero_stages(self.plan, mesh, self.fixed), key=lambda z: (-z[0], z[1] != 0, -z[1]))
+        frugal = recompute_policies(self.plan, self.fixed)[-1]
+        pp, fixed = mesh_size(mesh, "pp"), self.fixed
+        shapes = schedules(self.plan, pp, fixed) if "schedule" in fixed else [("1f1b", 1), ("zb_h1", 1)] if pp > 1 else [("1f1b", 1)]
+        mb = self.plan.train.micro_batch if "micro_batch" in fixed else 1
+        for (zero, shard), (schedule, v), method in itertools.product(stages, shapes, _methods(self.plan, mesh_size(mesh, "cp"), fixed)):
+            p = _with(self.plan, mesh, schedule, v, mb, sp, method, zero, shard, frugal)
             if self.passes(p):
                 return self.fit(p)[0]
         return None
@@ -301,34 +316,42 @@ def mesh_size(mesh, name: str) -> int:
     return next((a.size for a in mesh.axes if a.name == name), 1)
 
 
-def _methods(plan: Plan, cp: int) -> list[str]:
-    if cp == 1:
+def _methods(plan: Plan, cp: int, fixed=()) -> list[str]:
+    if cp == 1 or "cp" in fixed:
         return [plan.context_parallel.method]
     return ["ring", "ulysses"]
 
 
-def _sp_choices(plan: Plan, tp: int) -> list[bool]:
+def _sp_choices(plan: Plan, tp: int, fixed=()) -> list[bool]:
     if tp == 1:
         return [False]
+    if "sp" in fixed:
+        return [plan.tensor_parallel.sequence_parallel]
     return [True, False] if not plan.tensor_parallel.sequence_parallel and "tensor_parallel.sequence_parallel" in plan.spans else [True]
 
 
 def search(plan: Plan, gpus: int | None = None, beam: int = BEAM, progress=None,
-           settings: mem.Settings = mem.DEFAULT) -> Result:
+           settings: mem.Settings = mem.DEFAULT, fixed: frozenset[str] = frozenset()) -> Result:
     """The layouts of ``plan``'s model on its cluster (resized to ``gpus``) that pass the
     rules and fit, fastest first: every shape the memory bound leaves is costed at a probe,
     then the best ``beam`` shapes (and the plan's own) at every schedule, cp method and
     sequence-parallel choice, then the best ``beam`` of those at every micro-batch size;
-    each at the fastest zero and recompute that fit."""
+    each at the fastest zero and recompute that fit. ``fixed``: the settings of
+    :data:`FIXABLE` kept as the plan writes them."""
     cluster = resize(plan.cluster, gpus) if gpus else plan.cluster
     base = replace(plan, cluster=cluster, spans=_spans(plan))
     own = replace(plan, cluster=cluster)
-    s = Searcher(own, settings)
+    s = Searcher(own, settings, fixed)
     result = Result(own, [])
-    shapes = [(m, sizes) for sizes in degrees(base, cluster.world_size) for m in meshes(base, sizes)]
+    written = {n: plan.mesh.size(n) for n in AXIS_ORDER}
+    shapes = [(m, sizes) for sizes in degrees(base, cluster.world_size) if "mesh" not in fixed or sizes == written
+              for m in meshes(base, sizes)]
     result.shapes = len(shapes)
     bar = progress or _Silent()
     bar.total(len(shapes) + 2 * beam)
+
+    def per_rank(sizes) -> int:
+        return base.train.global_batch // (sizes["dp"] * sizes["ep"])
 
     def best(frames, corners=True) -> list[tuple[float, tuple]]:
         """(fastest step, frame) of each frame with a layout that fits, fastest first."""
@@ -341,17 +364,18 @@ def search(plan: Plan, gpus: int | None = None, beam: int = BEAM, progress=None,
                 out.append((min(f.timing.step for f in found), key))
         return sorted(out, key=lambda x: x[0])
 
-    # 1, 2: shapes and the memory bound; 3: a probe of each (1f1b, micro-batches of one)
+    # 1, 2: shapes and the memory bound; 3: a probe of each (1f1b, the smallest micro-batches)
     probes = []
     for mesh, sizes in shapes:
         bar.advance(1, f"shapes ({s.costed} layouts costed)")
-        sp = sizes["tp"] > 1
+        sp = _sp_choices(base, sizes["tp"], fixed)[0]
         frugal = s.frugal(mesh, sp)
         if not frugal:
             result.memory_pruned += frugal is False
             result.rule_pruned += frugal is None
             continue
-        ranked = best([(mesh, "1f1b", 1, 1, sp, m) for m in _methods(base, sizes["cp"])])
+        (schedule, v), mbs = schedules(base, sizes["pp"], fixed)[0], micro_batches(base, per_rank(sizes), fixed)
+        ranked = best([(mesh, schedule, v, mbs[0], sp, m) for m in _methods(base, sizes["cp"], fixed)]) if mbs else []
         if ranked:
             probes.append((ranked[0][0], _same_mesh(mesh, plan.mesh), mesh, sizes))
     fastest: dict[tuple, tuple] = {}  # per degrees, the order whose probe is fastest
@@ -360,9 +384,9 @@ def search(plan: Plan, gpus: int | None = None, beam: int = BEAM, progress=None,
     kept = [x for i, x in enumerate(fastest.values()) if i < beam or x[1]]
 
     # 4: every schedule, cp method and sp choice of the kept shapes, then every micro-batch size of the best
-    frames = [(mesh, schedule, v, 1, sp, method) for _, _, mesh, sizes in kept
+    frames = [(mesh, schedule, v, micro_batches(base, per_rank(sizes), fixed)[0], sp, method) for _, _, mesh, sizes in kept
               for (schedule, v), sp, method in itertools.product(
-                  schedules(base, sizes["pp"]), _sp_choices(base, sizes["tp"]), _methods(base, sizes["cp"]))]
+                  schedules(base, sizes["pp"], fixed), _sp_choices(base, sizes["tp"], fixed), _methods(base, sizes["cp"], fixed))]
     ranked = []
     for frame in frames:
         bar.advance(beam / len(frames), f"schedules ({s.costed} layouts costed)")
@@ -370,7 +394,7 @@ def search(plan: Plan, gpus: int | None = None, beam: int = BEAM, progress=None,
     ranked.sort(key=lambda x: x[0])
     sizes_of = {id(mesh): sizes for _, _, mesh, sizes in kept}
     frames = [(mesh, schedule, v, mb, sp, method) for _, (mesh, schedule, v, _, sp, method) in ranked[:beam]
-              for mb in micro_batches(base, base.train.global_batch // (sizes_of[id(mesh)]["dp"] * sizes_of[id(mesh)]["ep"]))]
+              for mb in micro_batches(base, per_rank(sizes_of[id(mesh)]), fixed)]
     for frame in frames:  # every zero stage now, not only those that lighten the recompute
         bar.advance(beam / len(frames), f"micro-batches ({s.costed} layouts costed)")
         best([frame], corners=False)
