@@ -309,7 +309,7 @@ class _Writer:
         return {
             "tensor_parallel": {"sequence_parallel": _bool(sp) if lay.tp > 1 else None},
             "data_parallel": {
-                "zero": str(d.zero) if d.zero or w("data_parallel", "zero") or lay.dp * lay.cp * lay.ep > 1 else None,
+                "zero": str(d.zero) if d.zero or lay.dp * lay.cp * lay.ep > 1 else None,
                 "shard": str(d.shard) if d.shard else None,
                 "reshard_after_forward": _bool(d.reshard_after_forward) if d.zero == 3 and (not d.reshard_after_forward or w("data_parallel", "reshard_after_forward")) else None,
             },
