@@ -247,3 +247,24 @@ def test_random_layouts(case):
     text = edit.layout_text(plan, layout, out, "random")  # lowers to the layout, or raises
     got = driver.load_text(text, out, check=False).plans
     assert [d.code for d in check.check_plan(got[0], files=False) if d.severity.value != "note"] == []
+
+
+def test_crlf_and_one_line_plans():
+    """A file with CRLF line ends keeps them; a plan written on one line gets its new
+    blocks on that line, joined by ';'."""
+    path = ROOT / "plans" / "tiny_demo.plan"
+    crlf = path.read_text().replace("\n", "\r\n")
+    plan = lowered(crlf, str(path), "tiny_demo")
+    for layout in ranked(path, "tiny_demo")[:3] + ranked(path, "tiny_demo")[-2:]:
+        text = edit.layout_text(plan, layout, str(path), "c", source=crlf)
+        assert "\n" not in text.replace("\r\n", ""), repr(text)
+    one = path.read_text().split("plan tiny_demo")[0] + "plan one { model gpt2 { layers = 3; hidden = 128; heads = 4; vocab = 256; seq_len = 64 }; cluster = cpu4; mesh { dp = 4 on shm }; train { global_batch = 16; data = text(\"../data/verse.txt\") } }\n"
+    plan = lowered(one, str(path), "one")
+    for layout in ranked(path, "tiny_demo")[:3]:
+        layout = replace(layout, train=replace(layout.train, steps=plan.train.steps, seed=plan.train.seed, optimizer=plan.train.optimizer,
+                                               lr_schedule=plan.train.lr_schedule, grad_clip=plan.train.grad_clip))
+        text = edit.layout_text(plan, layout, str(path), "one", source=one)
+        line = next(x for x in text.split("\n") if x.startswith("plan one"))
+        for word in ("tensor_parallel", "data_parallel", "pipeline", "context_parallel"):
+            assert f"{word} {{" not in text or f"{word} {{" in line, text
+        assert body(text).count("\n") == one.count("\n"), text

@@ -269,6 +269,8 @@ class _Writer:
 
     # -- the layout ----------------------------------------------------------
     def _mesh(self) -> None:
+        """The mesh block's body: one axis a line, indented as the first axis was, each with
+        the trailing comment its axis had (a mesh written on one line stays on one line)."""
         ed, mb, axes = self.ed, _find(self.block, "mesh"), self.layout.mesh.axes
         lines = [f"{a.name} = {a.size} on {a.link}" for a in axes]
         if mb is None:
@@ -287,6 +289,8 @@ class _Writer:
             ind = ed.indent(first) if first is not None and ed.head_blank(first) else ed.indent(c) + "    "
             own = [line.rstrip("\r") for line in ed.text[start:end].split("\n") if line.strip().startswith(("//", "#"))]
             ed.replace(start, end, "".join(line + nl for line in own) + "".join(ind + line + nl for line in lines))
+        elif ed.line_end(b) > c:  # a mesh on one line stays on one line
+            ed.replace(b + 1, c, " " + "; ".join(f"{a.name} = {a.size} on {a.link}" for a in axes) + " ")
         else:
             ind = ed.indent(b)
             ed.replace(b + 1, c, nl + "".join(f"{ind}    {line}{nl}" for line in lines) + ind)
@@ -344,8 +348,13 @@ class _Writer:
             for a in kept:
                 ed.set(a.value, keys[a.key])
             ed.delete(b.body, [a for a in assigns if a.key in keys and keys[a.key] is None])
-            if new:
-                ed.insert_after(kept[-1], "; ".join(new))
+            order = list(keys)
+            for key in (k for k, v in keys.items() if v is not None and all(a.key != k for a in assigns)):
+                before = [a for a in kept if order.index(a.key) < order.index(key)]
+                if before:  # after the kept key before it in the block's order, else before the first
+                    ed.insert_after(before[-1], f"{key} = {keys[key]}")
+                else:
+                    ed.insert_before(kept[0], f"{key} = {keys[key]}")
 
     def _train(self) -> None:
         """``micro_batch = N`` and ``recompute = …`` in train, each after the key it reads

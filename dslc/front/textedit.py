@@ -105,6 +105,10 @@ class Editor:
         """``text`` as the statement after ``stmt``, on its line: ``stmt; text``."""
         self.replace(self.range(stmt.span)[1], self.range(stmt.span)[1], "; " + text)
 
+    def insert_before(self, stmt, text: str) -> None:
+        """``text`` as the statement before ``stmt``, on its line: ``text; stmt``."""
+        self.replace(self.range(stmt.span)[0], self.range(stmt.span)[0], text + "; ")
+
     def insert_line_after(self, stmt, text: str) -> None:
         """``text`` on a line of its own after ``stmt``'s (indented as it), or after it on
         its line when more statements follow there. ``text`` may span lines: each is indented."""
