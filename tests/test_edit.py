@@ -6,6 +6,7 @@ resolve from another folder; a resized cluster is written as a new block."""
 from __future__ import annotations
 
 import functools
+import os
 import re
 import shutil
 from dataclasses import replace
@@ -17,8 +18,8 @@ from hypothesis import strategies as st
 
 from dslc import check, driver, layouts
 from dslc.front import edit
-from dslc.front.textedit import quote
 from dslc.front.parse import parse
+from dslc.front.textedit import quote
 from dslc.search import fits
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -268,3 +269,26 @@ def test_crlf_and_one_line_plans():
         for word in ("tensor_parallel", "data_parallel", "pipeline", "context_parallel"):
             assert f"{word} {{" not in text or f"{word} {{" in line, text
         assert body(text).count("\n") == one.count("\n"), text
+
+
+def test_every_path_the_plan_resolves(tmp_path):
+    """Data of a blend, eval data and init = hf(…) are relative to the plan file: rewritten
+    for the output's folder; checkpoint.dir is relative to the working directory: kept."""
+    path = ROOT / "plans" / "tiny_demo.plan"
+    src = path.read_text().replace('data = text("../data/verse.txt")',
+                                   'data = blend(0.5, text("../data/verse.txt"), 0.5, tokens("/abs/x.bin"))\n'
+                                   '        eval { data = text("../data/verse.txt") }\n        init = hf("ckpt/hf")\n'
+                                   '        checkpoint { every = 5; dir = "ck/run" }')
+    plan = lowered_quietly(src, str(path))
+    layout = ranked(path, "tiny_demo")[0]
+    layout = replace(layout, train=replace(plan.train, micro_batch=layout.train.micro_batch, recompute=layout.train.recompute,
+                                           recompute_every=layout.train.recompute_every))
+    out = tmp_path / "a" / "b.plan"
+    text = edit.layout_text(plan, layout, str(out), "b", source=src)
+    rel = os.path.relpath(ROOT, out.parent)
+    assert text.count(f'text("{rel}/data/verse.txt")') == 2 and f'hf("{rel}/plans/ckpt/hf")' in text
+    assert 'tokens("/abs/x.bin")' in text and 'dir = "ck/run"' in text
+
+
+def lowered_quietly(text: str, out: str):
+    return driver.load_text(text, out, check=False).plans[0]
