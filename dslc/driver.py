@@ -19,6 +19,7 @@ from pathlib import Path
 
 from . import check, ir, search
 from .diagnostics import Diagnostic, error
+from .front import edit
 from .front.load import Loader
 from .front.lower import lower_unit
 from .source import Sources
@@ -121,3 +122,19 @@ def output_clashes(plans: Sequence[ir.Plan]) -> list[Diagnostic]:
         if seen.span != plan.span:
             out.append(error("E017", plan.span, f"plan '{plan.name}' is also defined in {seen.file}", f"first defined at {seen.span}; both would compile to the folder {plan.name}/: rename one"))
     return out
+
+
+def layout_file(plan: ir.Plan, layout: ir.Plan, out_path: str, name: str, changes=None, source: str | None = None) -> str:
+    """The text of a plan file at ``out_path`` defining plan ``name`` with ``layout``
+    (:func:`dslc.front.edit.layout_text`, which checks that it lowers to the layout), linted
+    as ``dslc lint`` would: any error or warning is a bug of the writer (``WriteError``),
+    but those of the data files' rule that the plan as written has too (a data file that
+    is not on this machine is so for every layout)."""
+    text = edit.layout_text(plan, layout, out_path, name, changes, source)
+    bad = [d for d in load_text(text, out_path).diagnostics if d.severity.value in ("error", "warning")]
+    if bad:
+        own = {d.code for d in check.check_plan(plan)} - {d.code for d in check.check_plan(plan, files=False)}
+        bad = [d for d in bad if d.code not in own]
+    if bad:
+        raise edit.WriteError(edit.problems(f"the plan written for {out_path}", bad, []))
+    return text
