@@ -282,67 +282,9 @@ def cmd_verify(args) -> int:
 
 
 def cmd_search(args) -> int:
-    """The fastest layouts of the plan's model on its cluster (or ``--gpus``), a table or
-    JSON on standard output; ``-o`` writes the fastest as a plan file."""
-    import time
+    from .cli_search import run
 
-    from . import layouts
-    from .report import search as report
-    from .report.terminal import progress, show
-
-    if args.top < 1:
-        raise UsageError("--top must be at least 1")
-    result = load([args.plan_file])
-    # the layout is what the search replaces: a plan that does not fit (E090-E092) or whose
-    # mesh is not the size of the cluster (E030, or the --gpus asked for) is searched all the same
-    errors = [d for d in result.diagnostics if d.is_error]
-    emit([d for d in result.diagnostics if d.is_error or not args.quiet], result.sources)
-    if any(d.code not in FIT_CODES + ("E030",) for d in errors):
-        return 1
-    plans = pick(result, args.plan)
-    if len(plans) > 1:
-        raise UsageError(f"{args.plan_file} holds {len(plans)} plans; pick one with --plan")
-    plan = plans[0]
-    began = time.monotonic()
-    try:
-        with progress(f"searching the layouts of {plan.name}") as bar:
-            found = layouts.search(plan, args.gpus, progress=bar)
-    except layouts.SearchError as e:
-        raise UsageError(str(e)) from None
-    took = time.monotonic() - began
-    if not found.ranked:
-        print(f"dslc: {report.summary(found, took)}; no layout fits", file=sys.stderr)
-        return 1
-    shown = report.rows(found, args.top)
-    if args.json:
-        print(json.dumps(report.to_json(found, shown, took), indent=2, allow_nan=False))
-    else:
-        show(report.table(found, shown))
-    print(f"dslc: {report.summary(found, took)}", file=sys.stderr)
-    if args.output:
-        write_layout(plan, found.ranked[0], args.output)
-    return 0
-
-
-def write_layout(plan, best, path: str) -> None:
-    """The fastest layout as a plan file at ``path``, named after the file (or the plan's
-    name with ``_searched``), written whole or not at all."""
-    import re
-    import tempfile
-
-    from .front.edit import layout_text
-
-    stem = Path(path).stem
-    name = stem if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", stem) and stem != plan.name else f"{plan.name}_searched"
-    text = layout_text(plan, best.plan, path, name, changes=best.changes)
-    folder = os.path.dirname(os.path.abspath(path))
-    try:
-        with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=folder, suffix=".tmp", delete=False) as f:
-            f.write(text)
-        os.replace(f.name, path)
-    except OSError as e:
-        raise UsageError(f"cannot write {path}: {e.strerror}") from None
-    print(f"wrote {path} (plan {name})", file=sys.stderr)
+    return run(args)
 
 
 def _schedule_json(plan, actions, sim, t) -> dict:

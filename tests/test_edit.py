@@ -232,7 +232,7 @@ def random_layout(draw):
     mb = draw(st.sampled_from(layouts.micro_batches(plan, plan.train.global_batch // ranks)))
     schedule, v = draw(st.sampled_from(layouts.schedules(plan, sizes["pp"])))
     zero, shard = draw(st.sampled_from(layouts.zero_stages(plan, mesh)))
-    layout = layouts._with(plan, mesh, schedule, v, mb, draw(st.booleans()) and sizes["tp"] > 1, draw(st.sampled_from(("ring", "ulysses"))),
+    layout = layouts.with_layout(plan, mesh, schedule, v, mb, draw(st.booleans()) and sizes["tp"] > 1, draw(st.sampled_from(("ring", "ulysses"))),
                            zero, shard, draw(st.sampled_from(layouts.RECOMPUTE)))
     layout = replace(layout, data_parallel=replace(layout.data_parallel, reshard_after_forward=draw(st.booleans())),
                      context_parallel=replace(layout.context_parallel, load_balance=draw(st.booleans())))

@@ -21,11 +21,11 @@ STAGES = [
     ("dslc.front",),
     ("dslc.check",),
     ("dslc.cost",),
-    ("dslc.search",),
+    ("dslc.search", "dslc.layouts"),
     ("dslc.report",),
     ("dslc.codegen",),
     ("dslc.verify",),
-    ("dslc.driver", "dslc.cli", "dslc.__main__"),
+    ("dslc.driver", "dslc.cli", "dslc.cli_search", "dslc.__main__"),
 ]
 
 

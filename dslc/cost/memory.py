@@ -19,10 +19,11 @@ from math import ceil, prod
 
 from .. import arch, catalog
 from ..groups import DP_SHARD, axes_of, group_mesh
-from ..ir import Model, Plan
+from ..ir import Plan
 from ..units import DTYPE_BYTES
 from . import recompute as rc
 from . import schedule as sched
+from .params import StageParams, chunk_layers, stage_params  # noqa: F401 (mem.stage_params for the other stages)
 
 
 @dataclass(frozen=True)
@@ -108,53 +109,6 @@ def group_size(plan: Plan, axes: tuple[str, ...]) -> int:
 # ---------------------------------------------------------------------------- parameters
 
 
-@dataclass(frozen=True)
-class StageParams:
-    """Parameters held by one rank of a pipeline stage (after tp, pp and ep)."""
-
-    dense: int
-    expert: int
-    tp_replicated: int  # part of dense replicated over tp (its grads are all-reduced under SP)
-    tied: int  # embedding weights shared between the first and last stage (tied, p > 1)
-
-    @property
-    def total(self) -> int:
-        return self.dense + self.expert
-
-
-def chunk_layers(plan: Plan) -> list[list[int]]:
-    """Layers of each local chunk of each pp rank: [rank][chunk] (chunk g on rank g % p)."""
-    p, v = plan.pp, plan.pipeline.virtual_stages
-    split = plan.stage_layers()
-    return [[split[c * p + r] for c in range(v)] for r in range(p)]
-
-
-def stage_params(plan: Plan) -> tuple[StageParams, ...]:
-    """Vocab-parallel embedding (+ gpt2 positions) on the first stage; final norm and head on
-    the last (with tied embeddings and p > 1 the last stage holds a copy, as Megatron).
-    Experts: layers·(all E experts of a layer)/ep, whole on every tp rank (not /t)."""
-    return _stage_params(plan.model, plan.tp, plan.pp, plan.pipeline.virtual_stages, plan.stage_layers(), plan.ep)
-
-
-@functools.lru_cache(maxsize=4096)
-def _stage_params(m: Model, t: int, p: int, v: int, split: tuple[int, ...], ep: int) -> tuple[StageParams, ...]:
-    a = arch.of(m)
-    h, emb = m.hidden, arch.vocab_per_rank(m, t) * m.hidden
-    tied = emb if m.tie_embeddings and p > 1 else 0
-    out = []
-    for r in range(p):  # the rank's blocks, each by its kind (a dense prefix, MoE blocks)
-        sharded, reps, experts = arch.layers_params(m, t, rc._layer_ids(p, v, split, r))
-        dense = sharded + reps
-        if r == 0:  # gpt2's positions are replicated over tp (under SP each rank sees its slice)
-            pos = m.max_positions * h if a.positions == "learned" else 0
-            dense, reps = dense + emb + pos, reps + pos
-        if r == p - 1:
-            norm = a.norm_params * h
-            dense, reps = dense + norm + (emb if not m.tie_embeddings or p > 1 else 0), reps + norm
-        out.append(StageParams(dense, experts // ep, reps, tied if r in (0, p - 1) else 0))
-    return tuple(out)
-
-
 # ---------------------------------------------------------------------------- memory
 
 
@@ -234,8 +188,7 @@ def zero3_peak_units(plan: Plan, stage: int) -> int:
     first backward, the gradient filling and the one reducing. Between actions a chunk
     keeps its weights when reshard_after_forward is false and a forward gathered them,
     and its gradients (all L) until its last backward reduces them (one left in flight)."""
-    pl = plan.pipeline
-    shape = (pl.schedule, plan.pp, pl.microbatches, pl.virtual_stages) if plan.pp > 1 else ("1f1b", 1, pl.microbatches, 1)
+    shape = schedule_shape(plan) if plan.pp > 1 else ("1f1b", 1, plan.microbatches, 1)
     return _peak_units(shape, stage, tuple(chunk_layers(plan)[stage]), plan.data_parallel.reshard_after_forward)
 
 
@@ -368,9 +321,13 @@ class StageMemory:
         return self.reserved + self.context
 
 
+def schedule_shape(plan: Plan) -> tuple[str, int, int, int]:
+    """(schedule, pp, microbatches, virtual stages): what sets a plan's action lists."""
+    return plan.pipeline.schedule, plan.pp, plan.microbatches, plan.pipeline.virtual_stages
+
+
 def actions(plan: Plan):
-    p = plan.pipeline
-    return sched.build(p.schedule, plan.pp, p.microbatches, p.virtual_stages)
+    return sched.build(*schedule_shape(plan))
 
 
 def memory(plan: Plan, settings: Settings = DEFAULT, peaks: tuple[int, ...] | None = None) -> tuple[StageMemory, ...]:
@@ -382,8 +339,7 @@ def memory(plan: Plan, settings: Settings = DEFAULT, peaks: tuple[int, ...] | No
     zero, v = plan.data_parallel.zero, plan.pipeline.virtual_stages
     allow = catalog.allowance(plan.cluster.device.name)
     if peaks is None:
-        pl = plan.pipeline  # the order alone sets it: no simulation
-        peaks = sched.peaks(pl.schedule, plan.pp, pl.microbatches, pl.virtual_stages)
+        peaks = sched.peaks(*schedule_shape(plan))  # the order alone sets it: no simulation
     emb, head = edge_activation_bytes(plan, settings)
     out = []
     for s, (sp, chunks) in enumerate(zip(stage_params(plan), chunk_layers(plan))):

@@ -40,11 +40,11 @@ def layer_policy(plan: Plan, layer: int | None = None) -> str:
 
 def stage_layer_ids(plan: Plan, stage: int) -> tuple[int, ...]:
     """The blocks a rank of pipeline ``stage`` holds: chunk g = c·p + stage for each local c."""
-    return _layer_ids(plan.pp, plan.pipeline.virtual_stages, plan.stage_layers(), stage)
+    return layer_ids(plan.pp, plan.pipeline.virtual_stages, plan.stage_layers(), stage)
 
 
 @functools.lru_cache(maxsize=4096)
-def _layer_ids(p: int, v: int, split: tuple[int, ...], stage: int) -> tuple[int, ...]:
+def layer_ids(p: int, v: int, split: tuple[int, ...], stage: int) -> tuple[int, ...]:
     starts = [0, *accumulate(split)]
     return tuple(i for c in range(v) for i in range(starts[c * p + stage], starts[c * p + stage + 1]))
 
