@@ -26,6 +26,9 @@ def run(args) -> int:
     JSON on standard output; ``-o`` writes the fastest as a plan file."""
     if args.top < 1:
         raise UsageError("--top must be at least 1")
+    fixed = frozenset(k.strip() for k in args.fix.split(",") if k.strip())
+    if fixed - set(layouts.FIXABLE):
+        raise UsageError(f"--fix takes {', '.join(layouts.FIXABLE)}; not {', '.join(sorted(fixed - set(layouts.FIXABLE)))}")
     result = load([args.plan_file])
     # the layout is what the search replaces: a plan that does not fit (E090-E092) or whose
     # mesh is not the size of the cluster (E030, or the --gpus asked for) is searched all the same
@@ -40,7 +43,7 @@ def run(args) -> int:
     began = time.monotonic()
     try:
         with progress(f"searching the layouts of {plan.name}") as bar:
-            found = layouts.search(plan, args.gpus, progress=bar)
+            found = layouts.search(plan, args.gpus, progress=bar, fixed=fixed)
     except layouts.SearchError as e:
         raise UsageError(str(e)) from None
     took = time.monotonic() - began

@@ -188,7 +188,7 @@ def search(plan: Plan, gpus: int | None = None, beam: int = BEAM, progress=None,
     sequence-parallel choice, then the best ``beam`` of those at every micro-batch size;
     each at the fastest zero and recompute that fit. ``fixed``: the settings of
     :data:`FIXABLE` kept as the plan writes them."""
-    cluster = resize(plan.cluster, gpus) if gpus else plan.cluster
+    cluster = resize(plan.cluster, gpus) if gpus is not None else plan.cluster
     base = replace(plan, cluster=cluster, spans=without_layout_spans(plan))
     own = replace(plan, cluster=cluster)
     s = Searcher(own, settings, fixed)
