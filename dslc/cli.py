@@ -21,6 +21,7 @@ from .diagnostics import Diagnostic, Severity, has_errors, printable
 from .driver import LoadResult, load_paths, load_text, output_clashes
 from .front.parse import MAX_BYTES
 from .report.diagnostics import RENDERERS, render_text
+from .report.terminal import colour, console, progress
 from .source import Sources
 
 
@@ -75,8 +76,7 @@ def emit(diags: list[Diagnostic], sources: Sources, fmt: str = "text", stream=No
     if quiet:
         diags = [d for d in diags if d.severity is not Severity.NOTE]
     if fmt == "text":
-        colour = stream.isatty() and "NO_COLOR" not in os.environ
-        stream.write(render_text(diags, sources, colour=colour))
+        stream.write(render_text(diags, sources, colour=colour(stream)))
     else:
         stream.write(RENDERERS[fmt](diags, sources))
 
@@ -137,26 +137,28 @@ def cmd_compile(args) -> int:
     refused, stale, wrote = [], [], 0
     failed_files = () if args.plan else result.failed_files  # --plan: only that plan's fate
     skipped = [f"{f}: the file has errors" for f in failed_files]
-    for plan in plans:
-        if not result.clean(plan) or plan.name in clashing:
-            why = "has errors" if not result.clean(plan) else "has the name of another plan (E017)"
-            skipped.append(f"{plan.file}: plan '{plan.name}' {why}")
-            continue
-        try:
-            if args.check:
-                stale += codegen.stale(plan, root)
+    with progress("checking" if args.check else "compiling", total=len(plans)) as bar:  # a bar on a terminal only
+        for plan in plans:
+            bar.advance(0, plan.name)
+            if not result.clean(plan) or plan.name in clashing:
+                why = "has errors" if not result.clean(plan) else "has the name of another plan (E017)"
+                skipped.append(f"{plan.file}: plan '{plan.name}' {why}")
             else:
-                out = codegen.write(plan, root, result.program.files)
-                print(f"wrote {out}/", file=sys.stderr)
-                wrote += 1
-        except codegen.Unsupported as e:
-            if args.check:
-                print(f"note: {plan.name}: not compiled: {e}", file=sys.stderr)
-            else:
-                refused.append(e.diagnostic(plan))
-                skipped.append(f"{plan.file}: plan '{plan.name}' is not supported yet (E100)")
-        except codegen.CodegenError as e:
-            raise UsageError(str(e)) from None
+                try:
+                    if args.check:
+                        stale += codegen.stale(plan, root)
+                    else:
+                        bar.log(f"wrote {codegen.write(plan, root, result.program.files)}/")  # above the bar
+                        wrote += 1
+                except codegen.Unsupported as e:
+                    if args.check:
+                        bar.log(f"note: {plan.name}: not compiled: {e}")
+                    else:
+                        refused.append(e.diagnostic(plan))
+                        skipped.append(f"{plan.file}: plan '{plan.name}' is not supported yet (E100)")
+                except codegen.CodegenError as e:
+                    raise UsageError(str(e)) from None
+            bar.advance(1)
     emit(refused, result.sources)
     for line in sorted(skipped):
         print(f"not compiled: {line}", file=sys.stderr)
@@ -207,20 +209,26 @@ def cmd_schedule(args) -> int:
         raise UsageError(f"{args.plan_file} holds {len(plans)} plans; pick one with --plan")
     plan = plans[0]
     pl = plan.pipeline
-    actions = schedule.build(pl.schedule, plan.pp, pl.microbatches, pl.virtual_stages)
-    problems = deadlock.verify(actions, split_backward=pl.schedule == "zb_h1")
+    from .cost.time import timing
+    from .cost.topology import Topology
+
+    with progress(f"scheduling {plan.name}", total=4) as bar:  # a large plan's millions of actions take a while
+        bar.advance(0, "building the actions")
+        actions = schedule.build(pl.schedule, plan.pp, pl.microbatches, pl.virtual_stages)
+        bar.advance(1, "proving them deadlock-free")
+        problems = deadlock.verify(actions, split_backward=pl.schedule == "zb_h1")
+        if not problems:
+            # the plan's own costs (dslc explain): forward, backward, weight-grad and p2p times, in ms
+            bar.advance(1, "costing the stages")
+            t, _ = timing(plan, Topology.of(plan), acts=actions)
+            bar.advance(1, "simulating")
+            sim = schedule.simulate(actions, *([c[i] * 1e3 for c in t.chunks] for i in range(3)), t.t_comm * 1e3)
     if problems:
         for p in problems:
             print(f"error: {p}", file=sys.stderr)
         return 1
-    # the plan's own costs (dslc explain): forward, backward, weight-grad and p2p times, in ms
-    from .cost.time import timing
-    from .cost.topology import Topology
-
-    t, _ = timing(plan, Topology.of(plan), acts=actions)
-    sim = schedule.simulate(actions, *([c[i] * 1e3 for c in t.chunks] for i in range(3)), t.t_comm * 1e3)
     if args.json:
-        print(json.dumps(_schedule_json(plan, actions, sim, t), indent=1, allow_nan=False))
+        print(json.dumps(draw.to_json(plan, actions, sim, t), indent=1, allow_nan=False))
         return 0
     print(f"{plan.name}: {pl.schedule}, forward {t.t_f * 1e3:.2f} ms, backward {t.t_b * 1e3:.2f} ms"
           + (f", weight-grad {t.t_w * 1e3:.2f} ms" if t.t_w else "")
@@ -241,7 +249,6 @@ def cmd_verify(args) -> int:
     """Each plan (or the one named) shrunk, run in parallel and serially, and compared:
     0 all match, 1 a mismatch or plan errors, 2 a run that could not be made."""
     from . import codegen, verify
-    from .report.terminal import console
     from .verify.show import render_text
 
     if args.max_procs < 1 or args.steps < 1 or not args.timeout > 0:
@@ -285,27 +292,6 @@ def cmd_search(args) -> int:
     from .cli_search import run
 
     return run(args)
-
-
-def _schedule_json(plan, actions, sim, t) -> dict:
-    """Every rank's action list with its simulated start and end (ms)."""
-    pl = plan.pipeline
-    rows: dict[int, list] = {r: [] for r in range(len(actions))}
-    for rank, a, start, end in sim.timeline:
-        rows[rank].append({"kind": a.kind, "microbatch": a.microbatch, "chunk": a.chunk, "peer": a.peer,
-                           "start_ms": round(start, 6), "end_ms": round(end, 6)})
-    return {
-        "plan": plan.name,
-        "schedule": pl.schedule,
-        "pp": plan.pp,
-        "microbatches": pl.microbatches,
-        "virtual_stages": pl.virtual_stages,
-        "costs_ms": {"forward": t.t_f * 1e3, "backward": t.t_b * 1e3, "weight_grad": t.t_w * 1e3, "p2p": t.t_comm * 1e3},
-        "bubble_fraction": sim.bubble_fraction,
-        "makespan_ms": sim.makespan,
-        "peak_inflight": list(sim.peak_inflight),
-        "ranks": [{"rank": r, "actions": rows[r]} for r in sorted(rows)],
-    }
 
 
 # --------------------------------------------------------------------------

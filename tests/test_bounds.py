@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dslc import codegen
-from dslc.cli import _schedule_json, main
+from dslc.cli import main
 from dslc.codes import CODES
 from dslc.cost import deadlock, schedule
 from dslc.cost.time import timing
@@ -25,6 +25,7 @@ from dslc.driver import load_text
 from dslc.front.defaults import BOUNDS, DEFAULTS, MAX_RANKS, MAX_SCHEDULE
 from dslc.front.schema import written
 from dslc.report import explain
+from dslc.report.draw import to_json as schedule_json
 from dslc.units import resolve
 
 DOC = (Path(__file__).resolve().parents[1] / "docs" / "language.md").read_text()
@@ -302,5 +303,5 @@ def test_what_lint_accepts_explain_schedule_and_compile_accept(tmp_path, values)
     assert not deadlock.verify(acts)
     t, _ = timing(plan, Topology.of(plan), acts=acts)
     sim = schedule.simulate(acts, t.t_f * 1e3, t.t_b * 1e3, t.t_w * 1e3, t.t_comm * 1e3)
-    json.dumps(_schedule_json(plan, acts, sim, t), allow_nan=False)
+    json.dumps(schedule_json(plan, acts, sim, t), allow_nan=False)
     codegen.render(plan, tmp_path / "gen")

@@ -11,16 +11,20 @@ from pathlib import Path
 from ..diagnostics import Diagnostic, Severity, printable
 from ..source import Sources
 
-_COLOURS = {"error": "\033[1;31m", "warning": "\033[1;33m", "note": "\033[1;36m"}
-_BOLD, _BLUE, _RESET = "\033[1m", "\033[1;34m", "\033[0m"
+_COLOURS = {"error": "bold red", "warning": "bold yellow", "note": "bold cyan"}  # rich styles
+_BOLD, _BLUE = "bold", "bold blue"
 
 
 def render_text(diags: Sequence[Diagnostic], sources: Sources, colour: bool = False) -> str:
     """Render like a modern compiler: location, severity[code], message, the
-    source line with a caret under the span, and ``help:``."""
+    source line with a caret under the span, and ``help:``. ``colour``: in rich's styles,
+    as ANSI escapes of the 16 standard colours (the text is otherwise the same)."""
+    if colour:
+        from rich.color import ColorSystem
+        from rich.style import Style
 
-    def c(code: str, s: str) -> str:
-        return f"{code}{s}{_RESET}" if colour else s
+    def c(style: str, s: str) -> str:
+        return Style.parse(style).render(s, color_system=ColorSystem.STANDARD) if colour else s
 
     out: list[str] = []
     repeats: dict[tuple, list[Diagnostic]] = {}  # a note said again (another cluster's link): once, with where else

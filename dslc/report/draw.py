@@ -201,3 +201,25 @@ def text_grid(actions: Actions, sim: Simulation, width: int = 80, time_unit: str
         for r, row in enumerate(grid):
             lines.append(f"rank {r}".ljust(prefix) + "".join(c.ljust(cell) for c in row[first:first + per_band]).rstrip())
     return "\n".join(lines) + "\n"
+
+
+def to_json(plan, actions: Actions, sim: Simulation, t) -> dict:
+    """``dslc schedule --json``: every rank's action list with its simulated start and end
+    (ms), and the plan's costs ``t`` (dslc.cost.time.timing) in ms."""
+    pl = plan.pipeline
+    rows: dict[int, list] = {r: [] for r in range(len(actions))}
+    for rank, a, start, end in sim.timeline:
+        rows[rank].append({"kind": a.kind, "microbatch": a.microbatch, "chunk": a.chunk, "peer": a.peer,
+                           "start_ms": round(start, 6), "end_ms": round(end, 6)})
+    return {
+        "plan": plan.name,
+        "schedule": pl.schedule,
+        "pp": plan.pp,
+        "microbatches": pl.microbatches,
+        "virtual_stages": pl.virtual_stages,
+        "costs_ms": {"forward": t.t_f * 1e3, "backward": t.t_b * 1e3, "weight_grad": t.t_w * 1e3, "p2p": t.t_comm * 1e3},
+        "bubble_fraction": sim.bubble_fraction,
+        "makespan_ms": sim.makespan,
+        "peak_inflight": list(sim.peak_inflight),
+        "ranks": [{"rank": r, "actions": rows[r]} for r in sorted(rows)],
+    }

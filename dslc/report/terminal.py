@@ -39,8 +39,9 @@ def console(stream: IO | None = None):
 
     stream = stream if stream is not None else sys.stdout
     tty = interactive(stream)
-    # off a terminal nothing wraps: a table is as wide as its cells, a line as long as it is
-    return Console(file=stream, force_terminal=tty, force_interactive=tty, no_color=not colour(stream),
+    # off a terminal nothing wraps: a table is as wide as its cells, a line as long as it is;
+    # no colour system: no style at all (NO_COLOR drops bold too, as the diagnostics do)
+    return Console(file=stream, force_terminal=tty, force_interactive=tty, color_system="auto" if colour(stream) else None,
                    highlight=False, emoji=False, markup=False, width=None if tty else 10_000)
 
 
@@ -83,7 +84,7 @@ class _Bar(Progress):
         self._progress.update(self._task, advance=n, description=label)
 
     def log(self, line: str) -> None:
-        self._progress.console.print(line)
+        self._progress.console.print(line, soft_wrap=True)  # as long as it is, as off a terminal
 
 
 @contextmanager
