@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from . import layouts
-from .cli import UsageError, emit, load, pick
+from .cli_inputs import UsageError, emit, load, pick
 from .codes import FIT_CODES
 from .driver import layout_file
 from .report import search as report
