@@ -20,6 +20,7 @@ from dslc import check, driver, layouts
 from dslc.front import edit
 from dslc.front.parse import parse
 from dslc.front.textedit import quote
+from dslc.ir import MeshAxis
 from dslc.search import fits
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -167,7 +168,7 @@ def test_inline_blocks_and_every_entry_added(tmp_path):
            "    cluster c { nodes = 1; gpus_per_node = 1; device = cpu\n        link shm { scope = node; bandwidth = 10 GB/s } }\n"
            "    train { steps = 2; global_batch = 16 }\n}\n")
     plan = lowered(src, str(tmp_path / "p.plan"), "p")
-    mesh = replace(plan.mesh, axes=tuple(layouts.MeshAxis(n, s, "shm", plan.mesh.span) for n, s in (("dp", 4), ("pp", 2), ("cp", 2), ("tp", 2))))
+    mesh = replace(plan.mesh, axes=tuple(MeshAxis(n, s, "shm", plan.mesh.span) for n, s in (("dp", 4), ("pp", 2), ("cp", 2), ("tp", 2))))
     layout = replace(plan, mesh=mesh, cluster=replace(plan.cluster, nodes=1, gpus_per_node=32),
                      tensor_parallel=replace(plan.tensor_parallel, sequence_parallel=True),
                      data_parallel=replace(plan.data_parallel, zero=1),
