@@ -12,6 +12,7 @@ are computed per class, never per pair of ranks.
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from dataclasses import dataclass, replace
 from math import gcd
@@ -107,9 +108,11 @@ class GroupClass:
         return self.nodes > 1
 
 
+@functools.lru_cache(maxsize=4096)
 def group_classes(mesh: Mesh, gpus_per_node: int, axes: tuple[str, ...] | str, members: tuple[int, ...] | None = None) -> tuple[GroupClass, ...]:
     """Classes of identical groups along ``axes`` (positions ``members`` of each group
-    only, e.g. the first and last pipeline stage), lowest example first."""
+    only, e.g. the first and last pipeline stage), lowest example first; kept for the next
+    plan of the same mesh (the layout search asks for thousands)."""
     g = gpus_per_node
     names = axes_of(mesh, axes)
     off = offsets(mesh, names)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from math import prod
 
 from .source import Span
@@ -138,11 +139,15 @@ class Mesh:
     span: Span
 
     def size(self, name: str) -> int:
-        ax = self.axis(name)
+        ax = self._by_name.get(name)
         return ax.size if ax else 1
 
     def axis(self, name: str) -> MeshAxis | None:
-        return next((a for a in self.axes if a.name == name), None)
+        return self._by_name.get(name)
+
+    @cached_property
+    def _by_name(self) -> dict[str, MeshAxis]:  # the first axis of each name, worked out once
+        return {a.name: a for a in reversed(self.axes)}
 
     def stride(self, name: str) -> int:
         names = [a.name for a in self.axes]
@@ -160,22 +165,6 @@ class Mesh:
         for a in self.axes:
             out[a.name] = (rank // self.stride(a.name)) % a.size
         return out
-
-    def group(self, name: str, rank: int) -> tuple[int, ...]:
-        """Ranks of ``rank``'s group along axis ``name`` (itself if absent)."""
-        ax = self.axis(name)
-        if ax is None:
-            return (rank,)
-        stride = self.stride(name)
-        base = rank - self.coords(rank)[name] * stride
-        return tuple(base + i * stride for i in range(ax.size))
-
-    def groups(self, name: str) -> tuple[tuple[int, ...], ...]:
-        """All groups along axis ``name``, in order of their lowest rank."""
-        seen: dict[tuple[int, ...], None] = {}
-        for r in range(self.world_size):
-            seen.setdefault(self.group(name, r), None)
-        return tuple(seen)
 
 
 @dataclass(frozen=True)
@@ -384,6 +373,10 @@ class Plan:
         """Layers of each model chunk, in layer order (pp × virtual_stages chunks).
 
         Chunk c runs on pipeline rank c % pp (interleaved assignment)."""
+        return self._stage_layers
+
+    @cached_property
+    def _stage_layers(self) -> tuple[int, ...]:  # worked out once: the cost model asks often
         if self.pipeline.layers_per_stage:
             return self.pipeline.layers_per_stage
         n = self.pp * self.pipeline.virtual_stages
