@@ -40,6 +40,8 @@ def run(args) -> int:
     if len(plans) > 1:
         raise UsageError(f"{args.plan_file} holds {len(plans)} plans; pick one with --plan")
     plan = plans[0]
+    if args.output:  # before the search, not after it
+        writable(plan, args.output)
     began = time.monotonic()
     try:
         with progress(f"searching the layouts of {plan.name}") as bar:
@@ -61,17 +63,40 @@ def run(args) -> int:
     return 0
 
 
+def writable(plan, path: str) -> None:
+    """A one-line error for an output that cannot be written, or that is the plan's own file."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise UsageError(f"cannot write {path}: no folder {folder}")
+    if os.path.isdir(path):
+        raise UsageError(f"cannot write {path}: it is a folder")
+    if os.path.exists(path) and os.path.exists(plan.file) and os.path.samefile(path, plan.file):
+        raise UsageError(f"-o {path} is the plan being searched: write the layout to another file")
+
+
+KEYWORDS = ("true", "false", "import", "on", "every")  # words a plan name cannot be
+
+
 def write_layout(plan, best, path: str, source: str | None) -> None:
     """The fastest layout as a plan file at ``path``, named after the file (or the plan's
     name with ``_searched``), written whole or not at all."""
+    writable(plan, path)
     stem = Path(path).stem
-    name = stem if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", stem) and stem != plan.name else f"{plan.name}_searched"
+    usable = re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", stem) and stem not in KEYWORDS and stem != plan.name
+    name = stem if usable else f"{plan.name}_searched"
     text = layout_file(plan, best.plan, path, name, best.changes, source)
     folder = os.path.dirname(os.path.abspath(path))
+    mask = os.umask(0)
+    os.umask(mask)
+    temp = None
     try:
         with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=folder, suffix=".tmp", delete=False) as f:
+            temp = f.name
             f.write(text)
-        os.replace(f.name, path)
+        os.chmod(temp, 0o666 & ~mask)  # as an editor would make it, not the temporary file's 0600
+        os.replace(temp, path)
     except OSError as e:
+        if temp is not None and os.path.exists(temp):
+            os.unlink(temp)
         raise UsageError(f"cannot write {path}: {e.strerror}") from None
     print(f"wrote {path} (plan {name})", file=sys.stderr)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import re
 import sys
 from pathlib import Path
 
@@ -77,6 +79,26 @@ def test_search_usage_errors_are_one_line(argv, code, message, capsys):
     assert cli.main(["search", str(ROOT / "plans/llama3_70b.plan"), *argv]) == code
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_the_written_plan_is_named_after_its_file_made_whole_and_never_the_input(tmp_path, capsys):
+    demo = ROOT / "plans/tiny_demo.plan"
+    mask = os.umask(0o022)
+    try:
+        assert cli.main(["search", str(demo), "-q", "--top", "1", "-o", str(tmp_path / "true.plan")]) == 0
+    finally:
+        os.umask(mask)
+    written = tmp_path / "true.plan"
+    assert re.search(r"^plan tiny_demo_searched \{", written.read_text(), re.MULTILINE)  # `true` is a keyword
+    assert written.stat().st_mode & 0o777 == 0o644 and os.listdir(tmp_path) == ["true.plan"]
+    before = demo.read_bytes()
+    for target, message in ((demo, "is the plan being searched"), (tmp_path / "no" / "x.plan", "no folder"),
+                            (tmp_path, "it is a folder")):
+        capsys.readouterr()
+        assert cli.main(["search", str(demo), "-q", "-o", str(target)]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "layouts costed" not in err  # refused before the search
+    assert demo.read_bytes() == before
 
 
 def test_search_takes_a_plan_that_does_not_fit_and_refuses_one_with_other_errors(tmp_path, capsys):

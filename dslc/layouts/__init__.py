@@ -21,22 +21,26 @@ too):
 3. **shape ranking** — each surviving shape is costed once, at a probe (1f1b, micro-batches
    of one, the fastest zero and recompute that fit); the best ``beam`` shapes, and the plan's
    own, go on;
-4. **the rest** — for those shapes every schedule, virtual-stage count, micro-batch size,
-   sequence-parallel and cp-method choice, each with the *fastest knobs that fit*: for each
-   zero stage the lightest recompute that fits (a staircase: a higher stage never needs
-   more recompute), then costed.
+4. **the rest** — for those shapes every schedule, virtual-stage count, sequence-parallel
+   and cp-method choice (at the smallest micro-batch), then for the best ``beam`` of those
+   every micro-batch size; each with the *fastest knobs that fit*: for each zero stage the
+   lightest recompute that fits (a staircase: a higher stage never needs more recompute),
+   then costed.
+
+It is a beam search: a layout whose shape or schedule probed slower than the beam's is
+not costed at its other micro-batch sizes. ``tests/test_search_layouts.py`` holds its
+answers against published layouts.
 
 Dominated choices are not costed: gpipe (1f1b has its bubble with fewer activations held),
 and sequence parallelism off under tp (the same bytes as tp's all-reduce and 1/tp of the
 activations: Korthikanti et al. 2022, §4.2.2) unless the plan turns it off itself.
 """
 
-
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from ..check import check_plan
 from ..cost import memory as mem
@@ -53,7 +57,6 @@ from .space import (
     degrees,
     knobs,
     layout_label,
-    mesh_size,
     meshes,
     methods,
     micro_batches,
@@ -96,7 +99,7 @@ class Result:
     costed: int = 0  # layouts whose step was estimated
     checked: int = 0  # layouts put through the rules
     own: Found | None = None  # the plan as written, if it passes and fits
-    notes: list[str] = field(default_factory=list)
+
 
 # ---------------------------------------------------------------------------- the search
 
@@ -171,14 +174,15 @@ class Searcher:
         # the most sharded first: the highest stage, over every dp rank (shard 0), then wider shards
         stages = sorted(zero_stages(self.plan, mesh, self.fixed), key=lambda z: (-z[0], z[1] != 0, -z[1]))
         frugal = recompute_policies(self.plan, self.fixed)[-1]
-        pp, fixed = mesh_size(mesh, "pp"), self.fixed
+        pp, fixed = mesh.size("pp"), self.fixed
         shapes = schedules(self.plan, pp, fixed) if "schedule" in fixed else [("1f1b", 1), ("zb_h1", 1)] if pp > 1 else [("1f1b", 1)]
         mb = self.plan.train.micro_batch if "micro_batch" in fixed else 1
-        for (zero, shard), (schedule, v), method in itertools.product(stages, shapes, methods(self.plan, mesh_size(mesh, "cp"), fixed)):
+        for (zero, shard), (schedule, v), method in itertools.product(stages, shapes, methods(self.plan, mesh.size("cp"), fixed)):
             p = with_layout(self.plan, mesh, schedule, v, mb, sp, method, zero, shard, frugal)
             if self.passes(p):
                 return self.fit(p)[0]
         return None
+
 
 def search(plan: Plan, gpus: int | None = None, beam: int = BEAM, progress=None,
            settings: mem.Settings = mem.DEFAULT, fixed: frozenset[str] = frozenset()) -> Result:

@@ -14,14 +14,13 @@ from ..groups import axis_crossing
 from ..ir import Cluster, MeshAxis, Plan
 
 AXIS_ORDER = ("dp", "pp", "cp", "ep", "tp")  # the plans' usual order, outermost first
-RECOMPUTE = (("none", 1), ("selective", 1), ("selective_ops", 1), ("full", 2), ("full", 1))  # most saved first
+RECOMPUTE = (("none", 1), ("selective", 1), ("selective_ops", 1), ("full", 2), ("full", 1))  # the least recomputed (most activations kept) first
 VIRTUAL = (2, 3, 4, 6, 8)  # interleaved_1f1b's virtual stages tried
 MAX_MICRO_BATCH = 16
 
 
 class SearchError(Exception):
     """The search cannot start (a GPU count the cluster cannot be cut to): one line."""
-
 
 
 # ---------------------------------------------------------------------------- the cluster
@@ -165,27 +164,28 @@ def zero_stages(plan: Plan, mesh, fixed=()) -> list[tuple[int, int]]:
 
 
 def recompute_policies(plan: Plan, fixed=()) -> list[tuple[str, int]]:
+    """(policy, every) to try, the least recomputed first: `full every 2` needs 2 layers."""
     if "recompute" in fixed:
         return [(plan.train.recompute, plan.train.recompute_every)]
     return [r for r in RECOMPUTE if not (r[0] == "full" and r[1] == 2 and plan.model.layers < 2)]
 
 
-def mesh_size(mesh, name: str) -> int:
-    return next((a.size for a in mesh.axes if a.name == name), 1)
-
-
 def methods(plan: Plan, cp: int, fixed=()) -> list[str]:
+    """The cp methods to try (ring and Ulysses; the rules say which a model takes)."""
     if cp == 1 or "cp" in fixed:
         return [plan.context_parallel.method]
     return ["ring", "ulysses"]
 
 
 def sp_choices(plan: Plan, tp: int, fixed=()) -> list[bool]:
+    """Sequence parallelism under tp: on (the same bytes, less memory), and off too only
+    where the plan turns it off itself."""
     if tp == 1:
         return [False]
     if "sp" in fixed:
         return [plan.tensor_parallel.sequence_parallel]
     return [True, False] if not plan.tensor_parallel.sequence_parallel and "tensor_parallel.sequence_parallel" in plan.spans else [True]
+
 
 # ---------------------------------------------------------------------------- differences
 
