@@ -1,5 +1,7 @@
 """IR plans built in Python, without plan text, for the estimator and report tests: a
-model, and a plan on a cluster of H100 nodes (nvlink inside a node, ib across)."""
+model, and a plan on a cluster of H100 nodes (nvlink inside a node, ib across); and the
+plain definition of a mesh's groups, rank by rank, that dslc's group classes and the
+generated mesh.py are checked against."""
 
 from __future__ import annotations
 
@@ -52,3 +54,17 @@ def plan(mdl: Model, *axes, gpn=8, zero=0, sp=False, schedule="1f1b", v=1, m=1, 
                   Data("synthetic", None, None, None), None, None)
     return Plan(name, f"{name}.plan", mdl, cluster, mesh, TensorParallel(sp, None), DataParallel(zero, None),
                 Pipeline(schedule, v, m, None, None), ContextParallel(cp, True, None), train, SP)
+
+
+def group(m: Mesh, name: str, rank: int) -> tuple[int, ...]:
+    """The ranks of ``rank``'s group along axis ``name`` (itself when the axis is absent)."""
+    ax, stride = m.axis(name), m.stride(name)
+    if ax is None:
+        return (rank,)
+    base = rank - m.coords(rank)[name] * stride
+    return tuple(base + i * stride for i in range(ax.size))
+
+
+def groups(m: Mesh, name: str) -> tuple[tuple[int, ...], ...]:
+    """Every group along axis ``name``, in order of their lowest rank."""
+    return tuple(dict.fromkeys(group(m, name, r) for r in range(m.world_size)))

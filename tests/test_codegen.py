@@ -19,6 +19,7 @@ import tokenize
 from pathlib import Path
 from types import SimpleNamespace
 
+import irbuild
 import numpy as np
 import pytest
 import yaml
@@ -616,7 +617,7 @@ def test_the_regenerate_line_reproduces_the_output_folder(tmp_path, out, command
 def test_process_groups_follow_the_mesh_layout(golden_plans, tmp_path, import_generated):
     """Run the generated build_process_groups (mesh.py) for every rank with a fake
     new_group: each rank must create the same groups in the same order and join
-    Mesh.group(), and a flattened group over several axes (a fake dp x pp on a 3-axis mesh)
+    irbuild.group(), and a flattened group over several axes (a fake dp x pp on a 3-axis mesh)
     must hold the ranks that share the coordinates on the other axes."""
     plan = golden_plans["gpt2_dp2_tp2"]
     files = codegen.render(plan)
@@ -647,15 +648,15 @@ def test_process_groups_follow_the_mesh_layout(golden_plans, tmp_path, import_ge
             mesh_module.build_process_groups(rank, tuple((a.name, a.size) for a in mesh.axes), group_axes, None)
             groups, coords = mesh_module.GROUPS, mesh_module.COORDS
             for a in mesh.axes:
-                assert groups[a.name] == mesh.group(a.name, rank)
+                assert groups[a.name] == irbuild.group(mesh, a.name, rank)
                 assert coords[a.name] == mesh.coords(rank)[a.name]
             for axes in flat:  # the union of the dp groups of this rank's pp group, sorted
-                want = sorted({q for p in mesh.group(axes[1], rank) for q in mesh.group(axes[0], p)})
+                want = sorted({q for p in irbuild.group(mesh, axes[1], rank) for q in irbuild.group(mesh, axes[0], p)})
                 assert groups["+".join(axes)] == tuple(want)
                 assert len(want) == math.prod(mesh.size(a) for a in axes)
             orders.append(created)
         assert all(o == orders[0] for o in orders)
-        single = [g for a in mesh.axes for g in mesh.groups(a.name)]
+        single = [g for a in mesh.axes for g in irbuild.groups(mesh, a.name)]
         assert sorted(orders[0][: len(single)]) == sorted(single)
         assert len(orders[0]) == len(single) + sum(
             mesh.world_size // math.prod(mesh.size(a) for a in axes) for axes in flat

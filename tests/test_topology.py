@@ -8,6 +8,7 @@ from collections import Counter
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+from irbuild import groups
 
 from dslc.cost.collectives import Comm
 from dslc.cost.links import Flow, charge, charge_comms
@@ -27,17 +28,6 @@ def cluster(nodes: int = 2, gpn: int = 8, links=(NVLINK, IB)) -> Cluster:
 
 def mesh(*axes: tuple[str, int, str]) -> Mesh:
     return Mesh(tuple(MeshAxis(n, s, lk, SP) for n, s, lk in axes), SP)
-
-
-def groups(m: Mesh, name: str) -> tuple[tuple[int, ...], ...]:
-    """Every group along axis ``name``, listed rank by rank, in order of their lowest rank:
-    the plain definition that group_classes' residues must agree with."""
-    seen: dict[tuple[int, ...], None] = {}
-    for rank in range(m.world_size):
-        ax, stride = m.axis(name), m.stride(name)
-        base = rank - m.coords(rank)[name] * stride if ax else rank
-        seen.setdefault(tuple(base + i * stride for i in range(ax.size)) if ax else (rank,), None)
-    return tuple(seen)
 
 
 # ---------------------------------------------------------------------------- graph
