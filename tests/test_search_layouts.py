@@ -160,7 +160,7 @@ def small_plans(draw):
     return res.program.plans[0]
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(small_plans())
 def test_every_layout_the_search_proposes_passes_lint_and_fits(plan):
     result = layouts.search(plan, beam=3)
