@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 import tempfile
 import time
@@ -17,6 +16,7 @@ from . import layouts
 from .cli_inputs import UsageError, emit, load, pick
 from .codes import FIT_CODES
 from .driver import layout_file
+from .front.edit import can_name_a_plan
 from .report import search as report
 from .report.terminal import progress, show
 
@@ -74,16 +74,12 @@ def writable(plan, path: str) -> None:
         raise UsageError(f"-o {path} is the plan being searched: write the layout to another file")
 
 
-KEYWORDS = ("true", "false", "import", "on", "every")  # words a plan name cannot be
-
-
 def write_layout(plan, best, path: str, source: str | None) -> None:
     """The fastest layout as a plan file at ``path``, named after the file (or the plan's
     name with ``_searched``), written whole or not at all."""
     writable(plan, path)
     stem = Path(path).stem
-    usable = re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", stem) and stem not in KEYWORDS and stem != plan.name
-    name = stem if usable else f"{plan.name}_searched"
+    name = stem if can_name_a_plan(stem) and stem != plan.name else f"{plan.name}_searched"
     text = layout_file(plan, best.plan, path, name, best.changes, source)
     folder = os.path.dirname(os.path.abspath(path))
     mask = os.umask(0)

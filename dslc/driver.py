@@ -73,10 +73,7 @@ def load_text(text: str | bytes, filename: str = "<stdin>", check: bool = True) 
 def lint(plan: ir.Plan) -> list[Diagnostic]:
     """Every diagnostic of a lowered plan: the rules of :mod:`dslc.check`, then, for a
     plan whose shapes are sound, whether it fits in memory (E090, :mod:`dslc.search`)."""
-    diags = check.check_plan(plan)
-    if not any(d.is_error for d in diags):
-        diags += search.fit_diagnostics(plan)
-    return diags
+    return search.diagnostics(plan)
 
 
 def _lower(loader: Loader, roots: list[str], run_checks: bool) -> LoadResult:

@@ -81,6 +81,15 @@ def peak(plan: Plan, settings: mem.Settings = mem.DEFAULT) -> int:
     return max(s.total for s in mem.memory(plan, settings))
 
 
+def diagnostics(plan: Plan) -> list[Diagnostic]:
+    """Every diagnostic of a lowered plan, as ``dslc lint`` reports it: the rules of
+    :mod:`dslc.check`, then, for a plan whose shapes are sound, whether it fits (E090)."""
+    diags = check_plan(plan)
+    if not any(d.is_error for d in diags):
+        diags += fit_diagnostics(plan)
+    return diags
+
+
 def fits(plan: Plan, settings: mem.Settings = mem.DEFAULT) -> tuple[bool, int]:
     """Whether the worst rank of ``plan`` fits in its device's memory (E090's test), and
     its bytes."""

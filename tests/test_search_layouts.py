@@ -43,6 +43,7 @@ def test_search_prints_its_table_and_writes_a_plan_that_lints_clean_and_explains
     assert [row["rank"] for row in doc["layouts"]] == [1, 2, 3, 4, 5]
     steps = [row["step_s"] for row in doc["layouts"]]
     assert steps == sorted(steps) and doc["as_written"]["step_s"] >= steps[0]
+    assert doc["as_written"]["busiest_link"]["link"] in ("nvlink", "ib")
     assert all(row["memory_bytes"] + row["headroom_bytes"] == 80 * 2**30 and row["headroom_bytes"] >= 0 for row in doc["layouts"])
     # the written plan: read back as a user's file, lint finds nothing, and explain gives
     # the step the table printed for the first row
@@ -247,4 +248,5 @@ def test_llama3_405b_on_16k_gpus_is_in_the_top_5_at_the_settings_meta_chose():
     result = layouts.search(plan, fixed=frozenset({"zero", "recompute", "schedule", "micro_batch"}))
     ok, where = _within(result, slack=0.0)
     assert ok, where
-    assert result.own.timing.mfu < 0.30, f"MFU {result.own.timing.mfu:.3f}: update the README"
+    measured = 0.38  # Table 4's BF16 MFU at 16,384 GPUs and 8K context
+    assert result.own.timing.mfu < measured - 0.08, f"MFU {result.own.timing.mfu:.3f}: update the README"

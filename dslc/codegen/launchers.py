@@ -39,6 +39,7 @@ def launcher_view(plan: Plan, name: str, out_dir: str, data_paths: list[str]) ->
     return {
         "gpus": gpus,
         "cpus_per_node": 0 if gpus else plan.cluster.gpus_per_node,  # gloo: one CPU per rank
+        "processes_are": "GPUs" if gpus else "CPU processes",  # what a node's processes run on
         # where sbatch.sh looks for this folder, from the folder sbatch was called in
         "slurm_folders": _slurm_folders(name, folder),
         "generated_folder": folder or name,  # for messages and comments only

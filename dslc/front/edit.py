@@ -20,12 +20,12 @@ import os
 from dataclasses import replace
 
 from .. import ir
-from ..diagnostics import Diagnostic
+from ..diagnostics import Diagnostic, printable
 from ..source import Sources
 from . import ast
 from .load import Loader
 from .lower import IDENT, lower_unit
-from .textedit import Editor, comment_safe, quote
+from .textedit import Editor, quote
 
 HEADER = "// Written by `dslc search` from "
 KEYWORDS = ("true", "false", "import", "on", "every")  # not a plan name: the grammar reads them as words
@@ -37,6 +37,11 @@ class WriteError(Exception):
     """The text written is not the layout, or does not lint clean: a bug of the writer."""
 
 
+def can_name_a_plan(name: str) -> bool:
+    """Whether ``name`` reads back as a plan's name (an identifier, not a keyword)."""
+    return bool(IDENT.match(name)) and name not in KEYWORDS
+
+
 def layout_text(plan: ir.Plan, layout: ir.Plan, out_path: str, name: str,
                 changes: list[str] | tuple[str, ...] | None = None, source: str | None = None) -> str:
     """The text of a plan file, to be written at ``out_path``, that defines one plan ``name``
@@ -44,7 +49,7 @@ def layout_text(plan: ir.Plan, layout: ir.Plan, out_path: str, name: str,
     parallel blocks, micro-batch, recompute, the cluster's size). ``changes`` go in the
     header (by default the fields that differ); ``source`` is the plan file's text when it
     was not read from ``plan.file`` (standard input)."""
-    if not IDENT.match(name) or name in KEYWORDS:
+    if not can_name_a_plan(name):
         raise ValueError(f"{name!r} cannot name a plan: a name starts with a letter or '_' and holds letters, digits and '_'")
     loader = Loader(Sources(), [])
     loader.read(plan.file, None if source is None else source.encode("utf-8"))
@@ -214,10 +219,10 @@ class _Writer:
 
     def _header(self, changes) -> str:
         nl = self.ed.newline
-        lines = [f"{HEADER}{comment_safe(self.plan.file)} (plan {self.plan.name}), as plan {self.name}."]
+        lines = [f"{HEADER}{printable(self.plan.file)} (plan {self.plan.name}), as plan {self.name}."]
         changes = list(changes) if changes is not None else same_layout(self.plan, self.layout)
-        lines += ["// Changed: " + (comment_safe(changes[0]) if changes else "nothing: this is the plan's own layout")]
-        lines += [f"//          {comment_safe(c)}" for c in changes[1:]]
+        lines += ["// Changed: " + (printable(changes[0]) if changes else "nothing: this is the plan's own layout")]
+        lines += [f"//          {printable(c)}" for c in changes[1:]]
         if os.path.abspath(os.path.dirname(self.out)) != os.path.abspath(os.path.dirname(self.plan.file)):
             lines += ["// Paths are relative to this file; checkpoint.dir stays relative to the run's working directory."]
         return nl.join(lines) + nl + nl

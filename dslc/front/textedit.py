@@ -23,11 +23,6 @@ def quote(s: str) -> str:
     return '"' + "".join("\\\\" if ch == "\\" else '\\"' if ch == '"' else _printable(ch) for ch in s) + '"'
 
 
-def comment_safe(s: str) -> str:
-    """``s`` for a ``//`` comment: no character that ends the line or reads as one."""
-    return "".join(_printable(ch) for ch in s)
-
-
 def _printable(ch: str) -> str:
     if ch.isprintable():
         return ch

@@ -98,7 +98,7 @@ def summary(result: Result, seconds_taken: float) -> str:
 
 
 def to_json(result: Result, shown: list[Row], seconds_taken: float) -> dict:
-    def doc(f: Found, row: Row | None) -> dict:
+    def doc(f: Found, busiest: BusiestLink | None) -> dict:
         return {
             "layout": knobs(f.plan),
             "mesh": [{"axis": a.name, "size": a.size, "link": a.link} for a in f.plan.mesh.axes],
@@ -109,8 +109,8 @@ def to_json(result: Result, shown: list[Row], seconds_taken: float) -> dict:
             "bubble_fraction": f.timing.bubble_fraction,
             "memory_bytes": f.peak,
             "headroom_bytes": f.headroom,
-            "busiest_link": ({"link": row.busiest.link, "seconds_per_step": row.busiest.seconds, "bytes_per_step": row.busiest.bytes}
-                             if row and row.busiest else None),
+            "busiest_link": ({"link": busiest.link, "seconds_per_step": busiest.seconds, "bytes_per_step": busiest.bytes}
+                             if busiest else None),
             "changes": list(f.changes),
         }
 
@@ -125,6 +125,6 @@ def to_json(result: Result, shown: list[Row], seconds_taken: float) -> dict:
         "costed": result.costed,
         "fit": len(result.ranked),
         "seconds": seconds_taken,
-        "layouts": [doc(r.found, r) | {"rank": r.rank, "same_estimate": r.same} for r in shown],
-        "as_written": (doc(result.own, None) | {"rank": own_rank(result)}) if result.own else None,
+        "layouts": [doc(r.found, r.busiest) | {"rank": r.rank, "same_estimate": r.same} for r in shown],
+        "as_written": (doc(result.own, _busiest(result.own)) | {"rank": own_rank(result)}) if result.own else None,
     }
