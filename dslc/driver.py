@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import check, ir, search
 from .diagnostics import Diagnostic, error
-from .front import edit
+from .front import ast, edit
 from .front.load import Loader
 from .front.lower import lower_unit
 from .source import Sources
@@ -34,6 +34,7 @@ class LoadResult:
     failed_plans: tuple[ir.Plan, ...] = ()  # plans with errors of their own or of their file
     library: int = 0  # clusters and models of files without plans, checked on their own
     roots: tuple[str, ...] = ()  # the files asked for, not their imports
+    asts: dict[str, ast.File | None] = field(default_factory=dict)  # every file read, by its path in spans
 
     @property
     def own_plans(self) -> tuple[ir.Plan, ...]:
@@ -103,7 +104,7 @@ def _lower(loader: Loader, roots: list[str], run_checks: bool) -> LoadResult:
     unique = list(dict.fromkeys(diags))  # a shared import's diagnostics once
     unique.sort(key=Diagnostic.sort_key)
     program = ir.Program(tuple(plans), tuple(loader.sources.texts))
-    return LoadResult(program, unique, loader.sources, tuple(failed_files), tuple(failed), len(defined), tuple(roots))
+    return LoadResult(program, unique, loader.sources, tuple(failed_files), tuple(failed), len(defined), tuple(roots), loader.asts)
 
 
 def output_clashes(plans: Sequence[ir.Plan]) -> list[Diagnostic]:

@@ -25,6 +25,7 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 RECOMPUTE = ("none", "selective", "selective_ops", "full")  # `full every N`: Train.recompute_every
 CP_METHODS = ("ring", "ulysses")
 LINK_SCOPES = ("node", "cluster")
+LOSS_SCALES = ("dynamic", "none")  # fp16: a dynamic loss scale, or none
 OPTIMIZERS = ("adamw", "adam", "sgd")
 LR_SCHEDULES = ("constant", "cosine", "linear")
 DATA_KINDS = ("synthetic", "text", "tokens", "blend")

@@ -18,6 +18,7 @@ from ..source import Span
 from . import ast
 from .defaults import DEFAULTS as D
 from .defaults import MAX_RANKS, ROUTERS
+from .keys import BLOCKS, KEYS, MODEL_EXPERT_KEYS, TOP_BLOCKS
 from .load import Unit
 from .plan import capacity_factor, lower_plan
 from .schema import Fields, Reader
@@ -27,9 +28,6 @@ IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 # --------------------------------------------------------------------------
 # definitions
-
-
-TOP_BLOCKS = ("cluster", "model", "plan")
 
 
 Library = list[tuple[ir.Cluster | ir.Model, dict[str, Span]]]
@@ -130,7 +128,7 @@ class Lowerer:
     # -- cluster ------------------------------------------------------------
     def cluster(self, block: ast.Block) -> ir.Cluster | None:
         r = self.r
-        f = r.fields(block, ("nodes", "gpus_per_node", "device", "peak_flops", "device_memory", "efficiency"), blocks=("link",))
+        f = r.fields(block, KEYS["cluster"], blocks=BLOCKS["cluster"])
         nodes = r.int(f, "nodes", required=True)
         gpn = r.int(f, "gpus_per_node", required=True)
         dev_name = r.choice(f, "device", tuple(DEVICES), required=True)
@@ -147,7 +145,7 @@ class Lowerer:
                 r.diags.append(error("E017", lb.name_span, f"link '{lb.name}' is defined twice"))
                 continue
             cat = LINKS.get(lb.name)
-            lf = r.fields(lb, ("scope", "bandwidth", "latency"))
+            lf = r.fields(lb, KEYS["link"])
             scope = r.choice(lf, "scope", ir.LINK_SCOPES, cat[0] if cat else None, required=cat is None)
             bw = r.quantity(lf, "bandwidth", "rate", cat[1] if cat else None, required=cat is None, catalog=lb.name)
             lat = r.quantity(lf, "latency", "time", cat[2] if cat else D["link.latency"], catalog=lb.name if cat else None)
@@ -162,12 +160,9 @@ class Lowerer:
         return ir.Cluster(block.name or "cluster", nodes, gpn, device, tuple(links), block.span, efficiency)
 
     # -- model --------------------------------------------------------------
-    MODEL_KEYS = ("arch", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len", "head_dim", "norm_eps", "rope_theta", "tie_embeddings", "dropout")
-    EXPERT_KEYS = ("experts", "top_k", "capacity_factor", "aux_loss_weight", "router", "z_loss_weight", "dense_layers", "dense_ffn", "shared_experts")
-
     def model(self, block: ast.Block) -> ir.Model | None:
         r = self.r
-        f = r.fields(block, self.MODEL_KEYS + self.EXPERT_KEYS)
+        f = r.fields(block, KEYS["model"])
         names = tuple(archs.ARCHS)
         default_arch = block.name if block.name in names else None
         arch = r.choice(f, "arch", names, default_arch)
@@ -189,7 +184,7 @@ class Lowerer:
         tie = r.bool(f, "tie_embeddings", spec.tie_embeddings if spec else False)
         dropout = r.float(f, "dropout", D["model.dropout"])
         moe = bool(spec and spec.moe)
-        for key in self.EXPERT_KEYS:
+        for key in MODEL_EXPERT_KEYS:
             if not moe and key in f.assigns:
                 r.diags.append(error("E072", f.assigns[key].span, f"'{key}' is an expert option but {arch} is a dense model", "use arch = mixtral for a mixture of experts"))
         # may also come from the plan's experts block; lower_plan checks it is set

@@ -17,13 +17,9 @@ from ..source import Span
 from . import ast
 from .defaults import BOUNDS, MAX_BLEND, MAX_RANKS, ROUTERS
 from .defaults import DEFAULTS as D
+from .keys import BLOCKS, EXPERT_KEYS, KEYS, MODEL_KEY
 from .recompute import recompute_policy
 from .schema import Fields, Reader, as_float, shown
-
-EXPERT_KEYS = ("count", "top_k", "capacity_factor", "aux_loss_weight", "router", "z_loss_weight", "dense_layers", "dense_ffn", "shared")
-# the model's name of a key of the experts block (the others are the same)
-MODEL_KEY = {"count": "experts", "shared": "shared_experts"}
-PLAN_BLOCKS = ("model", "cluster", "mesh", "tensor_parallel", "data_parallel", "pipeline", "context_parallel", "experts", "train")
 
 # resolve(kind, fields, spans): the plan's model or cluster, by reference or inline
 Resolve = Callable[[str, Fields, dict[str, Span]], object]
@@ -31,39 +27,39 @@ Resolve = Callable[[str, Fields, dict[str, Span]], object]
 
 def lower_plan(r: Reader, block: ast.Block, resolve: Resolve) -> ir.Plan | None:
     spans: dict[str, Span] = {}
-    f = r.fields(block, ("model", "cluster"), blocks=PLAN_BLOCKS)
+    f = r.fields(block, KEYS["plan"], blocks=BLOCKS["plan"])
     for kind in ("model", "cluster"):
         r.single(f, kind)  # diagnoses a second inline block
     model = resolve("model", f, spans)
     cluster = resolve("cluster", f, spans)
 
-    def sub(kind: str, keys=(), blocks=(), axes=False) -> Fields:
+    def sub(kind: str, axes=False) -> Fields:
         b = r.single(f, kind)
         if b is None:
             return Fields(ast.Block(kind, block.span, None, None, (), block.span))
         spans[kind] = b.kind_span
         if b.name is not None and kind not in ("optimizer", "lr_schedule"):
             r.diags.append(error("E013", b.name_span, f"a {kind} block takes no name", f"write `{kind} {{ … }}`"))
-        sf = r.fields(b, keys, blocks, axes=axes)
+        sf = r.fields(b, KEYS[kind], BLOCKS.get(kind, ()), axes=axes)
         for key, a in sf.assigns.items():
             spans[f"{kind}.{key}"] = a.span
         return sf
 
-    mesh = _mesh(r, sub("mesh", ir.AXES, axes=True), cluster, spans)
+    mesh = _mesh(r, sub("mesh", axes=True), cluster, spans)
 
-    tpf = sub("tensor_parallel", ("sequence_parallel",))
+    tpf = sub("tensor_parallel")
     tp = ir.TensorParallel(r.bool(tpf, "sequence_parallel", D["tensor_parallel.sequence_parallel"]), spans.get("tensor_parallel"))
 
-    dpf = sub("data_parallel", ("zero", "reshard_after_forward", "shard"))
+    dpf = sub("data_parallel")
     dp = ir.DataParallel(r.int(dpf, "zero", D["data_parallel.zero"]), spans.get("data_parallel"),
                          r.bool(dpf, "reshard_after_forward", D["data_parallel.reshard_after_forward"]),
                          r.int(dpf, "shard", 0))  # 0: every dp rank (the docs' default `dp`)
 
-    cpf = sub("context_parallel", ("method", "load_balance"))
+    cpf = sub("context_parallel")
     cp = ir.ContextParallel(r.choice(cpf, "method", ir.CP_METHODS, D["context_parallel.method"]) or D["context_parallel.method"], r.bool(cpf, "load_balance", D["context_parallel.load_balance"]), spans.get("context_parallel"))
 
     # experts { } sets a mixtral model's expert options for this plan
-    ef = sub("experts", EXPERT_KEYS)
+    ef = sub("experts")
     if ef.assigns and model is not None:
         if not archs.of(model).moe:
             r.diags.append(error("E072", spans["experts"], f"an experts block needs a mixture-of-experts model, but {model.arch} is dense", "use arch = mixtral"))
@@ -90,8 +86,8 @@ def lower_plan(r: Reader, block: ast.Block, resolve: Resolve) -> ir.Plan | None:
         r.diags.append(error("E012", spans.get("model", block.span), "a mixtral model needs its number of experts", "set `experts = 8` in the model, or `experts { count = 8 }` in the plan"))
         model = None
 
-    tf = sub("train", ("steps", "micro_batch", "global_batch", "precision", "recompute", "grad_clip", "seed", "loss_scale", "data", "timeout", "init", "seq_len", "compile"), blocks=("optimizer", "lr_schedule", "checkpoint", "eval"))
-    ppf = sub("pipeline", ("schedule", "virtual_stages", "microbatches", "layers_per_stage"))
+    tf = sub("train")
+    ppf = sub("pipeline")
     micro_batch = r.int(tf, "micro_batch", D["train.micro_batch"])
     global_batch = r.int(tf, "global_batch", None)
     data_ranks = mesh.size("dp") * mesh.size("ep") if mesh else 1
@@ -202,12 +198,12 @@ def _train(r: Reader, f: Fields, plan_block, cluster, micro_batch, global_batch,
     recompute, recompute_every = recompute_policy(r, f)
     grad_clip = r.float(f, "grad_clip", D["train.grad_clip"])
     seed = r.int(f, "seed", D["train.seed"])
-    loss_scale = r.choice(f, "loss_scale", ("dynamic", "none"), D["train.loss_scale"]) or D["train.loss_scale"]
+    loss_scale = r.choice(f, "loss_scale", ir.LOSS_SCALES, D["train.loss_scale"]) or D["train.loss_scale"]
 
     opt_block = r.single(f, "optimizer")
     if opt_block is not None:
         spans["train.optimizer"] = opt_block.kind_span
-        of = r.fields(opt_block, ("lr", "betas", "eps", "weight_decay", "momentum"))
+        of = r.fields(opt_block, KEYS["optimizer"])
         name = opt_block.name or D["train.optimizer"]
         if name not in ir.OPTIMIZERS:
             r.diags.append(r.unknown("E019", f"unknown optimizer '{name}'", name, ir.OPTIMIZERS, opt_block.name_span))
@@ -223,7 +219,7 @@ def _train(r: Reader, f: Fields, plan_block, cluster, micro_batch, global_batch,
     sname, sf = D["train.lr_schedule"], None
     if sched_block is not None:
         spans["train.lr_schedule"] = sched_block.kind_span
-        sf = r.fields(sched_block, ("warmup", "min_lr", "decay_steps"))
+        sf = r.fields(sched_block, KEYS["lr_schedule"])
         sname = sched_block.name or D["train.lr_schedule"]
         if sname not in ir.LR_SCHEDULES:
             r.diags.append(r.unknown("E019", f"unknown lr schedule '{sname}'", sname, ir.LR_SCHEDULES, sched_block.name_span))
@@ -237,7 +233,7 @@ def _train(r: Reader, f: Fields, plan_block, cluster, micro_batch, global_batch,
     checkpoint = None
     if ck_block is not None:
         spans["train.checkpoint"] = ck_block.kind_span
-        cf = r.fields(ck_block, ("every", "dir", "keep", "async", "max_restarts"))
+        cf = r.fields(ck_block, KEYS["checkpoint"])
         every, cdir = r.int(cf, "every", required=True), r.string(cf, "dir", required=True)
         if every is not None and cdir is not None:
             keep, restarts = r.int(cf, "keep", 0), r.int(cf, "max_restarts", 0)
@@ -355,7 +351,7 @@ def _eval(r, f: Fields, plan_block, spans) -> ir.Eval | None:
     if b is None:
         return None
     spans["train.eval"] = b.kind_span
-    ef = r.fields(b, ("every", "batches", "data"))
+    ef = r.fields(b, KEYS["eval"])
     every, batches = r.int(ef, "every", D["eval.every"]), r.int(ef, "batches", D["eval.batches"])
     if "data" not in ef.assigns:
         r._missing(ef, "data")

@@ -126,14 +126,13 @@ def _routing_lines(ex: Explanation) -> list[str]:
             "but changes no bytes and no time", *counts]
 
 
-def render_text(ex: Explanation) -> str:
-    """The report: what the plan is, memory per stage, traffic, busiest links, time."""
-    p, m, c, t = ex.plan, ex.plan.model, ex.plan.cluster, ex.timing
+def overview(ex: Explanation) -> list[str]:
+    """What the plan is, a line each: its model, cluster, mesh, training and data."""
+    p, m, c = ex.plan, ex.plan.model, ex.plan.cluster
     dev = c.device
     mesh = " × ".join(f"{a.name}={a.size} on {a.link}" for a in p.mesh.axes) or "one rank"
     pipe = p.pipeline
-    out = [
-        f"plan {p.name} ({p.file})",
+    return [
         f"  model    {m.arch} {m.name}: {m.layers} layers, hidden {m.hidden}, {m.heads} heads ({m.kv_heads} kv)"
         + (f" of {m.head_dim}" if m.heads * m.head_dim != m.hidden else "") + f", ffn {m.ffn}"
         + (f", {m.experts} experts top-{m.top_k}" if m.is_moe else "") + (f" + {m.shared_experts} shared" if m.is_moe and m.shared_experts else "")
@@ -151,9 +150,32 @@ def render_text(ex: Explanation) -> str:
         f"  data     {_data(p.train.data)}"
         + (f"; validation {_data(p.train.eval.data)}, {_n(p.train.eval.batches, 'global batch')} "
            + (f"every {p.train.eval.every} steps and " if p.train.eval.every else "") + "after the last" if p.train.eval else ""),
-        "",
-        f"Memory per GPU, worst rank of each pipeline stage (device: {size(dev.memory)})",
     ]
+
+
+def step_line(ex: Explanation) -> str:
+    t = ex.timing
+    return (f"step {seconds(t.step)} · {count(t.tokens_per_s)} tokens/s · MFU {t.mfu:.1%} (HFU {t.hfu:.1%}) · "
+            f"{si(ex.flops.model, 'FLOP')} model, {si(ex.flops.hardware, 'FLOP')} with recompute per step")
+
+
+def summary(ex: Explanation) -> list[str]:
+    """The report in a few lines (the language server's hover of a plan): what the plan is,
+    the memory of each stage's worst rank against the device's, and the step."""
+    p, dev = ex.plan, ex.plan.cluster.device
+    worst = max(ex.memory, key=lambda s: s.total)
+    stages = ", ".join(size(s.total) for s in ex.memory) if len(ex.memory) <= 8 else f"at most {size(worst.total)} (stage {worst.stage})"
+    fits = (f"fits, {size(dev.memory - worst.total)} to spare" if worst.total <= dev.memory
+            else f"does NOT fit: stage {worst.stage} needs {size(worst.total)}")
+    return [*overview(ex), f"  memory   per GPU, worst rank of {'each stage' if p.pp > 1 else 'the plan'}: {stages} of {size(dev.memory)}: {fits}",
+            f"  time     {step_line(ex)}"]
+
+
+def render_text(ex: Explanation) -> str:
+    """The report: what the plan is, memory per stage, traffic, busiest links, time."""
+    p, t, dev = ex.plan, ex.timing, ex.plan.cluster.device
+    pipe = p.pipeline
+    out = [f"plan {p.name} ({p.file})", *overview(ex), "", f"Memory per GPU, worst rank of each pipeline stage (device: {size(dev.memory)})"]
     unsharded = any(s.transient for s in ex.memory)  # ZeRO-2/3: gathered weights, unsharded grads
     rows = [[str(s.stage), str(s.layers), size(s.params), size(s.grads), size(s.optimizer), size(s.activations)]
             + [size(s.transient)] * unsharded
@@ -194,8 +216,7 @@ def render_text(ex: Explanation) -> str:
         ((f"  pipeline {seconds(t.pipeline)} ({pipe.schedule}" + (f", {pipe.virtual_stages} chunks per stage" if pipe.virtual_stages > 1 else "")
           + f", bubble {t.bubble_fraction:.3f} of compute), ") if p.pp > 1 else f"  forward and backward {seconds(t.pipeline)}, ")
         + f"exposed step communication {seconds(t.exposed)}, overlapped {seconds(t.overlapped)}, optimizer step {seconds(t.optimizer)}",
-        (f"  step {seconds(t.step)} · {count(t.tokens_per_s)} tokens/s · MFU {t.mfu:.1%} (HFU {t.hfu:.1%}) · "
-        f"{si(ex.flops.model, 'FLOP')} model, {si(ex.flops.hardware, 'FLOP')} with recompute per step"),
+        f"  {step_line(ex)}",
         "  assumed exposed: tp, Ulysses and ep collectives, pp sends, ZeRO param all-gathers after the step, the optimizer step;",
         "  overlapped: dp grad reduction with the last backward, ZeRO-3 gathers by prefetch, ring-attention K/V passes with attention",
     ] + _routing_lines(ex)
