@@ -1,4 +1,4 @@
-"""Command line: ``dslc lint | compile | explain | schedule | search | verify``.
+"""Command line: ``dslc lint | compile | explain | schedule | search | verify | lsp``.
 
 Exit codes: 0 clean, 1 plan errors (warnings too with ``--strict``), 2 usage
 or I/O errors (one line on stderr), 3 an internal error (a bug: please report
@@ -207,6 +207,14 @@ def cmd_verify(args) -> int:
     return status
 
 
+def cmd_lsp(args) -> int:
+    """The language server, on standard input and output, until the editor says exit."""
+    from .lsp.server import serve
+
+    serve()
+    return 0
+
+
 # --------------------------------------------------------------------------
 
 
@@ -267,6 +275,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("-q", "--quiet", action="store_true", help="leave out notes (N0xx)")
     p.set_defaults(fn=cmd_verify)
+
+    p = sub.add_parser("lsp", help="the language server for editors (diagnostics, hover, completion, definitions, formatting), on stdio")
+    p.set_defaults(fn=cmd_lsp)
     return ap
 
 

@@ -13,7 +13,7 @@ PKG = Path(__file__).resolve().parents[1] / "dslc"
 MODULES = sorted(PKG.rglob("*.py"))
 
 # Stages in pipeline order; a module may import its own stage and earlier ones only.
-# (cli and driver, the drivers of the pipeline, may import every stage.)
+# (cli and driver, the drivers of the pipeline, and the language server may import every stage.)
 STAGES = [
     ("dslc", "dslc.source", "dslc.diagnostics", "dslc.codes", "dslc.units", "dslc.resources", "dslc.ir",
      "dslc.catalog", "dslc.groups"),
@@ -25,7 +25,7 @@ STAGES = [
     ("dslc.report",),
     ("dslc.codegen",),
     ("dslc.verify",),
-    ("dslc.driver", "dslc.cli_inputs", "dslc.cli", "dslc.cli_search", "dslc.__main__"),
+    ("dslc.driver", "dslc.cli_inputs", "dslc.cli", "dslc.cli_search", "dslc.lsp", "dslc.__main__"),
 ]
 
 

@@ -28,6 +28,7 @@ def test_wheel_installs_and_lints_elsewhere(tmp_path):
     (wheel,) = dist.glob("dslc-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "dslc/grammar/plan.lark" in names
+    assert "dslc/docs/language.md" in names  # the hover of dslc lsp
     assert any(n.startswith("dslc/templates/") and n.endswith(".jinja") for n in names)
 
     # A fresh environment with the wheel installed; its dependencies come from
@@ -53,3 +54,6 @@ def test_wheel_installs_and_lints_elsewhere(tmp_path):
     assert ok.returncode == 0, ok.stderr
     bad = subprocess.run([str(py), "-m", "dslc", "lint", "bad.plan"], cwd=work, capture_output=True, text=True)
     assert bad.returncode == 1 and "bad.plan:" in bad.stdout and "E081" in bad.stdout
+    docs = subprocess.run([str(py), "-c", "from dslc.lsp import keydocs; print(keydocs.markdown('train', 'steps'))"],
+                          cwd=work, capture_output=True, text=True)
+    assert "default: `100`" in docs.stdout, docs  # the docs inside the wheel, not the checkout's
