@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import queue
+import re
 import shutil
 import subprocess
 import sys
@@ -146,15 +147,22 @@ def cli(*args: str, cwd: Path) -> str:
     return subprocess.run([sys.executable, "-m", "dslc", *args], cwd=cwd, capture_output=True, text=True, timeout=120).stdout
 
 
+def protocol_position(text: str, line: int, col: int) -> dict:
+    """dslc's 1-based line (counted at \\n) and column (in characters) as the protocol's
+    position: lines end at \\n, \\r\\n or \\r, columns count UTF-16 units."""
+    i = sum(len(s) + 1 for s in text.split("\n")[: line - 1]) + col - 1
+    before = re.split(r"\r\n|\r|\n", text[:i])
+    return {"line": len(before) - 1, "character": len(before[-1].encode("utf-16-le")) // 2}
+
+
 def lint_ranges(path: Path, cwd: Path) -> list[tuple]:
-    """``dslc lint --format json``'s diagnostics of the file, as (code, severity, range) in
-    the protocol's terms: lines from 0, columns in UTF-16 units."""
-    lines = path.read_text().split("\n")
+    """``dslc lint --format json``'s diagnostics of the file as (code, severity, range),
+    the range in the protocol's terms."""
+    text = path.read_bytes().decode()
     out = []
     for d in json.loads(cli("lint", "--format", "json", str(path), cwd=cwd)):
-        def pos(line, col):
-            return {"line": line - 1, "character": len(lines[line - 1][: col - 1].encode("utf-16-le")) // 2}
-        out.append((d["code"], d["severity"], {"start": pos(d["line"], d["col"]), "end": pos(d["end_line"], d["end_col"])}))
+        rng = {"start": protocol_position(text, d["line"], d["col"]), "end": protocol_position(text, d["end_line"], d["end_col"])}
+        out.append((d["code"], d["severity"], rng))
     return sorted(out, key=str)
 
 
@@ -190,6 +198,19 @@ def test_a_plan_with_errors_has_lints_codes_and_ranges(client, work):
     e015 = next(d for d in got if d["code"] == "E015")
     assert e015["source"] == "dslc" and e015["range"]["start"] == at(text, "every = 0", len("every = "))
     assert "did you mean 'nvlink'?" in next(d for d in got if d["code"] == "E031")["message"]
+
+
+def test_ranges_count_lines_as_the_protocol_does(client, work):
+    """CRLF line ends, and a lone CR in a comment (a line break to the protocol, not to
+    dslc's parser): the diagnostics still cover the same text as lint's."""
+    text = (work / "plans" / "llama3_70b.plan").read_text().replace("\n", "\r\n")
+    text = text.replace("// Llama-3 70B", "// Llama-3\r70B").replace("pp = 4 on ib", "pp = 4 on infiniband")
+    bad = work / "plans" / "crlf.plan"
+    bad.write_bytes(text.encode())
+    uri = open_doc(client, bad, text)
+    got = client.diagnostics(uri)["diagnostics"]
+    assert as_lint(got) == lint_ranges(bad, work) and [d["code"] for d in got] == ["E031"]
+    assert got[0]["range"]["start"] == {"line": text[: text.index("infiniband")].count("\n") + 1, "character": 18}
 
 
 def test_typing_is_linted_once_it_pauses_and_the_fix_clears(client, work):
