@@ -337,10 +337,10 @@ HAS_FMT = importlib.util.find_spec("dslc.front.fmt") is not None
 def test_formatting_replaces_the_text_with_dslc_fmts(client, work):
     from dslc.front.fmt import format_text
 
-    path = work / "plans" / "llama3_70b.plan"
-    messy = path.read_text().replace("    data_parallel   { zero = 1 }", "  data_parallel{zero=1}")
-    uri = path.as_uri()
-    change(client, uri, 50, messy)
+    path = work / "plans" / "messy.plan"
+    messy = (work / "plans" / "llama3_70b.plan").read_text().replace("    data_parallel   { zero = 1 }", "  data_parallel{zero=1}")
+    path.write_text(messy)
+    uri = open_doc(client, path)
     r = client.request("textDocument/formatting", {"textDocument": {"uri": uri}, "options": {"tabSize": 4, "insertSpaces": True}})
     (edit,) = r["result"]
     assert edit["range"]["start"] == {"line": 0, "character": 0} and edit["newText"] == format_text(messy, str(path))
