@@ -376,3 +376,19 @@ def test_no_input_gets_a_traceback(client, work, junk):
     assert not [m for m in client.drain(0) if m.get("method") == "window/logMessage"]  # no internal error
     client.notify("textDocument/didClose", {"textDocument": {"uri": uri}})
     assert client.diagnostics(uri)["diagnostics"] == []
+
+
+def test_bad_messages_are_answered_and_the_server_goes_on(client, work):
+    """Not JSON, parameters of the wrong shape, an unknown method, a document never opened:
+    errors or nothing in the protocol, one line each on stderr (the fixture checks that no
+    traceback reached it), and the next request is answered."""
+    body = b"{not json"
+    client.proc.stdin.write(b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    client.send({"id": 999, "method": "textDocument/hover", "params": {"textDocument": {"uri": 5}}})
+    assert client.request("dslc/unknown", {})["error"]["code"] == -32601
+    nowhere = (work / "plans" / "never_opened.plan").as_uri()
+    assert ask(client, "textDocument/hover", nowhere, {"line": 0, "character": 0}) is None
+    assert ask(client, "textDocument/definition", "untitled:Untitled-1", {"line": 0, "character": 0}) is None
+    path = work / "plans" / "llama3_70b.plan"
+    assert ask(client, "textDocument/hover", path.as_uri(), at(path.read_text(), "recompute", 1))
+    assert not [m for m in client.drain(0) if m.get("method") == "window/logMessage"]  # no internal error

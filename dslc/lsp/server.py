@@ -9,15 +9,20 @@ Documents are synchronised whole (a plan file is small), and linted:
   last text;
 - when closed, its diagnostics are cleared.
 
-Every request is answered from the document's current text. No input, however broken,
-gets a traceback back: a request that fails on a bug answers nothing and logs one line
-(``window/logMessage``).
+Every request is answered from the document's current text; a request about a document
+that is neither open nor on disk is answered with nothing. No input, however broken, gets
+a traceback back: a request that fails on a bug answers nothing and logs one line
+(``window/logMessage``), and what pygls logs on standard error (a message that is not
+JSON, parameters of the wrong shape) is one line too, unless ``DSLC_DEBUG`` is set.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import logging
+import os
+import sys
 
 from lsprotocol import types as lsp
 from pygls.lsp.server import LanguageServer
@@ -43,9 +48,16 @@ class PlanServer(LanguageServer):
     def encoding(self) -> str:
         return str(self.workspace.position_encoding or "utf-16")
 
+    def source(self, uri: str) -> str:
+        """The document's text; :class:`Unknown` when it is neither open nor a file."""
+        try:
+            return self.workspace.get_text_document(uri).source
+        except (OSError, ValueError):
+            raise Unknown(uri) from None
+
     def analysis(self, uri: str) -> Analysis:
         """The analysis of the document's current text (kept until the text changes)."""
-        source = self.workspace.get_text_document(uri).source
+        source = self.source(uri)
         an = self.analyses.get(uri)
         if an is None or an.text.text != source or an.text.encoding != self.encoding:
             an = self.analyses[uri] = Analysis(uri, source, self.encoding)
@@ -59,6 +71,8 @@ class PlanServer(LanguageServer):
             return  # closed meanwhile
         try:
             diagnostics = self.analysis(uri).diagnostics()
+        except Unknown:
+            return
         except Exception as e:  # a bug: say so in one line, keep serving
             self.log(f"cannot lint {uri}: {type(e).__name__}: {e}")
             return
@@ -84,6 +98,10 @@ class PlanServer(LanguageServer):
         self.window_log_message(lsp.LogMessageParams(kind, f"dslc: {message}"))
 
 
+class Unknown(Exception):
+    """A request about a document the server has not been given and cannot read."""
+
+
 def guarded(fn):
     """A request handler that answers None, and logs one line, where it would raise."""
 
@@ -91,6 +109,8 @@ def guarded(fn):
     def answer(ls: PlanServer, params):
         try:
             return fn(ls, params)
+        except Unknown:
+            return None
         except Exception as e:
             ls.log(f"internal error in {fn.__name__}: {type(e).__name__}: {e}")
             return None
@@ -135,7 +155,7 @@ def build() -> PlanServer:
     @guarded
     def on_completion(ls: PlanServer, params: lsp.CompletionParams):
         uri = params.text_document.uri
-        text = Text(ls.workspace.get_text_document(uri).source, ls.encoding)
+        text = Text(ls.source(uri), ls.encoding)
         an = ls.parsed.get(uri) or ls.analysis(uri)  # the names the file saw when it last parsed
         caps = ls.client_capabilities.text_document
         snippets = bool(caps and caps.completion and caps.completion.completion_item and caps.completion.completion_item.snippet_support)
@@ -169,6 +189,16 @@ def formatting(ls: PlanServer, uri: str) -> list[lsp.TextEdit]:
     return [lsp.TextEdit(lsp.Range(lsp.Position(0, 0), an.text.end()), new)]
 
 
+class _OneLine(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        first = record.getMessage().strip().split("\n")[0]
+        return f"dslc lsp: {record.levelname.lower()}: {first}" + (f" ({record.exc_info[1]!r})" if record.exc_info else "")
+
+
 def serve() -> None:
     """Answer the protocol on standard input and output until the client says exit."""
+    if not os.environ.get("DSLC_DEBUG"):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(_OneLine())
+        logging.basicConfig(level=logging.WARNING, handlers=[handler])
     build().start_io()
