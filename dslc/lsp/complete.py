@@ -67,14 +67,13 @@ def complete(an: Analysis | None, text: Text, offset: int, snippets: bool = True
         base = os.path.dirname(an.path) if an else "."
         return _paths(base, ctx.string, text, offset) if ctx.after("import") else []
     rng = lsp.Range(text.position(offset - len(ctx.word)), text.position(offset))
-    items = _items(an, ctx, snippets)
-    return [_edited(i, rng, snippets) for i in items]
+    return [_edited(i, rng, snippets) for i in _items(an, ctx)]
 
 
-def _items(an: Analysis | None, ctx: Context, snippets: bool) -> list[lsp.CompletionItem]:
+def _items(an: Analysis | None, ctx: Context) -> list[lsp.CompletionItem]:
     block = ctx.block
     if not ctx.tokens:
-        return _statement(an, ctx, snippets)
+        return _statement(an, ctx)
     if len(ctx.tokens) == 1 and (block, ctx.tokens[0]) in HEAD_NAMES:
         return [_item(n, _K.EnumMember) for n in HEAD_NAMES[(block, ctx.tokens[0])]]
     if ctx.after("*", "="):
@@ -88,7 +87,7 @@ def _items(an: Analysis | None, ctx: Context, snippets: bool) -> list[lsp.Comple
     return []
 
 
-def _statement(an: Analysis | None, ctx: Context, snippets: bool) -> list[lsp.CompletionItem]:
+def _statement(an: Analysis | None, ctx: Context) -> list[lsp.CompletionItem]:
     block = ctx.block
     if block == "":
         return [_item("import", _K.Keyword, insert='import "$1"'),

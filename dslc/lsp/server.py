@@ -67,7 +67,7 @@ class PlanServer(LanguageServer):
 
     def publish(self, uri: str) -> None:
         self.pending.pop(uri, None)
-        if uri not in self.analyses and uri not in self.workspace.text_documents:
+        if uri not in self.workspace.text_documents:
             return  # closed meanwhile
         try:
             diagnostics = self.analysis(uri).diagnostics()
