@@ -2,7 +2,8 @@
 
 Exit codes: 0 clean, 1 plan errors (warnings too with ``--strict``), 2 usage
 or I/O errors (one line on stderr), 3 an internal error (a bug: please report
-it; ``DSLC_DEBUG=1`` shows the traceback).
+it; ``DSLC_DEBUG=1`` shows the traceback). ``dslc lsp`` serves an editor on stdin and
+stdout until it says exit: 0 after a shutdown request, 1 without one (the protocol's rule).
 """
 
 from __future__ import annotations
