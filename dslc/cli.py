@@ -1,4 +1,4 @@
-"""Command line: ``dslc lint | compile | explain | schedule | search | verify``.
+"""Command line: ``dslc lint | fmt | compile | explain | schedule | search | verify``.
 
 Exit codes: 0 clean, 1 plan errors (warnings too with ``--strict``), 2 usage
 or I/O errors (one line on stderr), 3 an internal error (a bug: please report
@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from . import __version__
+from .cli_fmt import run as cmd_fmt
 from .cli_inputs import UsageError, emit, load, load_plans, pick
 from .cli_search import run as cmd_search
 from .codes import FIT_CODES
@@ -221,6 +222,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--strict", action="store_true", help="warnings fail the run too")
     p.add_argument("-q", "--quiet", action="store_true", help="leave out notes (N0xx)")
     p.set_defaults(fn=cmd_lint)
+
+    p = sub.add_parser("fmt", help="rewrite plan files in the one canonical layout (--check in CI)")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="plan files or directories ('-': standard input to standard output)")
+    p.add_argument("--check", action="store_true", help="write nothing; exit 1 naming the files that would change")
+    p.add_argument("--diff", action="store_true", help="write nothing; print a unified diff of each change")
+    p.add_argument("-q", "--quiet", action="store_true", help="say only what fails")
+    p.set_defaults(fn=cmd_fmt)
 
     p = sub.add_parser("compile", help="generate the training program (train.py and its modules, launch.sh, sbatch.sh, trainjob.yaml) for each plan")
     p.add_argument("paths", nargs="+", metavar="PLAN")

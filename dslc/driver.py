@@ -20,6 +20,7 @@ from pathlib import Path
 from . import check, ir, search
 from .diagnostics import Diagnostic, error
 from .front import edit
+from .front.fmt import FormatError, format_text
 from .front.load import Loader
 from .front.lower import lower_unit
 from .source import Sources
@@ -126,8 +127,13 @@ def layout_file(plan: ir.Plan, layout: ir.Plan, out_path: str, name: str, change
     (:func:`dslc.front.edit.layout_text`, which checks that it lowers to the layout), linted
     as ``dslc lint`` would: any error or warning is a bug of the writer (``WriteError``),
     but those of the data files' rule that the plan as written has too (a data file that
-    is not on this machine is so for every layout)."""
+    is not on this machine is so for every layout). The text is in ``dslc fmt``'s layout
+    when it can be (the writer's edits leave a mesh's ``on`` unaligned)."""
     text = edit.layout_text(plan, layout, out_path, name, changes, source)
+    try:
+        text = format_text(text, out_path)
+    except FormatError:  # nested too deep to format: written as edited
+        pass
     bad = [d for d in load_text(text, out_path).diagnostics if d.severity.value in ("error", "warning")]
     if bad:
         own = {d.code for d in check.check_plan(plan)} - {d.code for d in check.check_plan(plan, files=False)}
