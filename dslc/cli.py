@@ -1,4 +1,4 @@
-"""Command line: ``dslc lint | fmt | compile | explain | schedule | search | verify``.
+"""Command line: ``dslc lint | fmt | compile | explain | diff | schedule | search | verify``.
 
 Exit codes: 0 clean, 1 plan errors (warnings too with ``--strict``), 2 usage
 or I/O errors (one line on stderr), 3 an internal error (a bug: please report
@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import __version__
+from . import __version__, cli_diff
 from .cli_fmt import run as cmd_fmt
 from .cli_inputs import UsageError, emit, load, load_plans, pick
 from .cli_search import run as cmd_search
@@ -244,6 +244,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("-q", "--quiet", action="store_true", help="leave out notes (N0xx)")
     p.set_defaults(fn=cmd_explain)
+
+    p = sub.add_parser("diff", help="what a change does to plans' cost: BASE and NEW side by side, or every plan changed since a git revision",
+                       epilog=cli_diff.EXIT, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("paths", nargs="*", metavar="PATH",
+                   help="BASE NEW: two plan files ('-' for one of them from stdin); with --git: where to look for plans (default: the whole repository)")
+    p.add_argument("--git", metavar="REV", help="every plan file changed since the commit REV, or importing a file that changed, against itself as of REV")
+    p.add_argument("--plan", help="only the plan of this name")
+    p.add_argument("--format", choices=("text", "markdown", "json"), default="text", help="markdown: a pull request's comment; json: for tools")
+    p.set_defaults(fn=cli_diff.run)
 
     p = sub.add_parser("schedule", help="compute, verify and draw the pipeline schedule")
     p.add_argument("plan_file", metavar="PLAN")
