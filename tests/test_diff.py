@@ -322,3 +322,10 @@ def test_the_ci_example_is_yaml_that_posts_one_comment_and_the_readme_shows_it()
     script = next(s["with"]["script"] for s in steps if s.get("uses", "").startswith("actions/github-script"))
     assert MARKER in script and "updateComment" in script and "createComment" in script
     assert ci in (ROOT / "README.md").read_text()
+
+
+def test_a_file_broken_on_both_sides_says_so_instead_of_no_change(tmp_path, capsys):
+    for name, steps in (("a.plan", 1), ("b.plan", 2)):  # both import a file that is not there
+        (tmp_path / name).write_text(f'import "missing.plan"\nplan p {{ model = m; cluster = c; train {{ steps = {steps} }} }}\n')
+    status, out = diff(capsys, tmp_path / "a.plan", tmp_path / "b.plan")
+    assert status == 0 and "has errors on both sides (E005" in out and "not costed" in out

@@ -157,10 +157,12 @@ def compare(base: FileSide, new: FileSide) -> list[PlanDiff]:
     pairs += [(b[k], broken(new, k)) for k in only_b]
     pairs += [(broken(base, k), n[k]) for k in only_n]
     out = [plan_diff(x, y) for x, y in pairs]
-    if not b and not n:  # no plan on either side: a file of clusters, or one that does not parse
+    if not b and not n:  # no plan on either side: a file of clusters, or one that does not parse or lower
         appeared, disappeared = _moved(base.diagnostics, new.diagnostics)
-        if appeared or disappeared:
-            out.append(PlanDiff("", "changed", None, None, (), appeared, disappeared, new.file or base.file or ""))
+        sides = [Side(f.file, "", None, f.diagnostics) if f.file else None for f in (base, new)]
+        if appeared or disappeared or any(s and s.errors for s in sides):
+            out.append(PlanDiff("", "changed" if appeared or disappeared else "unchanged", *sides, (), appeared, disappeared,
+                                new.file or base.file or ""))
     return out
 
 
@@ -301,7 +303,9 @@ def headline(d: PlanDiff) -> str:
     """One line for the plan: ``llama3_70b: step 4.12 s → 3.80 s (−7.8 %), still fits``."""
     b, n = d.base, d.new
     if not d.name:
-        return f"{d.file}: {_counted(d)}"
+        still = [c for c in n.errors if c in b.errors] if b and n else []
+        kept = f"has errors on both sides ({', '.join(still)}): not costed" if still else ""
+        return f"{d.file}: " + "; ".join(x for x in (kept, _counted(d)) if x)
     if d.status == "unchanged":
         what = f"step {seconds(n.doc['step_time_s'])}, {'fits' if n.fits else 'does not fit'}" if n.doc else f"errors {', '.join(n.errors)}"
         return f"{d.title}: no change ({what})"
