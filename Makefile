@@ -28,6 +28,7 @@ demo: $(VENV)/.installed
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/dslc lint plans
+	$(VENV)/bin/dslc fmt --check plans clusters benchmarks/published
 	$(VENV)/bin/ruff check dslc tests benchmarks
 
 bench: $(VENV)/.installed

@@ -1,4 +1,4 @@
-"""Command line: ``dslc lint | compile | explain | schedule | search | verify | lsp``.
+"""Command line: ``dslc lint | fmt | compile | explain | diff | schedule | search | verify | lsp``.
 
 Exit codes: 0 clean, 1 plan errors (warnings too with ``--strict``), 2 usage
 or I/O errors (one line on stderr), 3 an internal error (a bug: please report
@@ -16,7 +16,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import __version__
+from . import __version__, cli_diff
+from .cli_fmt import run as cmd_fmt
 from .cli_inputs import UsageError, emit, load, load_plans, pick
 from .cli_search import run as cmd_search
 from .codes import FIT_CODES
@@ -231,6 +232,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true", help="leave out notes (N0xx)")
     p.set_defaults(fn=cmd_lint)
 
+    p = sub.add_parser("fmt", help="rewrite plan files in the one canonical layout (--check in CI)")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="plan files or directories ('-': standard input to standard output)")
+    p.add_argument("--check", action="store_true", help="write nothing; exit 1 naming the files that would change")
+    p.add_argument("--diff", action="store_true", help="write nothing; print a unified diff of each change")
+    p.add_argument("-q", "--quiet", action="store_true", help="say only what fails")
+    p.set_defaults(fn=cmd_fmt)
+
     p = sub.add_parser("compile", help="generate the training program (train.py and its modules, launch.sh, sbatch.sh, trainjob.yaml) for each plan")
     p.add_argument("paths", nargs="+", metavar="PLAN")
     p.add_argument("-o", "--output", help="output root (default: generated/)")
@@ -245,6 +253,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("-q", "--quiet", action="store_true", help="leave out notes (N0xx)")
     p.set_defaults(fn=cmd_explain)
+
+    p = sub.add_parser("diff", help="what a change does to plans' cost: BASE and NEW side by side, or every plan changed since a git revision",
+                       epilog=cli_diff.EXIT, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("paths", nargs="*", metavar="PATH",
+                   help="BASE NEW: two plan files ('-' for one of them from stdin); with --git: where to look for plans (default: the whole repository)")
+    p.add_argument("--git", metavar="REV", help="every plan file changed since the commit REV, or importing a file that changed, against itself as of REV")
+    p.add_argument("--plan", help="only the plan of this name")
+    p.add_argument("--format", choices=("text", "markdown", "json"), default="text", help="markdown: a pull request's comment; json: for tools")
+    p.set_defaults(fn=cli_diff.run)
 
     p = sub.add_parser("schedule", help="compute, verify and draw the pipeline schedule")
     p.add_argument("plan_file", metavar="PLAN")

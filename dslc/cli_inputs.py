@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -94,3 +95,30 @@ def load_plans(paths: Sequence[str], name: str | None, quiet: bool = False):
     if has_errors(result.diagnostics):
         return None
     return result, pick(result, name)
+
+
+# --------------------------------------------------------------------------
+# outputs
+
+
+def write_whole(path: str, text: str, mode: int | None = None) -> None:
+    """``text`` at ``path``, whole or not at all: a temporary file beside it, renamed over
+    it. ``mode``: its permission bits (by default a new file's, 0666 less the umask, not
+    the temporary file's 0600). Newlines are written as they are in ``text``. ``OSError``
+    propagates, with nothing left behind."""
+    if mode is None:
+        mask = os.umask(0)
+        os.umask(mask)
+        mode = 0o666 & ~mask
+    temp = None
+    try:
+        with tempfile.NamedTemporaryFile("w", encoding="utf-8", newline="", dir=os.path.dirname(os.path.abspath(path)),
+                                         prefix=f".{os.path.basename(path)}.", suffix=".tmp", delete=False) as f:
+            temp = f.name
+            f.write(text)
+        os.chmod(temp, mode)
+        os.replace(temp, path)
+    except OSError:
+        if temp is not None and os.path.exists(temp):
+            os.unlink(temp)
+        raise

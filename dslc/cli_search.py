@@ -8,12 +8,11 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from . import layouts
-from .cli_inputs import UsageError, emit, load, pick
+from .cli_inputs import UsageError, emit, load, pick, write_whole
 from .codes import FIT_CODES
 from .driver import layout_file
 from .front.edit import can_name_a_plan
@@ -81,18 +80,8 @@ def write_layout(plan, best, path: str, source: str | None) -> None:
     stem = Path(path).stem
     name = stem if can_name_a_plan(stem) and stem != plan.name else f"{plan.name}_searched"
     text = layout_file(plan, best.plan, path, name, best.changes, source)
-    folder = os.path.dirname(os.path.abspath(path))
-    mask = os.umask(0)
-    os.umask(mask)
-    temp = None
     try:
-        with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=folder, suffix=".tmp", delete=False) as f:
-            temp = f.name
-            f.write(text)
-        os.chmod(temp, 0o666 & ~mask)  # as an editor would make it, not the temporary file's 0600
-        os.replace(temp, path)
+        write_whole(path, text)
     except OSError as e:
-        if temp is not None and os.path.exists(temp):
-            os.unlink(temp)
         raise UsageError(f"cannot write {path}: {e.strerror}") from None
     print(f"wrote {path} (plan {name})", file=sys.stderr)

@@ -20,7 +20,8 @@ from pathlib import Path
 from . import check, ir, search
 from .diagnostics import Diagnostic, error
 from .front import ast, edit
-from .front.load import Loader
+from .front.fmt import FormatError, format_text
+from .front.load import Files, Loader
 from .front.lower import lower_unit
 from .source import Sources
 
@@ -34,6 +35,7 @@ class LoadResult:
     failed_plans: tuple[ir.Plan, ...] = ()  # plans with errors of their own or of their file
     library: int = 0  # clusters and models of files without plans, checked on their own
     roots: tuple[str, ...] = ()  # the files asked for, not their imports
+    own_diagnostics: tuple[tuple[Diagnostic, ...], ...] = ()  # each plan's (of plans, in order): lint's of it
     asts: dict[str, ast.File | None] = field(default_factory=dict)  # every file read, by its path in spans
 
     @property
@@ -47,15 +49,20 @@ class LoadResult:
     def plans(self) -> tuple[ir.Plan, ...]:
         return self.program.plans
 
+    def diagnostics_of(self, plan: ir.Plan) -> tuple[Diagnostic, ...]:
+        """The diagnostics of ``plan`` itself (its rules and its fit, :func:`lint`), not of its file."""
+        return next((d for p, d in zip(self.plans, self.own_diagnostics) if p is plan), ())
+
     def clean(self, plan: ir.Plan) -> bool:
         """Whether ``plan`` and the files it comes from have no error: it can be compiled."""
         return not any(plan is p for p in self.failed_plans)
 
 
-def load_paths(paths: list[Path | str], check: bool = True) -> LoadResult:
-    """Read, lower and (with ``check``) lint files, each with its imports. ``OSError``
-    from a root path propagates: the CLI turns it into a one-line I/O error."""
-    loader = Loader(Sources(), [])
+def load_paths(paths: list[Path | str], check: bool = True, files: Files | None = None) -> LoadResult:
+    """Read, lower and (with ``check``) lint files, each with its imports (from ``files``:
+    this machine's by default, a commit's for ``dslc diff --git``). ``OSError`` from a root
+    path propagates: the CLI turns it into a one-line I/O error."""
+    loader = Loader(Sources(), [], files)
     roots = []
     for p in paths:
         path = os.path.normpath(str(p))
@@ -81,6 +88,7 @@ def _lower(loader: Loader, roots: list[str], run_checks: bool) -> LoadResult:
     plans: list[ir.Plan] = []
     failed_files: list[str] = []
     failed: list[ir.Plan] = []
+    owns: list[tuple[Diagnostic, ...]] = []
     defined: set = set()  # the library definitions checked, once each (a shared import's)
     diags = loader.diags
     read = [d for d in diags if d.is_error]  # of every file as read, before any unit is walked
@@ -98,13 +106,14 @@ def _lower(loader: Loader, roots: list[str], run_checks: bool) -> LoadResult:
         for plan in lowered:
             plans.append(plan)
             own = lint(plan) if run_checks else []
+            owns.append(tuple(own))
             diags.extend(own)
             if broken or any(x.is_error for x in own):
                 failed.append(plan)
     unique = list(dict.fromkeys(diags))  # a shared import's diagnostics once
     unique.sort(key=Diagnostic.sort_key)
     program = ir.Program(tuple(plans), tuple(loader.sources.texts))
-    return LoadResult(program, unique, loader.sources, tuple(failed_files), tuple(failed), len(defined), tuple(roots), loader.asts)
+    return LoadResult(program, unique, loader.sources, tuple(failed_files), tuple(failed), len(defined), tuple(roots), tuple(owns), loader.asts)
 
 
 def output_clashes(plans: Sequence[ir.Plan]) -> list[Diagnostic]:
@@ -127,8 +136,13 @@ def layout_file(plan: ir.Plan, layout: ir.Plan, out_path: str, name: str, change
     (:func:`dslc.front.edit.layout_text`, which checks that it lowers to the layout), linted
     as ``dslc lint`` would: any error or warning is a bug of the writer (``WriteError``),
     but those of the data files' rule that the plan as written has too (a data file that
-    is not on this machine is so for every layout)."""
+    is not on this machine is so for every layout). The text is in ``dslc fmt``'s layout
+    when it can be (the writer's edits leave a mesh's ``on`` unaligned)."""
     text = edit.layout_text(plan, layout, out_path, name, changes, source)
+    try:
+        text = format_text(text, out_path)
+    except FormatError:  # nested too deep to format: written as edited
+        pass
     bad = [d for d in load_text(text, out_path).diagnostics if d.severity.value in ("error", "warning")]
     if bad:
         own = {d.code for d in check.check_plan(plan)} - {d.code for d in check.check_plan(plan, files=False)}

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from dslc import check, driver, layouts
 from dslc.front import edit
+from dslc.front.fmt import format_text
 from dslc.front.parse import parse
 from dslc.front.textedit import quote
 from dslc.ir import MeshAxis
@@ -107,9 +108,9 @@ def test_layouts_of_every_plan(path, name):
         got = lowered(text, out, f"{name}_searched")
         assert edit.same_layout(got, layout) == [], text
         assert all(c in text for c in own if "microbatches" not in c or layout.pp > 1 or "pipeline" in text), text
-        # written again from what it wrote, with the same layout: the same text
-        again = edit.layout_text(got, layout, out, f"{name}_searched", source=text)
-        assert body(again) == body(text)
+        # written again from what it wrote, with the same layout: the same text, and formatted
+        again = driver.layout_file(got, layout, out, f"{name}_searched", source=text)
+        assert body(again) == body(text) and format_text(text, out) == text
         assert "mesh a→b" in text and "\n\n" in text
 
 

@@ -25,7 +25,7 @@ STAGES = [
     ("dslc.report",),
     ("dslc.codegen",),
     ("dslc.verify",),
-    ("dslc.driver", "dslc.cli_inputs", "dslc.cli", "dslc.cli_search", "dslc.lsp", "dslc.__main__"),
+    ("dslc.driver", "dslc.cli_inputs", "dslc.cli", "dslc.cli_fmt", "dslc.cli_search", "dslc.cli_diff", "dslc.cli_git", "dslc.lsp", "dslc.__main__"),
 ]
 
 

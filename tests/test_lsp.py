@@ -5,7 +5,6 @@ diagnostics and estimates come from the command line (``dslc lint --format json`
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import queue
 import re
@@ -330,20 +329,17 @@ def test_definition_of_an_import_a_cluster_and_a_link(client, work):
 
 # -- formatting ---------------------------------------------------------------------------
 
-HAS_FMT = importlib.util.find_spec("dslc.front.fmt") is not None
-
-
-@pytest.mark.skipif(not HAS_FMT, reason="dslc.front.fmt (dslc fmt) is not in this tree yet")
 def test_formatting_replaces_the_text_with_dslc_fmts(client, work):
-    from dslc.front.fmt import format_text
-
+    """One edit of the whole text to what `dslc fmt -` prints; none for a formatted text;
+    none, and a message saying why, for one that does not parse."""
     path = work / "plans" / "messy.plan"
     messy = (work / "plans" / "llama3_70b.plan").read_text().replace("    data_parallel   { zero = 1 }", "  data_parallel{zero=1}")
     path.write_text(messy)
     uri = open_doc(client, path)
     r = client.request("textDocument/formatting", {"textDocument": {"uri": uri}, "options": {"tabSize": 4, "insertSpaces": True}})
     (edit,) = r["result"]
-    assert edit["range"]["start"] == {"line": 0, "character": 0} and edit["newText"] == format_text(messy, str(path))
+    fmt = subprocess.run([sys.executable, "-m", "dslc", "fmt", "-"], input=messy, cwd=work, capture_output=True, text=True)
+    assert edit["range"]["start"] == {"line": 0, "character": 0} and edit["newText"] == fmt.stdout != messy
     change(client, uri, 51, edit["newText"])
     again = client.request("textDocument/formatting", {"textDocument": {"uri": uri}, "options": {"tabSize": 4, "insertSpaces": True}})
     assert again["result"] == []  # already formatted

@@ -16,6 +16,9 @@ file on the machine. Reading is safe on all of them:
 - no text of an imported file reaches the log: when it is not a plan, E007 at the
   import says where it stops being one and quotes nothing, and only the files named on
   the command line are quoted (:class:`Sources`).
+
+Files come from this machine (:class:`Files`) unless the loader is given another
+reader: ``dslc diff --git`` reads a commit's files, with the same bounds.
 """
 
 from __future__ import annotations
@@ -49,6 +52,34 @@ def read_bytes(path: str) -> tuple[bytes, os.stat_result]:
     return reading.read_bytes(path, MAX_BYTES)
 
 
+@dataclass(frozen=True)
+class Read:
+    """A file as :class:`Files` read it: at most ``MAX_BYTES + 1`` bytes (none when
+    ``size`` already says it is larger), its identity, and whether it was reached through
+    a symbolic link (then never quoted)."""
+
+    data: bytes
+    size: int
+    key: object
+    linked: bool = False
+
+
+class Files:
+    """Where the loader finds files: this machine's (the default). ``dslc diff --git``
+    passes another, which reads a commit's files (:mod:`dslc.cli_git`)."""
+
+    def identity(self, path: str) -> object:
+        """What tells one file from another (two paths, one file); OSError as ``os.stat``
+        raises it when there is no such file."""
+        st = os.stat(path)
+        return (st.st_dev, st.st_ino)
+
+    def read(self, path: str) -> Read:
+        """The file's bytes; OSError (IsADirectoryError, NotAFile, ...) when it is not one."""
+        data, st = read_bytes(path)
+        return Read(data, st.st_size, (st.st_dev, st.st_ino), os.path.realpath(path) != os.path.abspath(path))
+
+
 @dataclass
 class Unit:
     root: str
@@ -63,9 +94,10 @@ class _File:
 
 
 class Loader:
-    def __init__(self, sources: Sources, diags: list[Diagnostic]):
+    def __init__(self, sources: Sources, diags: list[Diagnostic], files: Files | None = None):
         self.sources = sources
         self.diags = diags
+        self.files = files or Files()
         self.asts: dict[str, ast.File | None] = {}  # by the file's path in diagnostics
         self._files: dict[object, _File] = {}  # by identity: (device, inode)
         self._roots: dict[str, object] = {}  # a root's path as given → its identity
@@ -78,10 +110,9 @@ class Loader:
             key: object = ("text", path)
             quoted, size = True, None
         else:
-            data, st = read_bytes(path)
-            key, size = (st.st_dev, st.st_ino), st.st_size
-            # through a symlink a root may be any file, as an import may: not quoted
-            quoted = os.path.realpath(path) == os.path.abspath(path)
+            got = self.files.read(path)
+            data, key, size = got.data, got.key, got.size
+            quoted = not got.linked  # through a symlink a root may be any file, as an import may
         self._roots[path] = key
         if key in self._files:
             return self._files[key].tree
@@ -157,14 +188,14 @@ class Loader:
             return None
         path = os.path.normpath(os.path.join(os.path.dirname(importer), item.path))
         try:
-            st = os.stat(path)
+            key = self.files.identity(path)
         except (FileNotFoundError, NotADirectoryError):
             self.diags.append(error("E005", item.span, f"import not found: {item.path}", f"looked for {path} (paths are relative to the importing file)"))
             return None
         except OSError as e:
             self.diags.append(error("E005", item.span, f"cannot read import {item.path}: {e.strerror}"))
             return None
-        return (st.st_dev, st.st_ino), path
+        return key, path
 
     def _read_import(self, key: object, path: str, item: ast.Import) -> bool:
         """Read an imported file once; report at ``item`` when it is not a plan, as
@@ -180,21 +211,21 @@ class Loader:
 
     def _read_file(self, path: str) -> _File:
         try:
-            data, st = read_bytes(path)
+            got = self.files.read(path)
         except IsADirectoryError:
             return _File(path, None, ("E005", "a directory", "an import names a plan file"))
         except NotAFile as e:
             return _File(path, None, ("E007", f"it is {e.kind}", "an import names a regular file"))
         except OSError as e:
             return _File(path, None, ("E007", f"it cannot be read ({e.strerror})", None))
-        tree, diags = self._parse(path, data, st.st_size)
+        tree, diags = self._parse(path, got.data, got.size)
         if tree is not None:
             self.diags.extend(diags)
             return _File(path, tree)
         self.sources.texts.pop(path, None)  # never quoted: keep no copy of it
         d = next(d for d in diags if d.is_error)
         if d.code == "E008":
-            return _File(path, None, ("E008", size_text(max(st.st_size, len(data))), None))
+            return _File(path, None, ("E008", size_text(max(got.size, len(got.data))), None))
         where = f"{CODES[d.code]} at line {d.span.line}, column {d.span.col}"
         hint = f"dslc never shows an imported file's text; `dslc lint {path}` shows the error"
         return _File(path, None, ("E007", where, hint))

@@ -28,6 +28,7 @@ from lsprotocol import types as lsp
 from pygls.lsp.server import LanguageServer
 
 from .. import __version__
+from ..front.fmt import FormatError, format_text
 from .analysis import Analysis
 from .complete import complete
 from .definition import definition
@@ -173,11 +174,6 @@ def build() -> PlanServer:
 def formatting(ls: PlanServer, uri: str) -> list[lsp.TextEdit]:
     """``dslc fmt`` of the document's text: one edit replacing it, none when it is already
     formatted or cannot be (a syntax error; the reason shown to the user)."""
-    try:
-        from ..front.fmt import FormatError, format_text
-    except ImportError:
-        ls.log("this dslc has no formatter", lsp.MessageType.Warning)
-        return []
     an = ls.analysis(uri)
     try:
         new = format_text(an.text.text, an.path)

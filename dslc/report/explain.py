@@ -16,6 +16,7 @@ from ..cost.flops import batch_tokens
 from ..cost.time import timing
 from ..diagnostics import Diagnostic, printable
 from ..ir import Data, Plan
+from ..layouts import knobs
 from ..units import count, seconds, si, size
 
 HIDDEN = tuple(o for o in OVERLAPS if o != "exposed")  # overlapped with compute
@@ -268,6 +269,9 @@ def to_json(ex: Explanation) -> dict:
         "plan": p.name,
         "file": p.file,
         "world_size": p.world_size,
+        "layout": knobs(p),  # the settings dslc search varies, as the plan writes them
+        "mesh": [{"axis": a.name, "size": a.size, "link": a.link} for a in p.mesh.axes],
+        "device": p.cluster.device.name,
         "params": {"total": pr.total, "embedding": pr.embedding, "positions": pr.positions, "per_layer": pr.layer,
                    "experts_per_layer": pr.experts, "final_norm": pr.final_norm, "head": pr.head,
                    "dense_layers": pr.dense_layers, "per_dense_layer": pr.dense_layer},  # a dense prefix (per_layer: the MoE ones)
