@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from dslc.driver import load_text
+
 ROOT = Path(__file__).resolve().parents[1]
 SECRET = "hunter2-SECRET-0xC0FFEE"
 
@@ -266,3 +268,13 @@ def test_cycle_through_a_symlink_is_a_cycle(tmp_path):
     (tmp_path / "b.plan").write_text('import "link.plan"\n')
     (tmp_path / "link.plan").symlink_to("a.plan")
     diagnosed(lint("a.plan", cwd=tmp_path), "E006", "a.plan:1:1")
+
+
+def test_a_files_text_given_in_place_of_the_disks_is_that_file_to_its_imports(tmp_path, monkeypatch):
+    """An editor's unsaved text (dslc lsp) of a file in a cycle: one cycle, not the disk's copy as a second file (E017)."""
+    (tmp_path / "a.plan").write_text('import "b.plan"\n')
+    (tmp_path / "b.plan").write_text('import "a.plan"\n')
+    monkeypatch.chdir(tmp_path)
+    unsaved = 'import "b.plan"\nplan p { model = m; cluster = c }\n'
+    codes = sorted({d.code for d in load_text(unsaved, "a.plan").diagnostics})
+    assert "E006" in codes and "E017" not in codes, codes

@@ -106,8 +106,11 @@ class Loader:
         """Read a root file (``data``: its text, for standard input and tests). Its
         problems are reported at their place and its lines may be quoted; ``OSError``
         (missing, a directory, a FIFO) propagates, for the CLI to say in one line."""
-        if data is not None:
-            key: object = ("text", path)
+        if data is not None:  # standard input, or an editor's unsaved text of the file at path
+            try:
+                key: object = self.files.identity(path)  # so an import of that file is this text (a cycle, not a second file)
+            except OSError:
+                key = ("text", path)
             quoted, size = True, None
         else:
             got = self.files.read(path)
