@@ -232,7 +232,7 @@ Cost = float | Sequence[float]
 
 
 def simulate(actions: Actions, t_f: Cost, t_b: Cost, t_w: Cost = 0.0,
-             t_comm: float = 0.0) -> Simulation:
+             t_comm: float = 0.0, timeline: bool = True) -> Simulation:
     """Event simulation of the action lists.
 
     t_f, t_b: forward/backward time of one chunk for one micro-batch, the same for every
@@ -246,44 +246,52 @@ def simulate(actions: Actions, t_f: Cost, t_b: Cost, t_w: Cost = 0.0,
     backward has not finished on rank r; the backward finishes at W when the schedule has W
     passes (activations are kept for the weight gradient), else at B. With v = 1: micro-batches.
 
+    ``timeline`` False leaves the timeline empty (the estimate needs only the makespan, the
+    bubble and the peaks: the search simulates thousands of schedules).
+
     Raises ScheduleError naming the stuck ranks when the lists cannot finish."""
     p = len(actions)
     steps, chunks, peaks_of = _compiled(actions)
-    cost = {k: [t] * chunks if isinstance(t, (int, float)) else list(t) for k, t in (("F", t_f), ("B", t_b), ("W", t_w))}
+    tables = tuple([t] * chunks if isinstance(t, (int, float)) else list(t) for t in (t_f, t_b, t_w))
     busy = 0.0
     clock, pos = [0.0] * p, [0] * p
     sent: dict[tuple, float] = {}
     waiting: dict[tuple, list[int]] = defaultdict(list)
-    rows: list[list[tuple[int, Action, float, float]]] = [[] for _ in range(p)]
+    rows: list[list[tuple[int, Action, float, float]]] | None = [[] for _ in range(p)] if timeline else None
     ready = deque(range(p))
     while ready:
         r = ready.popleft()
-        acts, todo, row = actions[r], steps[r], rows[r]
-        i, start = pos[r], clock[r]
-        while i < len(todo):
+        acts, todo, row = actions[r], steps[r], rows[r] if rows is not None else None
+        i, start, n = pos[r], clock[r], len(todo)
+        while i < n:
             what, key = todo[i]
-            if what == "send":
+            if what < _SEND:  # F, B or W: key is the global chunk
+                end = start + tables[what][key]
+                busy += end - start
+            elif what == _SEND:
                 end = start + t_comm
-                sent.setdefault(key, end)
-                ready.extend(waiting.pop(key, ()))
-            elif what == "recv":
                 if key not in sent:
+                    sent[key] = end
+                woken = waiting.pop(key, None)
+                if woken:
+                    ready.extend(woken)
+            elif what == _RECV:
+                done = sent.get(key)
+                if done is None:
                     waiting[key].append(r)
                     break
-                end = max(start, sent[key])
-            elif what in cost:
-                end = start + cost[what][key]
-                busy += end - start
+                end = done if done > start else start
             else:
-                raise ScheduleError(f"{locate(r, i, acts[i])}: unknown kind {what!r}")
-            row.append((r, acts[i], start, end))
+                raise ScheduleError(f"{locate(r, i, acts[i])}: unknown kind {key!r}")
+            if row is not None:
+                row.append((r, acts[i], start, end))
             start, i = end, i + 1
         clock[r], pos[r] = start, i
     if stuck := [f"{locate(r, pos[r], actions[r][pos[r]])} waits forever"
                  for r in range(p) if pos[r] < len(actions[r])]:
         raise ScheduleError("deadlock in simulation: " + "; ".join(stuck), tuple(stuck))
-    timeline = tuple(row for rank_rows in rows for row in rank_rows)
-    makespan = max((rank_rows[-1][3] for rank_rows in rows if rank_rows), default=0.0)  # a rank's clock only grows
+    timeline = tuple(row for rank_rows in rows for row in rank_rows) if rows is not None else ()
+    makespan = max(clock, default=0.0)  # a rank's clock is where its last action ended
     bubble = (p * makespan - busy) / busy if busy > 0 else 0.0
     return Simulation(bubble, makespan, peaks_of, timeline)
 
@@ -295,11 +303,13 @@ def peaks(schedule: str, pp: int, microbatches: int, virtual_stages: int = 1) ->
 
 
 _COMPILED: dict[int, tuple] = {}
+_COMPUTE = {"F": 0, "B": 1, "W": 2}  # an action as simulate runs it: the index of its time table,
+_SEND, _RECV, _OTHER = 3, 4, 5  # or a message sent or received, or a kind it does not know
 
 
-def _compiled(actions: Actions) -> tuple[list[list[tuple[str, object]]], int, tuple[int, ...]]:
-    """Each rank's actions as (send | recv | F | B | W | other kind, message or global chunk),
-    the number of global chunks, and :func:`peak_inflight`: worked out once per action lists
+def _compiled(actions: Actions) -> tuple[list[list[tuple[int, object]]], int, tuple[int, ...]]:
+    """Each rank's actions as (what, key): F, B or W (:data:`_COMPUTE`) and the global chunk,
+    a send or a receive and its message, or another kind and its name; the number of global chunks, and :func:`peak_inflight`: worked out once per action lists
     (:func:`build` hands out the same lists again), so the simulation of a large pipeline
     runs its loop without working out a message again."""
     kept = _COMPILED.get(id(actions))
@@ -307,9 +317,9 @@ def _compiled(actions: Actions) -> tuple[list[list[tuple[str, object]]], int, tu
         return kept[1]
     p, steps = len(actions), []
     for r, acts in enumerate(actions):
-        steps.append([("send", message(a, r, p)) if a.kind in ("SEND_F", "SEND_B") else
-                      ("recv", message(a, r, p)) if a.kind in ("RECV_F", "RECV_B") else
-                      (a.kind, a.chunk * p + r) for a in acts])
+        steps.append([(_SEND, message(a, r, p)) if a.kind in ("SEND_F", "SEND_B") else
+                      (_RECV, message(a, r, p)) if a.kind in ("RECV_F", "RECV_B") else
+                      (_COMPUTE[a.kind], a.chunk * p + r) if a.kind in _COMPUTE else (_OTHER, a.kind) for a in acts])
     out = (steps, p * (1 + max((a.chunk for acts in actions for a in acts), default=0)), peak_inflight(actions))
     if isinstance(actions, tuple) and all(isinstance(acts, tuple) for acts in actions):  # never changes
         if len(_COMPILED) >= 64:

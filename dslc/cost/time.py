@@ -111,7 +111,7 @@ def timing(plan: Plan, topo: Topology, settings: mem.Settings = mem.DEFAULT, sta
     t_f, t_b, t_w = (tuple(c[i] for c in chunks) for i in range(3))
     t_comm = Comm("pp", ("pp",), "send", "", 1, traffic.pp_bytes(plan), p).call_seconds(topo) if p > 1 else 0.0
     acts = acts if acts is not None else mem.actions(plan)
-    sim = sched.simulate(acts, t_f, t_b, t_w, t_comm)
+    sim = sched.simulate(acts, t_f, t_b, t_w, t_comm, timeline=False)
     states = mem.memory(plan, settings, sim.peak_inflight)
     exposed = overlapped = opt = 0.0
     for s, rows in enumerate(stages):
