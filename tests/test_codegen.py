@@ -205,13 +205,15 @@ def test_render_gives_the_package_and_the_launcher():
 
 
 def test_output_is_deterministic_across_processes(golden_plans):
+    """The rendering, before black (a pure function of its text), is the same in another
+    process with another hash seed."""
     plan = golden_plans["llama_dp2_tp2_sp"]
-    first = codegen.render(plan)
-    assert codegen.render(plan) == first
+    first = codegen.render(plan, layout=False)
+    assert codegen.render(plan, layout=False) == first
     code = (
         "import sys, json; from dslc.driver import load_paths; from dslc import codegen;"
         "p = {q.name: q for q in load_paths(['tests/golden/llama.plan']).program.plans};"
-        "sys.stdout.write(json.dumps(codegen.render(p['llama_dp2_tp2_sp'])))"
+        "sys.stdout.write(json.dumps(codegen.render(p['llama_dp2_tp2_sp'], layout=False)))"
     )
     env = dict(os.environ, PYTHONHASHSEED="12345")
     out = subprocess.run(
@@ -227,8 +229,9 @@ def all_rendered(tmp_path_factory, golden_plans, unformatted):
     tests below: their output folders. The variants (which together cover every branch of
     the templates) and the example plans are laid out by black as ``dslc compile`` lays
     them out; the golden plans' modules are left as the templates render them (black is
-    most of a compile, and the tests that read the layout read the others), but for their
-    train.py, the module nearest its line budget, laid out for test_line_budgets."""
+    most of a compile, and the tests that read the layout read the others), but for the
+    longest of their train.py (the module nearest its line budget: the golden plans' is
+    within a few lines of it), laid out for test_line_budgets."""
     render = sys.modules["dslc.codegen.render"]  # the module: dslc.codegen.render is the function
 
     tmp_path = tmp_path_factory.mktemp("rendered")
@@ -239,13 +242,18 @@ def all_rendered(tmp_path_factory, golden_plans, unformatted):
     with unformatted():
         for plan in golden_plans.values():
             codegen.write(plan, tmp_path / "out")
-    for name in golden_plans:
-        train = tmp_path / "out" / name / "train.py"
+    trains = sorted((tmp_path / "out" / name / "train.py" for name in golden_plans), key=lambda t: -len(t.read_text()))
+    for train in trains[:GOLDEN_TRAINS_LAID_OUT]:
         *stamp, body = train.read_text().split("\n", 3)
         train.write_text("\n".join(stamp) + "\n" + render._format_python(body, "train.py"))
+    LAID_OUT_TRAINS.update(t.parent.name for t in trains[:GOLDEN_TRAINS_LAID_OUT])
     folders = sorted((tmp_path / "out").iterdir())
     assert len(folders) == len(plans) + len(golden_plans)
     return folders
+
+
+GOLDEN_TRAINS_LAID_OUT = 12  # of the golden plans' 87 train.py, the longest as rendered
+LAID_OUT_TRAINS: set[str] = set()
 
 
 def laid_out(folder: Path) -> bool:
@@ -396,11 +404,11 @@ def test_shared_modules_are_the_same_in_every_plan(all_rendered):
 
 def test_line_budgets(all_rendered):
     """Each file reads like nanoGPT's: train.py within 350 lines, model.py within 400, any
-    module within 500 (every example plan and variant above, and the golden plans' train.py:
-    the modules laid out as dslc compile lays them out)."""
+    module within 500 (every example plan and variant above, and the golden plans' longest
+    train.py: the modules laid out as dslc compile lays them out)."""
     limits = {"train.py": 350, "model.py": 400}
     for folder in all_rendered:
-        for module in _modules(folder) if laid_out(folder) else [folder / "train.py"]:
+        for module in _modules(folder) if laid_out(folder) else [folder / "train.py"] if folder.name in LAID_OUT_TRAINS else []:
             lines = module.read_text().count("\n")
             limit = limits.get(module.name, 500)
             assert lines <= limit, f"{folder.name}/{module.name} has {lines} lines (limit {limit})"
