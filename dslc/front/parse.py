@@ -181,6 +181,14 @@ def parser() -> Lark:
     )
 
 
+@cache
+def lexer() -> Lark:
+    """The grammar's terminals alone (a basic lexer, no parser), built once: ``lexer().lex``
+    scans a text that does not parse (Lark's ``lex`` of the LALR parser builds a lexer, with
+    its terminals' collision checks, at every call)."""
+    return Lark(_grammar_text(), parser=None, lexer="basic")
+
+
 def size_text(size: int) -> str:
     """A file's size for E008: readers read at most ``MAX_BYTES + 1`` bytes, so a size of
     exactly that is "more than 4 MiB"."""
@@ -284,7 +292,7 @@ def _open_blocks(text: str) -> list[tuple[str, int, int]]:
     stack: list[tuple[str, int, int]] = []
     names: list[Token] = []
     try:
-        for tok in parser().lex(text):
+        for tok in lexer().lex(text):
             if tok.type == "LBRACE":
                 words = [str(n) for n in names[-2:] if n.line == tok.line]
                 what = " ".join(words[:1] + [f"'{w}'" for w in words[1:]]) or "a block"
