@@ -288,10 +288,16 @@ def test_completion_offers_the_keys_of_the_enclosing_block(client, work):
     uri = path.as_uri()
     change(client, uri, 30, text)
     got = ask(client, "textDocument/completion", uri, at(text, "        re\n", 10))
-    assert {"recompute", "steps", "micro_batch", "precision", "optimizer", "checkpoint", "eval"} <= labels(got)
+    assert {"loss_scale", "timeout", "init", "compile", "optimizer", "checkpoint", "eval"} <= labels(got)
+    # the keys the block sets already (before and after the line typed), and not the nested blocks' keys
+    assert not {"recompute", "steps", "micro_batch", "precision", "seed"} & labels(got)
     assert "sequence_parallel" not in labels(got)  # tensor_parallel's
-    item = next(i for i in got["items"] if i["label"] == "recompute")
+    item = next(i for i in got["items"] if i["label"] == "timeout")
     assert item["textEdit"]["range"]["start"] == at(text, "        re\n", 8)  # replaces what was typed
+    mesh = path.read_text().replace("        pp = 4 on ib\n", "        \n")
+    change(client, uri, 31, mesh)
+    axes = labels(ask(client, "textDocument/completion", uri, at(mesh, "        \n", 8)))
+    assert "pp" in axes and not {"dp", "tp"} & axes  # the axes the mesh does not place yet
 
 
 def test_completion_of_values_links_and_clusters(client, work):

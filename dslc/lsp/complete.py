@@ -1,7 +1,8 @@
 """Completion, by where the cursor is (:func:`dslc.lsp.cursor.context`):
 
 - at the start of a statement: the keys and blocks of the enclosing block
-  (:data:`dslc.front.keys.KEYS`), each documented as its hover is; the mesh's axes; at the
+  (:data:`dslc.front.keys.KEYS`) but the keys it already sets, each documented as its
+  hover is; the mesh's axes it does not place yet; at the
   top level ``import``, ``cluster``, ``model`` and ``plan``;
 - after ``key =``: the values of a closed set (architectures, devices, schedules,
   precisions, recompute policies, … from the tuples lowering checks against), the names of
@@ -95,8 +96,9 @@ def _statement(an: Analysis | None, ctx: Context) -> list[lsp.CompletionItem]:
     if block == "mesh":
         links = [b.name for b, _ in an.links(ctx.plan)] if an else []
         choice = "${2|" + ",".join(links) + "|}" if links else "${2:link}"
-        return [_item(a, _K.Field, keydocs.markdown("mesh", a), insert=f"{a} = ${{1:2}} on {choice}") for a in KEYS["mesh"]]
-    out = [_item(k, _K.Property, keydocs.markdown(block, k), insert=f"{k} = ") for k in KEYS.get(block, ())]
+        return [_item(a, _K.Field, keydocs.markdown("mesh", a), insert=f"{a} = ${{1:2}} on {choice}")
+                for a in KEYS["mesh"] if a not in ctx.keys]
+    out = [_item(k, _K.Property, keydocs.markdown(block, k), insert=f"{k} = ") for k in KEYS.get(block, ()) if k not in ctx.keys]
     for kind in BLOCKS.get(block, ()):
         names = HEAD_NAMES.get((block, kind))
         if kind == "link" or (names is None and kind in KEYS.get(block, ())):  # link ib { }, a plan's cluster NAME { }

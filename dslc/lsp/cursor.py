@@ -25,11 +25,12 @@ WORD = re.compile(r"[A-Za-z0-9_]+")
 class Context:
     """The place before ``offset``: the blocks around it, outermost first, as (kind, name);
     the tokens of its statement so far (words, strings with their quotes, punctuation), the
-    word it is in the middle of (what a completion replaces), and whether it is in a
+    keys the innermost block sets in its other statements, the word it is in the middle of (what a completion replaces), and whether it is in a
     comment or a string (``string``: the string's text so far, without its quote)."""
 
     blocks: list[tuple[str, str | None]] = field(default_factory=list)
     tokens: list[str] = field(default_factory=list)
+    keys: set[str] = field(default_factory=set)  # set (``key = …``) elsewhere in the innermost block
     word: str = ""
     comment: bool = False
     string: str | None = None
@@ -51,8 +52,15 @@ class Context:
 
 def context(text: str, offset: int) -> Context:
     ctx = Context()
+    frames: list[set[str]] = [set()]  # the keys each open block sets, the file's first
     depth = 0  # ( and [ : a newline inside them does not end the statement
     last = None
+
+    def ended(tokens: list[str]) -> list[str]:
+        if len(tokens) > 1 and tokens[1] == "=" and WORD.fullmatch(tokens[0]):
+            frames[-1].add(tokens[0])
+        return []
+
     for m in _TOKEN.finditer(text, 0, offset):
         kind, tok = m.lastgroup, m.group()
         last = (kind, m)
@@ -60,17 +68,19 @@ def context(text: str, offset: int) -> Context:
             continue
         if kind == "newline":
             if depth == 0:
-                ctx.tokens = []
+                ctx.tokens = ended(ctx.tokens)
         elif tok == "{":
             words = [t for t in ctx.tokens if WORD.fullmatch(t)]
             ctx.blocks.append((words[0] if words else "", words[1] if len(words) > 1 else None))
+            frames.append(set())
             ctx.tokens, depth = [], 0
         elif tok == "}":
+            ctx.tokens, depth = ended(ctx.tokens), 0  # the block's last statement, then the block
             if ctx.blocks:
                 ctx.blocks.pop()
-            ctx.tokens, depth = [], 0
+                frames.pop()
         elif tok == ";" and depth == 0:
-            ctx.tokens = []
+            ctx.tokens = ended(ctx.tokens)
         else:
             if kind == "other":
                 depth = max(0, depth + (tok in "([") - (tok in ")]"))
@@ -84,7 +94,36 @@ def context(text: str, offset: int) -> Context:
             ctx.tokens.pop()
         elif kind == "word":
             ctx.word = ctx.tokens.pop()
+    ctx.keys = frames[-1] | _keys_after(text, offset)
     return ctx
+
+
+def _keys_after(text: str, offset: int) -> set[str]:
+    """The keys set in the rest of the block ``offset`` is in, after the statement at
+    ``offset`` (which is being typed)."""
+    keys: set[str] = set()
+    tokens: list[str] | None = None  # None: still in the statement at offset
+    level = depth = 0
+    for m in _TOKEN.finditer(text, offset):
+        kind, tok = m.lastgroup, m.group()
+        if kind in ("space", "comment"):
+            continue
+        ends = (kind == "newline" and depth == 0) or (tok == ";" and depth == 0) or tok in "{}"
+        if ends:
+            if level == 0 and tokens and len(tokens) > 1 and tokens[1] == "=" and WORD.fullmatch(tokens[0]):
+                keys.add(tokens[0])
+            if tok == "{":
+                level += 1
+            elif tok == "}":
+                if level == 0:
+                    break
+                level -= 1
+            tokens, depth = [], 0
+        elif tokens is not None:
+            if kind == "other":
+                depth = max(0, depth + (tok in "([") - (tok in ")]"))
+            tokens.append(tok)
+    return keys
 
 
 def word_at(text: str, offset: int) -> tuple[int, int] | None:
