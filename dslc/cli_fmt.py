@@ -21,22 +21,22 @@ from .front.parse import MAX_BYTES, decode
 from .source import Sources
 
 
-class _Unreadable(Exception):
-    pass
+class _IOFailed(Exception):
+    """A file that could not be read or written: one line, exit 2."""
 
 
 def run(args) -> int:
     files = expand(args.paths)
     if "-" in files and len(files) > 1:
         raise UsageError("'-' (standard input) cannot be mixed with files")
-    changed, kept, failed, unreadable = [], 0, 0, 0
+    changed, kept, failed, io_failed = [], 0, 0, 0
     for path in files:
         name = "<stdin>" if path == "-" else path
         try:
             text, st, problems = _read(path)
-        except _Unreadable as e:
+        except _IOFailed as e:
             print(f"dslc: error: {e}", file=sys.stderr)
-            unreadable += 1
+            io_failed += 1
             continue
         if text is None:  # binary, not UTF-8 or too large
             emit(problems, Sources())
@@ -65,15 +65,15 @@ def run(args) -> int:
             continue
         try:
             _write(path, out, st)
-        except _Unreadable as e:
+        except _IOFailed as e:
             print(f"dslc: error: {e}", file=sys.stderr)
-            unreadable += 1
+            io_failed += 1
             continue
         if not args.quiet:
             print(f"reformatted {name}", file=sys.stderr)
     if not args.quiet and files != ["-"]:
-        print(f"dslc: {_summary(len(changed), kept, failed + unreadable, args.check or args.diff)}", file=sys.stderr)
-    return 2 if unreadable else 1 if failed or (args.check and changed) else 0
+        print(f"dslc: {_summary(len(changed), kept, failed + io_failed, args.check or args.diff)}", file=sys.stderr)
+    return 2 if io_failed else 1 if failed or (args.check and changed) else 0
 
 
 def _summary(changed: int, kept: int, failed: int, dry: bool) -> str:
@@ -91,7 +91,7 @@ def _read(path: str):
     try:
         data, st = (sys.stdin.buffer.read(MAX_BYTES + 1), None) if path == "-" else reading.read_bytes(path, MAX_BYTES)
     except OSError as e:
-        raise _Unreadable(f"cannot read {path}: {e.strerror or e}") from None
+        raise _IOFailed(f"cannot read {path}: {e.strerror or e}") from None
     text, diags = decode(data, "<stdin>" if path == "-" else path)
     return text, st, diags
 
@@ -102,9 +102,9 @@ def _write(path: str, text: str, st: os.stat_result) -> None:
     try:
         now = os.stat(real)
         if (now.st_mtime_ns, now.st_size, now.st_ino) != (st.st_mtime_ns, st.st_size, st.st_ino):
-            raise _Unreadable(f"{path} changed while it was formatted; left as it is")
+            raise _IOFailed(f"{path} changed while it was formatted; left as it is")
         if not os.access(real, os.W_OK):
-            raise _Unreadable(f"cannot write {path}: permission denied")
+            raise _IOFailed(f"cannot write {path}: permission denied")
         write_whole(real, text, now.st_mode & 0o7777)
     except OSError as e:
-        raise _Unreadable(f"cannot write {path}: {e.strerror or e}") from None
+        raise _IOFailed(f"cannot write {path}: {e.strerror or e}") from None

@@ -35,7 +35,8 @@ from dataclasses import dataclass
 from ..diagnostics import Diagnostic
 from ..units import UNITS
 from . import ast
-from .parse import parse
+from .parse import parse, split_quantity
+from .textedit import TOKEN
 
 INDENT = "    "
 MAX_DEPTH = 100  # blocks and brackets nested: a deeper file is left as it is
@@ -43,8 +44,6 @@ MAX_DEPTH = 100  # blocks and brackets nested: a deeper file is left as it is
 # a unit with two spellings is written one way
 _UNIT = {u: "us" for u, v in UNITS["time"].items() if v == 1e-6 and u != "us"}
 _NUMBER = re.compile(r"([-+]?)([\d_]*)(?:\.([\d_]*))?(?:[eE]([-+]?)(\d+))?")
-# in a text that parses, a '"' starts a string, '//' or '#' outside one a comment
-_SCAN = re.compile(r'"(?:[^"\\\n]|\\.)*"|(?P<comment>(?://|#)[^\n]*)|(?P<open>[{(\[])|(?P<close>[})\]])')
 
 
 class FormatError(Exception):
@@ -61,7 +60,7 @@ def format_text(text: str, file: str = "<stdin>") -> str:
     tree, diags = parse(text, file)
     if tree is None:
         raise FormatError(f"{diags[0].span}: {diags[0].message}", diags[0])
-    marks = list(_SCAN.finditer(text))
+    marks = [m for m in TOKEN.finditer(text) if m.lastgroup in ("comment", "other")]
     _check_depth(marks, file)
     out = _Formatter(text, marks).file(tree)
     again, _ = parse(out, file)
@@ -94,17 +93,17 @@ def number_text(text: str) -> str:
 def _check_depth(marks, file: str) -> None:
     depth = deepest = 0
     for m in marks:
-        if m["open"]:
+        if m.group() in "{([":
             depth += 1
             deepest = max(deepest, depth)
-        elif m["close"]:
+        elif m.group() in "})]":
             depth -= 1
     if deepest > MAX_DEPTH:
         raise FormatError(f"{file}: blocks and brackets nest {deepest} deep; dslc fmt formats files up to {MAX_DEPTH} deep and leaves this one as it is")
 
 
 def _comments(text: str) -> list[str]:
-    return [m["comment"].rstrip() for m in _SCAN.finditer(text) if m["comment"]]
+    return [m.group().rstrip() for m in TOKEN.finditer(text) if m.lastgroup == "comment"]
 
 
 def _shape(node):
@@ -155,13 +154,13 @@ class _Formatter:
         self.text = text
         self.starts = [0] + [i + 1 for i, c in enumerate(text) if c == "\n"]
         self.newline = "\r\n" if "\r\n" in text else "\n"
-        self.braces = [m.start() for m in marks if m["open"] == "{"]
+        self.braces = [m.start() for m in marks if m.group() == "{"]
         self.comments = []
         for m in marks:
-            if m["comment"]:
+            if m.lastgroup == "comment":
                 line = self.line_of(m.start())
                 col = m.start() - self.starts[line - 1] + 1
-                self.comments.append(_Comment(m.start(), line, col, m["comment"].rstrip(), not text[self.starts[line - 1] : m.start()].strip()))
+                self.comments.append(_Comment(m.start(), line, col, m.group().rstrip(), not text[self.starts[line - 1] : m.start()].strip()))
         self.comment_pos = [c.pos for c in self.comments]
 
     def pos(self, line: int, col: int) -> int:
@@ -286,11 +285,8 @@ class _Formatter:
         if isinstance(v, ast.Number):
             return number_text(v.text)
         if isinstance(v, ast.Quantity):
-            src = self.source(v.span)
-            i = len(src)
-            while i > 0 and not (src[i - 1].isdigit() or src[i - 1] in "._"):
-                i -= 1
-            return f"{number_text(src[:i].strip())} {_UNIT.get(v.unit, v.unit)}"
+            number, unit = split_quantity(self.source(v.span))
+            return f"{number_text(number)} {_UNIT.get(unit, unit)}"
         if isinstance(v, ast.String):
             return self.source(v.span)
         if isinstance(v, ast.Bool):

@@ -60,6 +60,14 @@ def _number(text: str) -> int | float:
         return float(clean)
 
 
+def split_quantity(text: str) -> tuple[str, str]:
+    """A QUANTITY token's number and unit as written: ``"450GB/s"`` → ``("450", "GB/s")``."""
+    i = len(text)
+    while i > 0 and not (text[i - 1].isdigit() or text[i - 1] in "._"):
+        i -= 1
+    return text[:i].strip(), text[i:].strip()
+
+
 def _unquote(tok: Token) -> str:
     """A string literal's value, with Python's escapes; an escape Python does not know
     (``"\\x4"``) is kept as written, and never raises inside the transformer (where any
@@ -91,11 +99,7 @@ class _Build(Transformer_NonRecursive):
 
     @v_args(inline=True)
     def quantity(self, tok: Token):
-        text = str(tok)
-        i = len(text)
-        while i > 0 and not (text[i - 1].isdigit() or text[i - 1] in "._"):
-            i -= 1
-        num, unit = text[:i], text[i:].strip()
+        num, unit = split_quantity(str(tok))
         return ast.Quantity(_number(num), unit, self.sp(tok))
 
     @v_args(inline=True)

@@ -14,6 +14,19 @@ from ..source import Span
 from . import ast
 
 _COMMENT = ("//", "#")
+# A tolerant scan of a plan's text: comments and strings as the grammar reads them (a '"'
+# starts a string, '//' or '#' outside one a comment), words, newlines, spaces, and one
+# character of anything else ('{', '=', ...). It never fails: an unfinished string is a
+# string to the line's end (dslc fmt scans text that parses, dslc lsp text being typed).
+TOKEN = re.compile(
+    r"(?P<comment>(?://|\#)[^\n]*)"
+    r'|(?P<string>"(?:[^"\\\n]|\\.)*"?)'
+    r"|(?P<word>[A-Za-z0-9_µ%]+)"
+    r"|(?P<newline>\n)"
+    r"|(?P<space>[ \t\r\f\v]+)"
+    r"|(?P<other>.)",
+    re.DOTALL,
+)
 
 
 def quote(s: str) -> str:

@@ -9,15 +9,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-_TOKEN = re.compile(
-    r"(?P<comment>(?://|\#)[^\n]*)"
-    r'|(?P<string>"(?:[^"\\\n]|\\.)*"?)'
-    r"|(?P<word>[A-Za-z0-9_µ%]+)"
-    r"|(?P<newline>\n)"
-    r"|(?P<space>[ \t\r\f\v]+)"
-    r"|(?P<other>.)",
-    re.DOTALL,
-)
+from ..front.textedit import TOKEN
+
 WORD = re.compile(r"[A-Za-z0-9_]+")
 
 
@@ -61,7 +54,7 @@ def context(text: str, offset: int) -> Context:
             frames[-1].add(tokens[0])
         return []
 
-    for m in _TOKEN.finditer(text, 0, offset):
+    for m in TOKEN.finditer(text, 0, offset):
         kind, tok = m.lastgroup, m.group()
         last = (kind, m)
         if kind in ("space", "comment"):
@@ -104,7 +97,7 @@ def _keys_after(text: str, offset: int) -> set[str]:
     keys: set[str] = set()
     tokens: list[str] | None = None  # None: still in the statement at offset
     level = depth = 0
-    for m in _TOKEN.finditer(text, offset):
+    for m in TOKEN.finditer(text, offset):
         kind, tok = m.lastgroup, m.group()
         if kind in ("space", "comment"):
             continue
@@ -140,7 +133,7 @@ def word_at(text: str, offset: int) -> tuple[int, int] | None:
 def string_at(text: str, offset: int) -> tuple[int, int] | None:
     """The start and end (its quotes included) of the string literal under ``offset``."""
     line_end = text.find("\n", offset)
-    for m in _TOKEN.finditer(text, text.rfind("\n", 0, offset) + 1, len(text) if line_end < 0 else line_end):
+    for m in TOKEN.finditer(text, text.rfind("\n", 0, offset) + 1, len(text) if line_end < 0 else line_end):
         if m.start() > offset or m.lastgroup == "comment":
             return None
         if m.lastgroup == "string" and offset < m.end():
