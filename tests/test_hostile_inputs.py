@@ -272,9 +272,10 @@ def test_cycle_through_a_symlink_is_a_cycle(tmp_path):
 
 def test_a_files_text_given_in_place_of_the_disks_is_that_file_to_its_imports(tmp_path, monkeypatch):
     """An editor's unsaved text (dslc lsp) of a file in a cycle: one cycle, not the disk's copy as a second file (E017)."""
-    (tmp_path / "a.plan").write_text('import "b.plan"\n')
+    saved = 'import "b.plan"\nplan p { model = m; cluster = c }\n'
+    (tmp_path / "a.plan").write_text(saved)
     (tmp_path / "b.plan").write_text('import "a.plan"\n')
     monkeypatch.chdir(tmp_path)
-    unsaved = 'import "b.plan"\nplan p { model = m; cluster = c }\n'
+    unsaved = saved.replace("plan p {", "plan p {\n    // being typed\n")
     codes = sorted({d.code for d in load_text(unsaved, "a.plan").diagnostics})
     assert "E006" in codes and "E017" not in codes, codes
