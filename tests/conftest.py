@@ -123,7 +123,7 @@ def run_script(tmp_path_factory):
     outputs = tmp_path_factory.mktemp("runs")
     server = []  # the fork server, started at its first use
 
-    def forked(argv, env, cwd, timeout, nproc=1):
+    def forked(argv, env, cwd, timeout, nproc=1, binary=False, **bounds):
         if not server:
             server.append(subprocess.Popen(
                 [sys.executable, str(FORKSERVER), *package_modules()], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -134,11 +134,11 @@ def run_script(tmp_path_factory):
         mask = os.umask(0)  # what a process started now would inherit
         os.umask(mask)
         request = {"argv": argv, "env": env, "cwd": str(cwd or os.getcwd()), "stdout": str(out), "stderr": str(err),
-                   "timeout": timeout, "nproc": nproc, "umask": mask}
+                   "timeout": timeout, "nproc": nproc, "umask": mask, **bounds}
         server[0].stdin.write(json.dumps(request) + "\n")
         server[0].stdin.flush()
         code = json.loads(server[0].stdout.readline())["returncode"]
-        stdout, stderr = out.read_text(), err.read_text()
+        stdout, stderr = (out.read_bytes(), err.read_bytes()) if binary else (out.read_text(), err.read_text())
         if code is None:
             raise subprocess.TimeoutExpired(argv, timeout, stdout, stderr)
         return subprocess.CompletedProcess(argv, code, stdout, stderr)
@@ -163,6 +163,14 @@ def run_script(tmp_path_factory):
             cwd=cwd,
         )
 
+    def dslc(*args, cwd=None, stdin=None, timeout: float = 120):
+        """``python -m dslc ARGS`` as CI runs it, in a child with a time bound and a
+        4 GiB address space (a regression fails with MemoryError, it does not take the
+        machine): a CompletedProcess of bytes."""
+        return forked(["-m", "dslc", *map(str, args)], base, cwd, timeout, binary=True,
+                      stdin=str(stdin) if stdin else None, max_bytes=4 << 30)
+
+    run.dslc = dslc
     yield run
     for proc in server:
         proc.stdin.close()

@@ -3,10 +3,15 @@
 process, which has imported torch once: the tests run some hundred such programs, and
 importing torch (in every rank, and in torchrun itself) is most of what each one costs.
 
+It runs ``python -m dslc ARGS`` too (argv ``["-m", "dslc", ...]``; dslc is imported here
+once as well), for the tests that run the CLI as CI runs it, in a child with bounds.
+
 Started by conftest's run_script (``forkserver.py MODULE...``, the names of a generated
 program's modules, none of which may be imported here); reads one JSON request a line on
 standard input,
-{"argv", "env", "cwd", "stdout", "stderr", "timeout", "nproc", "umask"}, and answers each with a
+{"argv", "env", "cwd", "stdout", "stderr", "timeout", "nproc", "umask"} and optionally
+"stdin" (a file to read instead of /dev/null) and "max_bytes" (the child's address space),
+and answers each with a
 line, {"returncode"} (null after a timeout, when the children were killed). Each child
 takes the request's environment, folder and arguments, finds the program's modules first
 on the path (as python does for a script), writes its output into files of its own,
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import runpy
 import signal
 import socket
@@ -36,21 +42,28 @@ import torch.distributed  # noqa: F401
 import torch.distributed.checkpoint  # noqa: F401
 import torch.nn.functional  # noqa: F401
 
+import dslc.cli  # noqa: F401  (python -m dslc's start-up: lark, jinja2, networkx, ...)
+
 
 def child(request: dict) -> None:
     os.chdir(request["cwd"])
     os.umask(request["umask"])  # the test's, as a process it started would inherit
     os.environ.clear()
     os.environ.update(request["env"])
-    for fd, path, flags in ((0, os.devnull, os.O_RDONLY), (1, request["stdout"], os.O_WRONLY | os.O_CREAT),
+    for fd, path, flags in ((0, request.get("stdin") or os.devnull, os.O_RDONLY), (1, request["stdout"], os.O_WRONLY | os.O_CREAT),
                             (2, request["stderr"], os.O_WRONLY | os.O_CREAT)):
         os.dup2(os.open(path, flags), fd)
-    script = request["argv"][0]
-    sys.argv = list(request["argv"])
-    sys.path[0] = os.path.dirname(os.path.abspath(script))
-    status = 0
+    if request.get("max_bytes"):
+        resource.setrlimit(resource.RLIMIT_AS, (request["max_bytes"], request["max_bytes"]))
+    status, argv = 0, list(request["argv"])
     try:
-        runpy.run_path(script, run_name="__main__")
+        if argv[0] == "-m":  # python -m MODULE ARGS
+            sys.argv = [argv[1], *argv[2:]]
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = argv
+            sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+            runpy.run_path(argv[0], run_name="__main__")
     except SystemExit as e:
         if isinstance(e.code, int) or e.code is None:
             status = e.code or 0

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -39,16 +37,18 @@ USES_M = (PLAN % "").replace(f"model gpt2 {{ {MODEL.split('; ', 1)[1]} }}", "mod
 assert "model = m" in USES_M
 
 
-def _limit_memory():  # a regression fails with MemoryError, it does not take the machine
-    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+RUN = {}  # the session's fork server (conftest's run_script), for lint below
+
+
+@pytest.fixture(autouse=True)
+def _server(run_script):
+    RUN["dslc"] = run_script.dslc
 
 
 def lint(*args: str, cwd: Path = ROOT, stdin=None) -> subprocess.CompletedProcess:
-    """``dslc lint`` as CI runs it, in a child with a time and memory bound."""
-    return subprocess.run(
-        [sys.executable, "-m", "dslc", "lint", *args],
-        capture_output=True, cwd=cwd, stdin=stdin, timeout=120, preexec_fn=_limit_memory,
-    )
+    """``dslc lint`` as CI runs it, in a child with a time and memory bound (stdin: a
+    file's path)."""
+    return RUN["dslc"]("lint", *args, cwd=cwd, stdin=stdin)
 
 
 def diagnosed(r: subprocess.CompletedProcess, code: str, where: str) -> None:
@@ -84,8 +84,7 @@ def test_root_that_is_not_a_regular_file_is_a_usage_error(tmp_path, name):
 
 
 def test_standard_input_is_read_with_a_bound():
-    with open("/dev/zero", "rb") as zero:
-        r = lint("-", stdin=zero)
+    r = lint("-", stdin="/dev/zero")
     diagnosed(r, "E008", "<stdin>:1:1")
 
 
