@@ -14,7 +14,7 @@ from ..diagnostics import Diagnostic, error, warning
 from ..front.defaults import MAX_SCHEDULE
 from ..front.recompute import EAGER_POLICIES
 from ..groups import axis_crossing
-from ..ir import SCHEDULES, Cluster, Model, Plan
+from ..ir import SCHEDULES, V_SHAPED, Cluster, Model, Plan
 from ..source import Span
 from .data import checkpoint_dir, data_file
 
@@ -161,9 +161,10 @@ def shape_problems(schedule: str, pp: int, microbatches: int, virtual_stages: in
     """The one statement of which (schedule, pp, microbatches, virtual_stages) can be built:
     :func:`dslc.cost.schedule.build` refuses these, and :func:`pipeline` reports them at the
     plan's keys.
-    1f1b, zb_h1 and interleaved_1f1b need microbatches ≥ pp, interleaved_1f1b also
-    microbatches % pp == 0; only interleaved_1f1b takes v > 1; pp × v × microbatches is at
-    most MAX_SCHEDULE (E058)."""
+    1f1b, zb_h1, interleaved_1f1b and zb_v need microbatches ≥ pp, interleaved_1f1b also
+    microbatches % pp == 0, dualpipe_v microbatches ≥ 2·pp (as torch's ScheduleDualPipeV);
+    only interleaved_1f1b takes v > 1, and zb_v and dualpipe_v need v = 2 (their V: the
+    front end implies it); pp × v × microbatches is at most MAX_SCHEDULE (E058)."""
     p, m, v = pp, microbatches, virtual_stages
     if schedule not in SCHEDULES:
         return [Problem("E019", ("pipeline.schedule",), f"unknown schedule {schedule!r}; expected one of {', '.join(SCHEDULES)}")]
@@ -174,9 +175,15 @@ def shape_problems(schedule: str, pp: int, microbatches: int, virtual_stages: in
                         f"the schedule has pp={p} × virtual_stages={v} × microbatches={m} = {p * v * m} chunk forwards per step, more than the {MAX_SCHEDULE} dslc plans for",
                         "use fewer, larger micro-batches")]
     out = []
-    if v > 1 and schedule != "interleaved_1f1b":
+    if schedule in V_SHAPED and v != 2:
+        out.append(Problem("E056", ("pipeline.virtual_stages",), f"{schedule} places two chunks per rank in a V: virtual_stages must be 2, got {v}",
+                           "leave virtual_stages out (it is implied) or set it to 2"))
+    elif v > 1 and schedule not in ("interleaved_1f1b", *V_SHAPED):
         out.append(Problem("E056", ("pipeline.virtual_stages",), f"virtual_stages={v} needs schedule = interleaved_1f1b, not {schedule}"))
-    if schedule in ("1f1b", "zb_h1", "interleaved_1f1b") and m < p:
+    if schedule == "dualpipe_v" and m < 2 * p:
+        out.append(Problem("E053", ("pipeline.microbatches", "train.global_batch"), f"dualpipe_v needs microbatches ≥ 2·pp, got microbatches={m} < {2 * p}",
+                           f"raise microbatches to at least {2 * p} (global_batch = micro_batch × microbatches × dp)"))
+    elif schedule in ("1f1b", "zb_h1", "interleaved_1f1b", "zb_v") and m < p:
         out.append(Problem("E053", ("pipeline.microbatches", "train.global_batch"), f"{schedule} needs microbatches ≥ pp, got microbatches={m} < pp={p}",
                            f"raise microbatches to at least {p} (global_batch = micro_batch × microbatches × dp)"))
     elif schedule == "interleaved_1f1b" and m % p:
