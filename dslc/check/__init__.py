@@ -358,6 +358,8 @@ def _zero(plan: Plan, z: int):
         yield error("E101", plan.where("data_parallel.shard"), f"shard = {shard} (HSDP) with experts: the generated script splits the data-parallel group of dense models only", "leave shard out")
     if z == 3 and plan.pipeline.schedule == "zb_h1":
         yield error("E101", at, "zero = 3 with schedule zb_h1: the deferred weight gradients (W) would need each unit gathered a third time per micro-batch", "use 1f1b or interleaved_1f1b, or zero = 2")
+    if z == 3 and plan.v_shape:  # not yet: zb_h1's ZeRO-3 first (issue 29), then the V's two chunks per rank
+        yield error("E101", at, f"zero = 3 with schedule {plan.pipeline.schedule}: the deferred weight gradients (W) of two chunks per rank are not gathered by ZeRO-3 yet", "use zero = 2, or schedule = interleaved_1f1b")
     if z != 3 and "data_parallel.reshard_after_forward" in plan.spans:
         yield warning("W102", plan.where("data_parallel.reshard_after_forward"), f"reshard_after_forward has no effect with zero = {z}", "only zero = 3 gathers the weights before each unit's forward")
 

@@ -17,7 +17,18 @@ from itertools import pairwise
 import networkx as nx
 
 from ..chunks import chunk_local, chunk_rank
-from .schedule import COMPUTE, KINDS, Action, Actions, ScheduleError, expected_peer, global_chunk, locate, message, v_shaped
+from .schedule import (
+    COMPUTE,
+    KINDS,
+    Action,
+    Actions,
+    ScheduleError,
+    expected_peer,
+    global_chunk,
+    locate,
+    message,
+    v_shaped,
+)
 
 __all__ = ["check", "verify"]
 

@@ -24,6 +24,8 @@ chunk r, local chunk 1 is global chunk 2p−1−r.
 
 from __future__ import annotations
 
+from collections import defaultdict, deque
+
 Step = tuple[tuple[str, int, int], ...]  # (kind, micro-batch, local chunk) of one step
 
 
@@ -151,30 +153,38 @@ def with_comm(steps: list[list[Step]], p: int) -> list[list[tuple]]:
         to = g + 1 if d == "F" else g - 1
         return rank_of[g], ids[rank_of[g]].index(g), rank_of[to], ids[rank_of[to]].index(to)
 
-    pending: list[tuple[float, tuple[str, int, int], int, int]] = []  # made, not yet sent
+    links: dict[tuple[int, int], deque] = defaultdict(deque)  # (from, to) -> (made when, message), unsent
+    none = (float("inf"), True, 0)
 
-    def pair(x: tuple[float, tuple[str, int, int], int, int]) -> None:
-        _, key, src, to = x
+    def pair(src: int, to: int) -> None:
+        _, key = links[(src, to)].popleft()
         _, cs, _, cd = peer_chunk(key)
         batch[src].append(("SEND_" + key[0], key[1], cs, to))
         batch[to].append(("RECV_" + key[0], key[1], cd, src))
 
-    while any(pos[r] < len(steps[r]) for r in range(p)):
-        ready = []
-        for r in range(p):
-            if pos[r] < len(steps[r]):
-                want = list(needs(r, steps[r][pos[r]]))
-                if all(k in made for k in want):
-                    start = max([clock[r]] + [made[k] for k in want])
-                    ready.append((start, not any(x[3] == r and x[0] <= start for x in pending), r))
-        if not ready:
-            raise ValueError(f"the V schedule cannot place its messages for p={p}")
-        start, _, r = min(ready)
-        # into the batches open now: what r receives by its start, and all r has made
-        now = [x for x in pending if x[2] == r or (x[3] == r and x[0] <= start)]
-        for x in now:
-            pair(x)
-        pending = [x for x in pending if x not in now]
+    def candidate(r: int) -> tuple[float, bool, int]:
+        """(start, no message waiting for it by then, r) of r's next step; ``none`` if it cannot start."""
+        if pos[r] >= len(steps[r]):
+            return none
+        want = list(needs(r, steps[r][pos[r]]))
+        if any(k not in made for k in want):
+            return none
+        start = max([clock[r]] + [made[k] for k in want])
+        waiting = any(links[(q, r)] and links[(q, r)][0][0] <= start for q in (r - 1, r + 1) if 0 <= q < p)
+        return start, not waiting, r
+
+    cands = [candidate(r) for r in range(p)]
+    while True:
+        start, _, r = min(cands)
+        if start == float("inf"):
+            break
+        # into the batches open now: what r has made, and what it has been sent by its start
+        for q in (r - 1, r + 1):
+            if 0 <= q < p:
+                while links[(r, q)]:
+                    pair(r, q)
+                while links[(q, r)] and links[(q, r)][0][0] <= start:
+                    pair(q, r)
         out[r] += batch[r] + list(steps[r][pos[r]])
         batch[r] = []
         clock[r] = start + len(steps[r][pos[r]])
@@ -185,8 +195,14 @@ def with_comm(steps: list[list[Step]], p: int) -> list[list[tuple]]:
                 made[key] = clock[r]
                 to = peer_chunk(key)[2]
                 if to != r:
-                    pending.append((clock[r], key, r, to))
+                    links[(r, to)].append((clock[r], key))
         pos[r] += 1
-    for x in pending:
-        pair(x)
+        for q in (r - 1, r, r + 1):
+            if 0 <= q < p:
+                cands[q] = candidate(q)
+    if any(pos[r] < len(steps[r]) for r in range(p)):
+        raise ValueError(f"the V schedule cannot place its messages for p={p}")
+    for (src, to), queue in list(links.items()):
+        while queue:
+            pair(src, to)
     return [acts + rest for acts, rest in zip(out, batch)]
