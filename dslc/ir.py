@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from math import prod
 
+from .chunks import V_SHAPED, chunk_rank
 from .source import Span
 
 AXES = ("dp", "tp", "pp", "cp", "ep")
 ARCHS = ("gpt2", "llama", "mixtral")
-SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1")
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v", "dualpipe_v")
 PRECISIONS = ("fp32", "bf16", "fp16")
 RECOMPUTE = ("none", "selective", "selective_ops", "full")  # `full every N`: Train.recompute_every
 CP_METHODS = ("ring", "ulysses")
@@ -193,7 +194,7 @@ class DataParallel:
 @dataclass(frozen=True)
 class Pipeline:
     schedule: str  # one of SCHEDULES
-    virtual_stages: int  # per rank; > 1 only for interleaved_1f1b
+    virtual_stages: int  # per rank; > 1 for interleaved_1f1b, 2 for the V schedules
     microbatches: int
     layers_per_stage: tuple[int, ...] | None  # explicit split, one per (virtual) stage
     span: Span | None
@@ -371,10 +372,15 @@ class Plan:
         return self.pipeline.microbatches
 
     def stage_layers(self) -> tuple[int, ...]:
-        """Layers of each model chunk, in layer order (pp × virtual_stages chunks).
-
-        Chunk c runs on pipeline rank c % pp (interleaved assignment)."""
+        """Layers of each model chunk in layer order (pp × v chunks; ranks: dslc.chunks)."""
         return self._stage_layers
+
+    @property
+    def v_shape(self) -> bool:  # the chunks sit in a V (zb_v, dualpipe_v), not interleaved
+        return self.pipeline.schedule in V_SHAPED
+    @property
+    def last_stage(self) -> int:  # the pp rank of the last chunk (norm, head, loss): p − 1, or 0 in a V
+        return chunk_rank(self.pp, self.pp * self.pipeline.virtual_stages - 1, self.v_shape)
 
     @cached_property
     def _stage_layers(self) -> tuple[int, ...]:  # worked out once: the cost model asks often

@@ -59,6 +59,9 @@ REQUIRED = {
     # token files: a 70,000-id vocabulary on uint32 files, blended, with a validation loss
     "tokens": {("1f1b", 2, 1, 1, False), ("interleaved_1f1b", 1, 2, 1, False), ("1f1b", 2, 2, 2, True)},
 }
+# the V-shaped schedules (zb_v, dualpipe_v) on pp2 and pp4; gpt2pp: tied embeddings in a V
+REQUIRED["llamapp"] |= {(s, 1, p, 1, False) for s in ("zb_v", "dualpipe_v") for p in (2, 4)}
+REQUIRED["gpt2pp"] |= {("zb_v", 1, 2, 1, False)}
 
 
 # the mixture of experts: (schedule, dp, pp, tp, sequence parallel, ep, zero); mixtral is
@@ -73,6 +76,8 @@ REQUIRED_MOE = {
     "deepseek": {("1f1b", 1, 1, 1, False, 2, 0), ("1f1b", 1, 2, 1, False, 2, 0), ("1f1b", 1, 1, 2, True, 2, 0),
                  ("1f1b", 2, 1, 1, False, 2, 1)},
 }
+REQUIRED_MOE["mixtral"] |= {("zb_v", 1, 2, 1, False, 2, 0), ("dualpipe_v", 1, 2, 1, False, 2, 0),
+                             ("zb_v", 1, 4, 1, False, 1, 0), ("dualpipe_v", 1, 4, 1, False, 1, 0)}
 
 
 # sharded data parallel: (schedule, dp, pp, tp, sequence parallel, zero)

@@ -67,6 +67,10 @@ PLANS = {
     # a pipeline whose first and last chunks hold no layers (the embedding, the head alone)
     "tp2_head_dim": ("llamahd_tp2", {"precision": "bf16"}),
     "pp4_edges": ("llamapp_pp4_edges", {}),
+    # a V (zb_v): two chunks per rank, the turn without a message, rank 0 holding both ends
+    # (tied embeddings: one wte, no tied-gradient all-reduce over pp); dualpipe_v with experts
+    "pp2_zb_v_tied": ("gpt2pp_pp2_zb_v", {}),
+    "moe_pp2_ep2_dualpipe_v": ("mixtral_pp2_ep2_dualpipe_v", {}),
     # ZeRO-2 and 3: 2 micro-batches accumulating, in bf16; one micro-batch over 4 ranks; with
     # tp + sp; kept gathered until backward with full recompute; a tied pipeline (1f1b) and an
     # interleaved one with reshard_after_forward = false
@@ -332,7 +336,7 @@ def test_saved_activation_bytes_are_within_10_percent(case):
         layers = recompute.stage_layer_ids(plan, stage)  # full every N: each block its own bytes
         want = len(layers) * est.layer_activation_bytes(plan, layer=layers)
         want += embedding if stage == 0 else 0
-        want += head if stage == plan.pp - 1 else 0
+        want += head if stage == plan.last_stage else 0  # pp − 1, or 0 in a V
         saved = record["saved_per_microbatch"]  # one per forward: micro-batch and chunk
         assert len(saved) == plan.microbatches * plan.pipeline.virtual_stages, saved
         if plan.pipeline.virtual_stages == 1:

@@ -11,6 +11,8 @@ import pytest
 from irbuild import model
 
 from dslc.cost import flops
+from dslc.cost.memory import memory
+from dslc.cost.schedule import build, simulate
 from dslc.cost.time import timing
 from dslc.cost.topology import Topology
 from dslc.ir import Plan
@@ -73,6 +75,23 @@ def test_interleaved_step_falls_as_virtual_stages_grow(p, layers):
                                  schedule="interleaved_1f1b" if v > 1 else "1f1b", v=v)).timing.step
              for v in (1, 2, 4, 8) if layers % (p * v) == 0]
     assert len(steps) >= 3 and all(b < a for a, b in zip(steps, steps[1:])), steps
+
+
+@pytest.mark.parametrize("schedule, p, m", [("zb_v", 2, 4), ("zb_v", 4, 8), ("dualpipe_v", 2, 4), ("dualpipe_v", 4, 8)])
+def test_v_schedules_explain_is_the_simulation_of_their_lists(schedule, p, m):
+    """explain's bubble and activations in flight are those of simulating the compiled lists
+    with each chunk's own F, B, W (nothing overlapped: dualpipe_v's F&B pair runs one after
+    the other); both V schedules stay at or under ZB-H1's bubble and hold 2p (+1) chunks."""
+    pl = _free_links(WIDE, ("pp", p, "ib"), m=m, schedule=schedule, v=2)
+    t, sim = timing(pl, Topology.of(pl))
+    f, b, w = (tuple(c[i] for c in t.chunks) for i in range(3))
+    again = simulate(build(schedule, p, m, 2), f, b, w, t.t_comm)
+    assert t.bubble_fraction == pytest.approx(again.bubble_fraction) and t.pipeline == pytest.approx(again.makespan)
+    assert sim.peak_inflight == again.peak_inflight and max(again.peak_inflight) == 2 * p + (schedule == "dualpipe_v")
+    zb = timing(_free_links(WIDE, ("pp", p, "ib"), m=m, schedule="zb_h1"), Topology.of(pl))[0]
+    assert t.bubble_fraction <= zb.bubble_fraction * 1.02
+    states = memory(pl, peaks=sim.peak_inflight)
+    assert [s.inflight for s in states] == list(sim.peak_inflight)
 
 
 def test_zero_bubble_h1_idles_p_minus_1_times_tf_plus_tb_minus_tw():

@@ -390,3 +390,21 @@ def test_importing_draw_does_not_import_matplotlib():
     code = "import sys, dslc.report.draw, dslc.cost.schedule; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("schedule", ["zb_v", "dualpipe_v"])
+def test_v_schedule_picture_and_turn_without_message(schedule):
+    """The V: rank 1 of 2 holds chunks 1 and 2, so its F0·0 feeds its F0·1 with no message
+    between them, and rank 0 holds the embedding's chunk 0 and the loss's chunk 3; the
+    picture names every F, B and W with its local chunk (``dslc schedule`` draws this)."""
+    actions = build(schedule, 2, 4, 2)
+    assert actions.v_shape and check(actions, split_backward=True) is None
+    rank1 = [a.label(chunks=True) for a in actions[1]]
+    turn = rank1.index("F0·0")
+    assert rank1[turn + 1] == "F0·1" or not any(a.startswith("RECV_F0") for a in rank1[turn + 1:rank1.index("F0·1")])
+    assert all(a.peer in (None, 0) for acts in actions for a in acts if a.peer is not None and a.peer != 1)
+    assert message(actions[0][[a.kind for a in actions[0]].index("SEND_F")], 0, 2, True) == ("F", 0, 0)
+    text = text_grid(actions, simulate(actions, 1.0, 1.0, 1.0), time_unit="ms")
+    assert "v=2" in text and "W3 weight gradient" in text
+    for label in ("F0·0", "F0·1", "B0·1", "W0·0"):
+        assert label in text

@@ -14,7 +14,7 @@ from ..diagnostics import Diagnostic, error, warning
 from ..front.defaults import MAX_SCHEDULE
 from ..front.recompute import EAGER_POLICIES
 from ..groups import axis_crossing
-from ..ir import SCHEDULES, Cluster, Model, Plan
+from ..ir import SCHEDULES, V_SHAPED, Cluster, Model, Plan
 from ..source import Span
 from .data import checkpoint_dir, data_file
 
@@ -161,9 +161,10 @@ def shape_problems(schedule: str, pp: int, microbatches: int, virtual_stages: in
     """The one statement of which (schedule, pp, microbatches, virtual_stages) can be built:
     :func:`dslc.cost.schedule.build` refuses these, and :func:`pipeline` reports them at the
     plan's keys.
-    1f1b, zb_h1 and interleaved_1f1b need microbatches ≥ pp, interleaved_1f1b also
-    microbatches % pp == 0; only interleaved_1f1b takes v > 1; pp × v × microbatches is at
-    most MAX_SCHEDULE (E058)."""
+    1f1b, zb_h1, interleaved_1f1b and zb_v need microbatches ≥ pp, interleaved_1f1b also
+    microbatches % pp == 0, dualpipe_v microbatches ≥ 2·pp (as torch's ScheduleDualPipeV);
+    only interleaved_1f1b takes v > 1, and zb_v and dualpipe_v need v = 2 (their V: the
+    front end implies it); pp × v × microbatches is at most MAX_SCHEDULE (E058)."""
     p, m, v = pp, microbatches, virtual_stages
     if schedule not in SCHEDULES:
         return [Problem("E019", ("pipeline.schedule",), f"unknown schedule {schedule!r}; expected one of {', '.join(SCHEDULES)}")]
@@ -174,9 +175,15 @@ def shape_problems(schedule: str, pp: int, microbatches: int, virtual_stages: in
                         f"the schedule has pp={p} × virtual_stages={v} × microbatches={m} = {p * v * m} chunk forwards per step, more than the {MAX_SCHEDULE} dslc plans for",
                         "use fewer, larger micro-batches")]
     out = []
-    if v > 1 and schedule != "interleaved_1f1b":
+    if schedule in V_SHAPED and v != 2:
+        out.append(Problem("E056", ("pipeline.virtual_stages",), f"{schedule} places two chunks per rank in a V: virtual_stages must be 2, got {v}",
+                           "leave virtual_stages out (it is implied) or set it to 2"))
+    elif v > 1 and schedule not in ("interleaved_1f1b", *V_SHAPED):
         out.append(Problem("E056", ("pipeline.virtual_stages",), f"virtual_stages={v} needs schedule = interleaved_1f1b, not {schedule}"))
-    if schedule in ("1f1b", "zb_h1", "interleaved_1f1b") and m < p:
+    if schedule == "dualpipe_v" and m < 2 * p:
+        out.append(Problem("E053", ("pipeline.microbatches", "train.global_batch"), f"dualpipe_v needs microbatches ≥ 2·pp, got microbatches={m} < {2 * p}",
+                           f"raise microbatches to at least {2 * p} (global_batch = micro_batch × microbatches × dp)"))
+    elif schedule in ("1f1b", "zb_h1", "interleaved_1f1b", "zb_v") and m < p:
         out.append(Problem("E053", ("pipeline.microbatches", "train.global_batch"), f"{schedule} needs microbatches ≥ pp, got microbatches={m} < pp={p}",
                            f"raise microbatches to at least {p} (global_batch = micro_batch × microbatches × dp)"))
     elif schedule == "interleaved_1f1b" and m % p:
@@ -204,7 +211,7 @@ def pipeline(plan: Plan):
             yield error("E051", where, f"layers_per_stage lists {len(pl.layers_per_stage)} stages but the plan has {chunks} (pp={p} × virtual_stages={v})")
         elif sum(pl.layers_per_stage) != layers:
             yield error("E051", where, f"layers_per_stage sums to {sum(pl.layers_per_stage)} but the model has {layers} layers")
-        empty = _empty_chunks(pl.layers_per_stage, p, v)
+        empty = _empty_chunks(pl.layers_per_stage, p, v, plan.v_shape)
         if empty:
             yield error("E052", where, empty, "only the first chunk (it holds the embedding) and the last (the final norm, head and loss) may have 0 layers")
     elif chunks > layers:
@@ -213,11 +220,15 @@ def pipeline(plan: Plan):
         yield warning("W055", plan.where("pipeline.schedule"), f"gpipe with pp={p} and microbatches={m}: the pipeline bubble is {(p - 1) / m:.3g}× the compute ((p−1)/m), so each rank idles {(p - 1) / (m + p - 1):.0%} of the step", f"use ≥ {4 * (p - 1)} micro-batches, or schedule = 1f1b")
 
 
-def _empty_chunks(split: tuple[int, ...], p: int, v: int) -> str:
+def _empty_chunks(split: tuple[int, ...], p: int, v: int, v_shape: bool = False) -> str:
     """Every chunk of ``layers_per_stage`` (chunk g on pp rank g % p) with fewer than 0 layers,
-    or none but the first (the embedding) and the last (the loss), in one message."""
+    or none but the first (the embedding) and the last (the loss), in one message. In a V
+    any chunk may be empty (its forward is the identity), but every rank but the first (the
+    embedding and head) must hold a layer."""
     names = [f"chunk {g}" + (f" (pp rank {g % p})" if v > 1 else "") for g in range(len(split))]
-    bad = [f"{names[g]} has {'no' if n == 0 else n} layers" for g, n in enumerate(split) if n < 0 or (n == 0 and 0 < g < len(split) - 1)]
+    bad = [f"{names[g]} has {'no' if n == 0 else n} layers" for g, n in enumerate(split) if n < 0 or (n == 0 and 0 < g < len(split) - 1 and not v_shape)]
+    if v_shape and len(split) == 2 * p:
+        bad += [f"pp rank {r} (chunks {r} and {2 * p - 1 - r}) has no layers" for r in range(1, p) if split[r] == split[2 * p - 1 - r] == 0]
     return "layers_per_stage: " + ", ".join(bad) if bad else ""
 
 
@@ -347,6 +358,8 @@ def _zero(plan: Plan, z: int):
         yield error("E101", plan.where("data_parallel.shard"), f"shard = {shard} (HSDP) with experts: the generated script splits the data-parallel group of dense models only", "leave shard out")
     if z == 3 and plan.pipeline.schedule == "zb_h1":
         yield error("E101", at, "zero = 3 with schedule zb_h1: the deferred weight gradients (W) would need each unit gathered a third time per micro-batch", "use 1f1b or interleaved_1f1b, or zero = 2")
+    if z == 3 and plan.v_shape:  # not yet: zb_h1's ZeRO-3 first (issue 29), then the V's two chunks per rank
+        yield error("E101", at, f"zero = 3 with schedule {plan.pipeline.schedule}: the deferred weight gradients (W) of two chunks per rank are not gathered by ZeRO-3 yet", "use zero = 2, or schedule = interleaved_1f1b")
     if z != 3 and "data_parallel.reshard_after_forward" in plan.spans:
         yield warning("W102", plan.where("data_parallel.reshard_after_forward"), f"reshard_after_forward has no effect with zero = {z}", "only zero = 3 gathers the weights before each unit's forward")
 

@@ -2,7 +2,7 @@
 
 Everything the pipeline runtime (``templates/pipeline_parallel.py.jinja``) needs is decided here:
 which layers each pipeline rank's model chunks hold (``Plan.stage_layers``, chunk g on
-pp rank g % pp as local chunk g // pp), the stride between a pipeline's ranks (the
+pp rank g % pp as local chunk g // pp, or in a V: :mod:`dslc.chunks`), the stride between a pipeline's ranks (the
 script pairs first and last stages for the tied embedding's gradient), and the action lists of
 :func:`dslc.cost.schedule.build`, written to ``schedule.json`` beside the script, which
 executes them literally and refuses a file whose SHA-256 is not the one it was
@@ -15,6 +15,7 @@ import hashlib
 import json
 from itertools import accumulate
 
+from ..chunks import chunk_ids, chunk_rank
 from ..cost import schedule
 from ..ir import Plan
 
@@ -25,28 +26,32 @@ def pipeline_view(plan: Plan) -> dict:
     """The view-model keys of the pipeline (``schedule_json`` is the sidecar's text, not
     for the templates); pp = 1 gives the keys with inert values."""
     pp, pl = plan.pp, plan.pipeline
-    split = pl.schedule == "zb_h1"
+    split = pl.schedule in ("zb_h1", "zb_v", "dualpipe_v")  # B and W apart
     if pp == 1:
         return {"pipeline_parallel": False, "split_backward": False, "linear": "F.linear",
                 "tied_pp": False, "schedule_json": None}
     text = schedule_json(plan)
     v = pl.virtual_stages
     bounds = [0, *accumulate(plan.stage_layers())]
-    # [pp rank][local chunk] = (first layer, end layer) of global chunk c * pp + rank
-    chunk_layers = tuple(
-        tuple((bounds[c * pp + r], bounds[c * pp + r + 1]) for c in range(v)) for r in range(pp)
-    )
-    tied = bool(plan.model.tie_embeddings)
+    ids = tuple(chunk_ids(pp, v, r, plan.v_shape) for r in range(pp))
+    # [pp rank][local chunk] = (first layer, end layer) of its global chunk
+    chunk_layers = tuple(tuple((bounds[g], bounds[g + 1]) for g in gs) for gs in ids)
+    # tied embeddings on two ranks (not in a V, whose rank 0 holds both ends)
+    tied = bool(plan.model.tie_embeddings) and plan.last_stage != 0
     return {
         "pipeline_parallel": True,
         "pp": pp,
         "pp_schedule": pl.schedule,
         "virtual_stages": v,
         "split_backward": split,
-        # zb_h1: every linear layer defers its weight gradient to W (zero_bubble.py)
+        # zb_h1, zb_v, dualpipe_v: every linear layer defers its weight gradient to W (zero_bubble.py)
         "linear": "linear" if split else "F.linear",
         "pp_stride": plan.mesh.stride("pp"),
         "chunk_layers": repr(chunk_layers),
+        "chunk_ids": repr(ids),
+        "chunk_ranks": repr(tuple(chunk_rank(pp, g, plan.v_shape) for g in range(pp * v))),
+        "v_shape": plan.v_shape,
+        "last_stage": plan.last_stage,
         "schedule_json": text,
         "schedule_sha256": hashlib.sha256(text.encode()).hexdigest(),
         "tied_pp": tied,

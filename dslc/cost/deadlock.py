@@ -16,7 +16,19 @@ from itertools import pairwise
 
 import networkx as nx
 
-from .schedule import COMPUTE, KINDS, Action, Actions, ScheduleError, expected_peer, locate, message
+from ..chunks import chunk_local, chunk_rank
+from .schedule import (
+    COMPUTE,
+    KINDS,
+    Action,
+    Actions,
+    ScheduleError,
+    expected_peer,
+    global_chunk,
+    locate,
+    message,
+    v_shaped,
+)
 
 __all__ = ["check", "verify"]
 
@@ -34,7 +46,8 @@ def verify(actions: Actions, split_backward: bool | None = None) -> list[str]:
 
     ``split_backward``: whether every (micro-batch, chunk) must also run W (zb_h1). The
     caller that knows the schedule should say so; None infers it from the presence of any W,
-    which cannot notice a list whose only W is missing.
+    which cannot notice a list whose only W is missing. Where the chunks live (interleaved, or
+    in a V) comes with :func:`~dslc.cost.schedule.build`'s lists (``v_shape``).
 
     Builds a networkx DiGraph whose edges mean "must finish before": program order on each rank
     (a run of comm actions is one batch, posted together, complete when all its operations are),
@@ -45,7 +58,7 @@ def verify(actions: Actions, split_backward: bool | None = None) -> list[str]:
     that F and B (and W, if any) run once per micro-batch and chunk on every rank, every send has
     exactly one receive of the same kind, peers hold the neighbouring chunk, and two ranks list
     their messages to each other in the same order."""
-    p = len(actions)
+    p, vs = len(actions), v_shaped(actions)
     if p == 0:
         return ["the schedule has no pipeline ranks"]
     every = [(r, i, a) for r, acts in enumerate(actions) for i, a in enumerate(acts)]
@@ -54,20 +67,20 @@ def verify(actions: Actions, split_backward: bool | None = None) -> list[str]:
     problems: list[str] = []
     valid = []
     for r, i, a in every:
-        if problem := _malformed(a, r, p, v):
+        if problem := _malformed(a, r, p, v, vs):
             problems.append(f"{locate(r, i, a)}: {problem}")
         if a.kind in KINDS and a.microbatch >= 0 and a.chunk >= 0:
             valid.append((r, i, a))
     first: dict[tuple[int, str, int, int], int] = {}  # (rank, kind, mb, chunk) -> first index
     problems += _coverage(valid, p, m, v, first, split_backward)
-    pairs, pair_problems = _pair(actions, valid, p, m, v, first)
-    problems += pair_problems + _order_problems(actions, valid, p)
+    pairs, pair_problems = _pair(actions, valid, p, m, v, first, vs)
+    problems += pair_problems + _order_problems(actions, valid, p, vs)
 
     graph, batch_of = _program_graph(actions)
     for s, t in pairs:
         graph.add_edge(batch_of[t], s, why="p2p")
         graph.add_edge(batch_of[s], t, why="p2p")
-    _add_data_edges(graph, valid, first, p, m, v)
+    _add_data_edges(graph, valid, first, p, m, v, vs)
     if nx.is_directed_acyclic_graph(graph):
         return problems
     # find_cycle's edge DFS is slow on the whole graph: search one strongly connected component
@@ -79,14 +92,14 @@ def verify(actions: Actions, split_backward: bool | None = None) -> list[str]:
 
 
 
-def _malformed(a: Action, r: int, p: int, v: int) -> str | None:
+def _malformed(a: Action, r: int, p: int, v: int, vs: bool) -> str | None:
     if a.kind not in KINDS:
         return f"unknown kind {a.kind!r}; expected one of {', '.join(KINDS)}"
     if a.microbatch < 0 or a.chunk < 0:
         return "micro-batch and chunk must be ≥ 0"
     if a.kind in COMPUTE:
         return None if a.peer is None else f"a {a.kind} computation has no peer (got {a.peer})"
-    g, expected = a.chunk * p + r, expected_peer(a.kind, a.chunk, r, p, v)
+    g, expected = global_chunk(a.chunk, r, p, vs), expected_peer(a.kind, a.chunk, r, p, v, vs)
     other = g + 1 if a.kind in ("SEND_F", "RECV_B") else g - 1
     if expected is None:
         where = "outside the model" if not 0 <= other < p * v else "on the same rank"
@@ -136,13 +149,13 @@ def _coverage(valid, p: int, m: int, v: int, first: dict, split_backward: bool |
     return problems
 
 
-def _pair(actions: Actions, valid, p: int, m: int, v: int, first: dict):
+def _pair(actions: Actions, valid, p: int, m: int, v: int, first: dict, vs: bool):
     """Match each send to its receive by message: one-to-one, same kind, nothing missing."""
     sends: dict[tuple, list[tuple[int, int]]] = defaultdict(list)
     recvs: dict[tuple, list[tuple[int, int]]] = defaultdict(list)
     for r, i, a in valid:
-        if a.is_comm and expected_peer(a.kind, a.chunk, r, p, v) is not None:
-            (sends if a.kind.startswith("SEND") else recvs)[message(a, r, p)].append((r, i))
+        if a.is_comm and expected_peer(a.kind, a.chunk, r, p, v, vs) is not None:
+            (sends if a.kind.startswith("SEND") else recvs)[message(a, r, p, vs)].append((r, i))
     problems, pairs = [], []
     for key in sorted(set(sends) | set(recvs)):
         ss, rs = sends.get(key, []), recvs.get(key, [])
@@ -163,14 +176,14 @@ def _pair(actions: Actions, valid, p: int, m: int, v: int, first: dict):
                             + _kind_hint(actions, a, q))
     for mb in range(m):  # boundaries that no send and no receive carries at all
         for g in range(p * v - 1):
-            if g % p == (g + 1) % p:
+            if chunk_rank(p, g, vs) == chunk_rank(p, g + 1, vs):
                 continue
             for d, src, dst in (("F", g, g + 1), ("B", g + 1, g)):
                 key = (d, mb, src)
-                ends = [(x % p, d, mb, x // p) in first for x in (src, dst)]
+                ends = [(chunk_rank(p, x, vs), d, mb, chunk_local(p, x, vs)) in first for x in (src, dst)]
                 if key not in sends and key not in recvs and all(ends):
-                    problems.append(f"micro-batch {mb} never crosses from rank {src % p} to rank "
-                                    f"{dst % p}: no SEND_{d}/RECV_{d} carries {_key_text(key)}")
+                    problems.append(f"micro-batch {mb} never crosses from rank {chunk_rank(p, src, vs)} to rank "
+                                    f"{chunk_rank(p, dst, vs)}: no SEND_{d}/RECV_{d} carries {_key_text(key)}")
     return pairs, problems
 
 
@@ -192,7 +205,7 @@ def _kind_hint(actions: Actions, a: Action, r: int) -> str:
     return ""
 
 
-def _order_problems(actions: Actions, valid, p: int) -> list[str]:
+def _order_problems(actions: Actions, valid, p: int, vs: bool) -> list[str]:
     """p2p between two ranks matches in posting order: both sides must list the same messages
     in the same order."""
     sent: dict[tuple[int, int], list[tuple[tuple, int]]] = defaultdict(list)
@@ -201,7 +214,7 @@ def _order_problems(actions: Actions, valid, p: int) -> list[str]:
         if a.is_comm and a.peer is not None:
             is_send = a.kind.startswith("SEND")
             channel = (r, a.peer) if is_send else (a.peer, r)
-            (sent if is_send else got)[channel].append((message(a, r, p), i))
+            (sent if is_send else got)[channel].append((message(a, r, p, vs), i))
     problems = []
     for r, q in sorted(set(sent) & set(got)):
         out, into = sent[(r, q)], got[(r, q)]
@@ -240,14 +253,15 @@ def _program_graph(actions: Actions) -> tuple[nx.DiGraph, dict]:
     return graph, batch_of
 
 
-def _add_data_edges(graph: nx.DiGraph, valid, first: dict, p: int, m: int, v: int) -> None:
+def _add_data_edges(graph: nx.DiGraph, valid, first: dict, p: int, m: int, v: int, vs: bool) -> None:
     def edge(u, x) -> None:
         if u is not None and x is not None and not graph.has_edge(u, x):
             graph.add_edge(u, x, why="data")
 
     def node(g: int, kind: str, mb: int):
-        i = first.get((g % p, kind, mb, g // p)) if g < p * v else None
-        return None if i is None else (g % p, i)
+        r = chunk_rank(p, g, vs)
+        i = first.get((r, kind, mb, chunk_local(p, g, vs))) if g < p * v else None
+        return None if i is None else (r, i)
 
     for mb in range(m):
         for g in range(p * v):

@@ -352,9 +352,9 @@ def memory(plan: Plan, settings: Settings = DEFAULT, peaks: tuple[int, ...] | No
         act = round(held * sum(chunks) / v * per_layer)
         if s == 0:
             act += ceil(held / v) * emb
-        if s == plan.pp - 1:
+        if s == plan.last_stage:
             act += ceil(held / v) * head
-        last = s == plan.pp - 1
+        last = s == plan.last_stage
         buffers = (4 + dtype_bytes(plan)) * local_tokens(plan) * arch.vocab_per_rank(plan.model, plan.tp) if last else 0
         step_temp = (dense[2] + expert[2]) * 4 // k if k else 0  # the optimizer's shard, one fp32 temporary each
         out.append(StageMemory(s, dense[0] + expert[0], dense[1] + expert[1], dense[2] + expert[2], act, held, sum(chunks),

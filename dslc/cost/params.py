@@ -9,6 +9,7 @@ import functools
 from dataclasses import dataclass
 
 from .. import arch
+from ..chunks import chunk_ids
 from ..ir import Model, Plan
 from . import recompute as rc
 
@@ -28,30 +29,32 @@ class StageParams:
 
 
 def chunk_layers(plan: Plan) -> list[list[int]]:
-    """Layers of each local chunk of each pp rank: [rank][chunk] (chunk g on rank g % p)."""
+    """Layers of each local chunk of each pp rank: [rank][chunk] (placement: dslc.chunks)."""
     p, v, split = plan.pp, plan.pipeline.virtual_stages, plan.stage_layers()
-    return [[split[c * p + r] for c in range(v)] for r in range(p)]
+    return [[split[g] for g in chunk_ids(p, v, r, plan.v_shape)] for r in range(p)]
 
 
 def stage_params(plan: Plan) -> tuple[StageParams, ...]:
     """Vocab-parallel embedding (+ gpt2 positions) on the first stage; final norm and head on
-    the last (with tied embeddings and p > 1 the last stage holds a copy, as Megatron).
+    the last (with tied embeddings and p > 1 the last stage holds a copy, as Megatron; in a V
+    the first rank holds both ends, and one embedding).
     Experts: layers·(all E experts of a layer)/ep, whole on every tp rank (not /t)."""
-    return _stage_params(plan.model, plan.tp, plan.pp, plan.pipeline.virtual_stages, plan.stage_layers(), plan.ep)
+    return _stage_params(plan.model, plan.tp, plan.pp, plan.pipeline.virtual_stages, plan.stage_layers(), plan.ep, plan.v_shape)
 
 
 @functools.lru_cache(maxsize=4096)
-def _stage_params(m: Model, t: int, p: int, v: int, split: tuple[int, ...], ep: int) -> tuple[StageParams, ...]:
+def _stage_params(m: Model, t: int, p: int, v: int, split: tuple[int, ...], ep: int, vs: bool = False) -> tuple[StageParams, ...]:
     a, h, emb = arch.of(m), m.hidden, arch.vocab_per_rank(m, t) * m.hidden
-    tied, out = emb if m.tie_embeddings and p > 1 else 0, []
+    last = 0 if vs else p - 1  # the rank of the final norm and the head
+    tied, out = emb if m.tie_embeddings and last > 0 else 0, []
     for r in range(p):  # the rank's blocks, each by its kind (a dense prefix, MoE blocks)
-        sharded, reps, experts = arch.layers_params(m, t, rc.layer_ids(p, v, split, r))
+        sharded, reps, experts = arch.layers_params(m, t, rc.layer_ids(p, v, split, r, vs))
         dense = sharded + reps
         if r == 0:  # gpt2's positions are replicated over tp (under SP each rank sees its slice)
             pos = m.max_positions * h if a.positions == "learned" else 0
             dense, reps = dense + emb + pos, reps + pos
-        if r == p - 1:
+        if r == last:
             norm = a.norm_params * h
-            dense, reps = dense + norm + (emb if not m.tie_embeddings or p > 1 else 0), reps + norm
-        out.append(StageParams(dense, experts // ep, reps, tied if r in (0, p - 1) else 0))
+            dense, reps = dense + norm + (emb if not m.tie_embeddings or last > 0 else 0), reps + norm
+        out.append(StageParams(dense, experts // ep, reps, tied if r in (0, last) else 0))
     return tuple(out)

@@ -25,6 +25,7 @@ import functools
 from itertools import accumulate
 
 from .. import arch
+from ..chunks import chunk_ids
 from ..ir import Plan
 
 RERUNS = ("selective_ops", "full")  # policies under which backward re-runs a block's forward
@@ -39,14 +40,14 @@ def layer_policy(plan: Plan, layer: int | None = None) -> str:
 
 
 def stage_layer_ids(plan: Plan, stage: int) -> tuple[int, ...]:
-    """The blocks a rank of pipeline ``stage`` holds: chunk g = c·p + stage for each local c."""
-    return layer_ids(plan.pp, plan.pipeline.virtual_stages, plan.stage_layers(), stage)
+    """The blocks a rank of pipeline ``stage`` holds: those of its chunks (dslc.chunks)."""
+    return layer_ids(plan.pp, plan.pipeline.virtual_stages, plan.stage_layers(), stage, plan.v_shape)
 
 
 @functools.lru_cache(maxsize=4096)
-def layer_ids(p: int, v: int, split: tuple[int, ...], stage: int) -> tuple[int, ...]:
+def layer_ids(p: int, v: int, split: tuple[int, ...], stage: int, vs: bool = False) -> tuple[int, ...]:
     starts = [0, *accumulate(split)]
-    return tuple(i for c in range(v) for i in range(starts[c * p + stage], starts[c * p + stage + 1]))
+    return tuple(i for g in chunk_ids(p, v, stage, vs) for i in range(starts[g], starts[g + 1]))
 
 
 def recomputed_layers(plan: Plan, layers=None) -> int:

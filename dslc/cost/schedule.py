@@ -4,7 +4,9 @@ The proof that the lists cannot deadlock is :mod:`dslc.cost.deadlock`.
 
 The model is cut into ``pp·v`` chunks in layer order (v = virtual stages per rank). Global chunk
 ``g`` lives on pipeline rank ``g % pp`` as its local chunk ``g // pp`` (the interleaved placement
-of Narayanan et al., SC21, §2.2.2), so local chunk ``c`` of rank ``r`` is global ``c·pp + r``.
+of Narayanan et al., SC21, §2.2.2), so local chunk ``c`` of rank ``r`` is global ``c·pp + r``;
+the V-shaped schedules put global chunks r and 2p−1−r on rank r (:mod:`dslc.chunks`): the lists
+of :func:`build` say which (:class:`ActionLists`).
 
 Schedules (:func:`build`):
 
@@ -19,19 +21,22 @@ Schedules (:func:`build`):
   split into B (input gradient, on the critical path) and W (weight gradient, deferred). Rank r
   runs p−r warm-up forwards, then B, W, F repeatedly with its first r W passes postponed to the
   end. Bubble (p−1)(T_F + T_B − T_W) at the peak memory of 1F1B.
+* ``zb_v`` and ``dualpipe_v``: two chunks per rank in a V, :mod:`dslc.cost.vschedule`.
 
 Ordering contract: the generated runtime executes the lists literally.
 
 1. A rank runs its list top to bottom. F, B, W compute local chunk ``chunk`` of ``microbatch``.
 2. ``chunk`` of a send/receive is the local chunk on the rank that holds the action.
    ``SEND_F(mb, c, q)`` sends the output of this rank's ``F(mb, c)`` to rank q (holder of global
-   chunk c·pp+r+1); ``RECV_F(mb, c, q)`` receives the input of ``F(mb, c)``; ``SEND_B(mb, c, q)``
-   sends the input gradient made by ``B(mb, c)`` to the holder of global chunk c·pp+r−1;
-   ``RECV_B(mb, c, q)`` receives the output gradient that ``B(mb, c)`` needs.
+   chunk g+1, g = c·pp+r interleaved); ``RECV_F(mb, c, q)`` receives the input of ``F(mb, c)``;
+   ``SEND_B(mb, c, q)`` sends the input gradient made by ``B(mb, c)`` to the holder of global
+   chunk g−1; ``RECV_B(mb, c, q)`` receives the output gradient that ``B(mb, c)`` needs. When
+   chunk g±1 is on the same rank (the turn of a V) there is no message: the runtime hands the
+   tensor over in memory.
 3. Computes come in steps; between two steps sit the sends of the step before, then the
    receives of the step after. A step is one compute, except in the interleaved steady state,
    where it is the pair F, B followed by one batch {SEND_F, SEND_B, RECV_F, RECV_B} (Megatron's
-   ``send_forward_backward_recv_forward_backward``). Sending F's output right after F instead
+   ``send_forward_backward_recv_forward_backward``), and dualpipe_v's overlapped F&B pair. Sending F's output right after F instead
    deadlocks under rendezvous p2p (p = 2, v = 2, m = 4 already).
 4. A maximal run of consecutive comm actions is ONE batch: one ``P2POp`` per action in list
    order, posted by a single ``torch.distributed.batch_isend_irecv``; wait for all of its
@@ -57,14 +62,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..check import shape_problems
+from ..chunks import V_SHAPED, chunk_ids, chunk_rank
 from ..ir import SCHEDULES
+from . import vschedule
 
 COMPUTE = ("F", "B", "W")
 COMM = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
 KINDS = COMPUTE + COMM
 
 __all__ = [
-    "SCHEDULES", "Action", "ScheduleError", "Simulation", "build", "expected_peer", "locate",
+    "SCHEDULES", "Action", "ActionLists", "ScheduleError", "Simulation", "build", "expected_peer", "locate",
     "message", "peak_inflight", "simulate",
 ]
 
@@ -75,7 +82,7 @@ class Action:
 
     kind: str  # one of KINDS
     microbatch: int
-    chunk: int  # local chunk (virtual stage) 0..v-1; global chunk = chunk * pp + rank
+    chunk: int  # local chunk (virtual stage) 0..v-1; global chunk: global_chunk()
     peer: int | None = None  # the other pipeline rank of a send/receive
 
     @property
@@ -98,6 +105,22 @@ class Action:
 
 
 Actions = tuple[tuple[Action, ...], ...]
+
+
+class ActionLists(tuple):
+    """:func:`build`'s lists, one per pp rank, knowing where the chunks live: ``v_shape``
+    (:mod:`dslc.chunks`). A plain tuple of lists means the interleaved placement."""
+
+    v_shape: bool = False
+
+    def __new__(cls, lists, v_shape: bool = False):
+        out = super().__new__(cls, lists)
+        out.v_shape = v_shape
+        return out
+
+
+def v_shaped(actions: Actions) -> bool:
+    return bool(getattr(actions, "v_shape", False))
 Steps = list[tuple[Action, ...]]  # a rank's computes, grouped; one p2p batch between steps
 
 
@@ -123,7 +146,11 @@ def build(schedule: str, pp: int, microbatches: int, virtual_stages: int = 1) ->
         raise ValueError(problems[0].message)
     p, m, v = pp, microbatches, virtual_stages
     order = {"gpipe": _gpipe, "1f1b": _one_f_one_b, "interleaved_1f1b": _interleaved,
-             "zb_h1": _zb_h1}[schedule]
+             "zb_h1": _zb_h1}.get(schedule)
+    if schedule in V_SHAPED:
+        make = vschedule.zb_v if schedule == "zb_v" else vschedule.dualpipe_v
+        lists = vschedule.with_comm([make(p, m, r) for r in range(p)], p)
+        return ActionLists((tuple(Action(*a) for a in acts) for acts in lists), True)
     return tuple(_with_comm(order(p, m, v, r), r, p, v) for r in range(p))
 
 
@@ -165,14 +192,14 @@ def _zb_h1(p: int, m: int, v: int, r: int) -> Steps:
     return out + [(Action("W", i, 0),) for i in range(m - r, m)]
 
 
-def _with_comm(steps: Steps, rank: int, p: int, v: int) -> tuple[Action, ...]:
+def _with_comm(steps: Steps, rank: int, p: int, v: int, vs: bool = False) -> tuple[Action, ...]:
     """Between two steps: the sends of the step before, then the receives of the step after."""
 
     def comm(prefix: str, step: tuple[Action, ...]) -> list[Action]:
         out = []
         for a in step:
             kind = prefix + a.kind
-            peer = expected_peer(kind, a.chunk, rank, p, v) if a.kind in ("F", "B") else None
+            peer = expected_peer(kind, a.chunk, rank, p, v, vs) if a.kind in ("F", "B") else None
             if peer is not None:
                 out.append(Action(kind, a.microbatch, a.chunk, peer))
         return out
@@ -183,18 +210,24 @@ def _with_comm(steps: Steps, rank: int, p: int, v: int) -> tuple[Action, ...]:
     return tuple(out + comm("SEND_", steps[-1] if steps else ()))
 
 
-def expected_peer(kind: str, chunk: int, rank: int, p: int, v: int) -> int | None:
+def global_chunk(chunk: int, rank: int, p: int, vs: bool = False) -> int:
+    """Global chunk of local ``chunk`` on ``rank`` (a chunk past the V's two: interleaved)."""
+    return chunk_ids(p, 2, rank, True)[chunk] if vs and chunk < 2 else chunk * p + rank
+
+
+def expected_peer(kind: str, chunk: int, rank: int, p: int, v: int, vs: bool = False) -> int | None:
     """Rank on the other side of a send/receive; None at either end of the model, or when the
-    neighbouring chunk lives on this very rank (pp = 1)."""
-    g = chunk * p + rank
+    neighbouring chunk lives on this very rank (pp = 1, the turn of a V)."""
+    g = global_chunk(chunk, rank, p, vs)
     other = g + 1 if kind in ("SEND_F", "RECV_B") else g - 1
-    return None if not 0 <= other < p * v or other % p == rank else other % p
+    q = chunk_rank(p, other, vs) if 0 <= other < p * v else rank
+    return None if q == rank else q
 
 
-def message(a: Action, rank: int, p: int) -> tuple[str, int, int]:
+def message(a: Action, rank: int, p: int, vs: bool = False) -> tuple[str, int, int]:
     """What a send/receive on ``rank`` carries: (F|B, micro-batch, producing global chunk).
     A send and a receive belong together iff their messages are equal."""
-    g = a.chunk * p + rank
+    g = global_chunk(a.chunk, rank, p, vs)
     return (a.kind[-1], a.microbatch, g - 1 if a.kind == "RECV_F" else
             g + 1 if a.kind == "RECV_B" else g)
 
@@ -315,11 +348,11 @@ def _compiled(actions: Actions) -> tuple[list[list[tuple[int, object]]], int, tu
     kept = _COMPILED.get(id(actions))
     if kept is not None and kept[0] is actions:
         return kept[1]
-    p, steps = len(actions), []
+    p, steps, vs = len(actions), [], v_shaped(actions)
     for r, acts in enumerate(actions):
-        steps.append([(_SEND, message(a, r, p)) if a.kind in ("SEND_F", "SEND_B") else
-                      (_RECV, message(a, r, p)) if a.kind in ("RECV_F", "RECV_B") else
-                      (_COMPUTE[a.kind], a.chunk * p + r) if a.kind in _COMPUTE else (_OTHER, a.kind) for a in acts])
+        steps.append([(_SEND, message(a, r, p, vs)) if a.kind in ("SEND_F", "SEND_B") else
+                      (_RECV, message(a, r, p, vs)) if a.kind in ("RECV_F", "RECV_B") else
+                      (_COMPUTE[a.kind], global_chunk(a.chunk, r, p, vs)) if a.kind in _COMPUTE else (_OTHER, a.kind) for a in acts])
     out = (steps, p * (1 + max((a.chunk for acts in actions for a in acts), default=0)), peak_inflight(actions))
     if isinstance(actions, tuple) and all(isinstance(acts, tuple) for acts in actions):  # never changes
         if len(_COMPILED) >= 64:

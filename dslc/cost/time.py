@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from math import ceil
 
 from .. import arch
+from ..chunks import chunk_ids
 from ..ir import Plan
 from . import memory as mem
 from . import schedule as sched
@@ -75,7 +76,7 @@ def timing(plan: Plan, topo: Topology, settings: mem.Settings = mem.DEFAULT, sta
     p, v = plan.pp, plan.pipeline.virtual_stages
     stages = stages if stages is not None else traffic.traffic(plan)
     r = rates(plan)
-    zb = plan.pipeline.schedule == "zb_h1"
+    zb = plan.pipeline.schedule in ("zb_h1", "zb_v", "dualpipe_v")  # B and W apart
 
     def secs(specs, attr: str, overlap: str) -> float:
         return sum(traffic.to_comm(plan, sp, getattr(sp, attr)).seconds(topo) for sp in specs if sp.overlap == overlap and getattr(sp, attr))
@@ -121,8 +122,8 @@ def timing(plan: Plan, topo: Topology, settings: mem.Settings = mem.DEFAULT, sta
         out = sum(t for c, t in step_rows if c.overlap == "exposed")
         ring = sum(c.seconds(topo) for c in rows if c.overlap == "attention")
         # the last backward and first forward of the stage's chunks hide the step's comm
-        window_b = sum(t_b[c * p + s] for c in range(v))
-        window_f = sum(t_f[c * p + s] for c in range(v))
+        window_b = sum(t_b[g] for g in chunk_ids(p, v, s, plan.v_shape))
+        window_f = sum(t_f[g] for g in chunk_ids(p, v, s, plan.v_shape))
         ex = max(0.0, late - window_b) + max(0.0, early - window_f) + out
         exposed, overlapped = max(exposed, ex), max(overlapped, late + early + out - ex + ring)
         opt = max(opt, optimizer_seconds(plan, states[s], r))

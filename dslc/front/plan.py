@@ -98,9 +98,10 @@ def lower_plan(r: Reader, block: ast.Block, resolve: Resolve) -> ir.Plan | None:
     if global_batch is None:
         global_batch = micro_batch * microbatches * data_ranks
     layers_per_stage = _int_list(r, ppf, "layers_per_stage")
+    schedule = r.choice(ppf, "schedule", ir.SCHEDULES, D["pipeline.schedule"]) or D["pipeline.schedule"]
     pipeline = ir.Pipeline(
-        r.choice(ppf, "schedule", ir.SCHEDULES, D["pipeline.schedule"]) or D["pipeline.schedule"],
-        r.int(ppf, "virtual_stages", D["pipeline.virtual_stages"]),
+        schedule,  # a V schedule implies its two chunks per rank
+        r.int(ppf, "virtual_stages", 2 if schedule in ir.V_SHAPED else D["pipeline.virtual_stages"]),
         microbatches,
         layers_per_stage,
         spans.get("pipeline"),

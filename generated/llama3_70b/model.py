@@ -16,12 +16,12 @@ from mesh import COORDS
 from plan import (
     BIAS,
     CHUNK_LAYERS,
+    CHUNK_RANKS,
     FFN,
     HEAD_DIM,
     N_EMBD,
     N_HEAD,
     N_KV_HEAD,
-    PP,
     PROJ_STD,
     ROPE_THETA,
     SEQ_LEN,
@@ -114,7 +114,7 @@ class Transformer(nn.Module):
     def __init__(self):
         super().__init__()
         # named blocks.<layer> as in the serial model, so init and gathering match it
-        self.is_first, self.is_last = COORDS["pp"] == 0, COORDS["pp"] == PP - 1
+        self.is_first, self.is_last = COORDS["pp"] == 0, COORDS["pp"] == CHUNK_RANKS[-1]
         if self.is_first:
             self.wte = VocabParallelEmbedding()
         layers = [

@@ -41,6 +41,34 @@ CHUNK_LAYERS = (
     ((8, 12), (24, 28), (40, 44), (56, 60), (72, 76)),
     ((12, 16), (28, 32), (44, 48), (60, 64), (76, 80)),
 )
+CHUNK_IDS = (
+    (0, 4, 8, 12, 16),
+    (1, 5, 9, 13, 17),
+    (2, 6, 10, 14, 18),
+    (3, 7, 11, 15, 19),
+)  # [pp rank][local chunk] = global chunk
+CHUNK_RANKS = (
+    0,
+    1,
+    2,
+    3,
+    0,
+    1,
+    2,
+    3,
+    0,
+    1,
+    2,
+    3,
+    0,
+    1,
+    2,
+    3,
+    0,
+    1,
+    2,
+    3,
+)  # [global chunk] = pp rank
 # a collective waits this long for its peers
 TIMEOUT = datetime.timedelta(seconds=600.0)
 

@@ -17,13 +17,13 @@ from moe import MoE
 from plan import (
     BIAS,
     CHUNK_LAYERS,
+    CHUNK_RANKS,
     HEAD_DIM,
     LOCAL_EXPERTS,
     N_EMBD,
     N_EXPERTS,
     N_HEAD,
     N_KV_HEAD,
-    PP,
     PROJ_STD,
     ROPE_THETA,
     SEQ_LEN,
@@ -90,7 +90,7 @@ class Transformer(nn.Module):
     def __init__(self):
         super().__init__()
         # named blocks.<layer> as in the serial model, so init and gathering match it
-        self.is_first, self.is_last = COORDS["pp"] == 0, COORDS["pp"] == PP - 1
+        self.is_first, self.is_last = COORDS["pp"] == 0, COORDS["pp"] == CHUNK_RANKS[-1]
         if self.is_first:
             self.wte = Embedding(VOCAB)
         layers = [

@@ -1,0 +1,208 @@
+"""The compute order of the V-shaped schedules, rank by rank, as (kind, micro-batch, local
+chunk) steps; :func:`dslc.cost.schedule.build` adds the sends and receives.
+
+Both place two chunks per rank in a V (:mod:`dslc.chunks`): local chunk 0 of rank r is global
+chunk r, local chunk 1 is global chunk 2p−1−r.
+
+* ``zb_v``: ZB-V of Qi et al. 2024 ("Pipeline Parallelism with Controllable Memory", §6), in
+  the order of torch.distributed.pipelining's ScheduleZBVZeroBubble: warm-up forwards of
+  chunk 0, then of both chunks, then F B W of chunk 1; in the steady state F B W of chunk 0
+  then of chunk 1; the cool-down runs the input gradients (B) first and the deferred weight
+  gradients (W) last. The backward is split into B and W as zb_h1's is. With T_F = T_B = T_W
+  the bubble is (p−1)(T_F+T_B−2T_W)/… ≈ 0 once m ≥ 2p−1; the peak is 2p chunk activations on
+  every rank (p micro-batches' worth, as 1F1B's first stage, but on every rank).
+* ``dualpipe_v``: DeepSeek-V3's DualPipe (DeepSeek-AI 2024, §3.2.1) in its single-direction
+  "V" form, in the order of torch.distributed.pipelining's ScheduleDualPipeV: in the steady
+  state one step runs a forward of one chunk together with the backward of the other chunk
+  of another micro-batch (DualPipe's overlapped F&B pair, which on DeepSeek's GPUs hides the
+  expert all-to-all of one under the compute of the other); the last micro-batches split
+  their backward into B and W to fill the cool-down. What is implemented: the action order
+  and its step structure (the pair's sends and receives are one batch). The generated runtime
+  runs the pair's two computes one after the other, with blocking collectives, so nothing
+  overlaps; :func:`dslc.cost.schedule.simulate` times the pair as the sum of its parts.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+
+Step = tuple[tuple[str, int, int], ...]  # (kind, micro-batch, local chunk) of one step
+
+
+def zb_v(p: int, m: int, r: int) -> list[Step]:
+    """ScheduleZBVZeroBubble's order for rank r (micro-batches past m, which pad the
+    pipeline to 2p−1 micro-batches when m is smaller, left out)."""
+    n = max(2 * p - 1, m)
+    out: list[tuple[str, int, int]] = []
+    f, b = [0, 0], [0, 0]
+
+    def add(kind: str, c: int) -> None:  # F or B of the chunk's next micro-batch
+        count = f if kind == "F" else b
+        out.append((kind, count[c], c))
+        count[c] += 1
+
+    for _ in range(2 * (p - r) - 1):
+        add("F", 0)
+    for _ in range(r):
+        add("F", 1), add("F", 0)
+    for _ in range(p - r):
+        add("F", 1), add("B", 1), out.append(("W", b[1] - 1, 1))  # W of the B just run
+    while f[1] < f[0] or f[0] < n:
+        if f[0] < n:
+            add("F", 0)
+        add("B", 0), out.append(("W", b[0] - 1, 0))
+        add("F", 1), add("B", 1), out.append(("W", b[1] - 1, 1))
+    w = list(b)
+    for _ in range(r):
+        add("B", 0), add("B", 1)
+    for _ in range(p - r):
+        add("B", 0), out.append(("W", w[0], 0))
+        w[0] += 1
+    out += [("W", i, 1) for i in range(w[1], b[1])] + [("W", i, 0) for i in range(w[0], b[0])]
+    return [(a,) for a in out if a[1] < m]
+
+
+def dualpipe_v(p: int, m: int, r: int) -> list[Step]:
+    """ScheduleDualPipeV's order for rank r (needs m ≥ 2p). A full backward is B then W in
+    the same step; an overlapped pair is the step (F, B, W)."""
+    count: dict[tuple[str, int], int] = {}
+    queue: list[tuple[str, int, int]] = []  # deferred W, oldest first
+    out: list[Step] = []
+
+    def act(kind: str, c: int, full: bool = False) -> Step:
+        key = (kind, c)
+        mb = count.get(key, 0)
+        count[key] = mb + 1
+        if kind == "F":
+            return (("F", mb, c),)
+        if full:
+            return (("B", mb, c), ("W", mb, c))
+        queue.append(("W", mb, c))
+        return (("B", mb, c),)
+
+    def weight() -> None:
+        if queue:
+            out.append((queue.pop(0),))
+
+    for _ in range(2 * (p - r - 1)):
+        out.append(act("F", 0))
+    for _ in range(r + 1):
+        out += [act("F", 0), act("F", 1)]
+    for _ in range(p - r - 1):
+        out.append(act("B", 1))
+        weight()
+        out.append(act("F", 1))
+    for i in range(m - 2 * p + r + 1):
+        if i == 0 and r == p - 1:  # not overlapped, to shorten the bubble (as DualPipeV)
+            out += [act("F", 0), act("B", 1, full=True)]
+        else:
+            out.append(act("F", 0) + act("B", 1, full=True))
+        out.append(act("F", 1) + act("B", 0, full=True))
+    for _ in range(p - r - 1):
+        out += [act("B", 1, full=True), act("F", 1) + act("B", 0, full=True)]
+    split = False
+    for i in range(r + 1):
+        if i == (r + 1) // 2 and r % 2 == 1:
+            split = True
+        out.append(act("B", 1, full=not split))
+        if i == (r + 1) // 2 and r % 2 == 0:
+            split = True
+        out.append(act("B", 0, full=not split))
+    for _ in range(p - r - 1):
+        weight()
+        out.append(act("B", 0, full=not split))
+    for _ in range(r + 1):
+        weight()
+    return out
+
+
+def with_comm(steps: list[list[Step]], p: int) -> list[list[tuple]]:
+    """Each rank's steps with the sends and receives of the V placed between them, as
+    (kind, micro-batch, local chunk[, peer]).
+
+    Two message streams share each link (rank r sends chunk r's activations and chunk
+    2p−1−r's gradients both to r+1), and p2p matches in posting order, so the placement of
+    the other schedules (sends right after the step, receives right before the step that needs
+    them) would post them in different orders on the two sides. Here a timed run (F, B, W one
+    unit each) advances the rank whose next step can start first; before it does, the messages
+    it has made and those it has been sent by then are paired, each send and its receive into
+    the batches the two ranks have open at that moment (so both sides list a link's messages
+    in the order they were made). A rank is always between two steps when a message is
+    paired, so under rendezvous semantics the lists run as constructed: no deadlock, which
+    :func:`dslc.cost.deadlock.verify` also proves for every shape tested."""
+    ids = [(r, 2 * p - 1 - r) for r in range(p)]
+    rank_of = {g: r for r, gs in enumerate(ids) for g in gs}
+    made: dict[tuple[str, int, int], float] = {}  # message -> when made
+    out: list[list[tuple]] = [[] for _ in range(p)]
+    batch: list[list[tuple]] = [[] for _ in range(p)]
+    pos, clock = [0] * p, [0.0] * p
+
+    def needs(r: int, step: Step):
+        """The messages a step needs from other ranks: (F|B, micro-batch, making global chunk)."""
+        local = set()
+        for kind, mb, c in step:
+            g = ids[r][c]
+            want = ("F", mb, g - 1) if kind == "F" and g > 0 else ("B", mb, g + 1) if kind == "B" and g < 2 * p - 1 else None
+            if want and want not in local and rank_of[want[2]] != r:
+                yield want
+            local.add((kind, mb, g))
+
+    def peer_chunk(key: tuple[str, int, int]) -> tuple[int, int, int, int]:
+        """(sender, its local chunk, receiver, its local chunk) of a message."""
+        d, _, g = key
+        to = g + 1 if d == "F" else g - 1
+        return rank_of[g], ids[rank_of[g]].index(g), rank_of[to], ids[rank_of[to]].index(to)
+
+    links: dict[tuple[int, int], deque] = defaultdict(deque)  # (from, to) -> (made when, message), unsent
+    none = (float("inf"), True, 0)
+
+    def pair(src: int, to: int) -> None:
+        _, key = links[(src, to)].popleft()
+        _, cs, _, cd = peer_chunk(key)
+        batch[src].append(("SEND_" + key[0], key[1], cs, to))
+        batch[to].append(("RECV_" + key[0], key[1], cd, src))
+
+    def candidate(r: int) -> tuple[float, bool, int]:
+        """(start, no message waiting for it by then, r) of r's next step; ``none`` if it cannot start."""
+        if pos[r] >= len(steps[r]):
+            return none
+        want = list(needs(r, steps[r][pos[r]]))
+        if any(k not in made for k in want):
+            return none
+        start = max([clock[r]] + [made[k] for k in want])
+        waiting = any(links[(q, r)] and links[(q, r)][0][0] <= start for q in (r - 1, r + 1) if 0 <= q < p)
+        return start, not waiting, r
+
+    cands = [candidate(r) for r in range(p)]
+    while True:
+        start, _, r = min(cands)
+        if start == float("inf"):
+            break
+        # into the batches open now: what r has made, and what it has been sent by its start
+        for q in (r - 1, r + 1):
+            if 0 <= q < p:
+                while links[(r, q)]:
+                    pair(r, q)
+                while links[(q, r)] and links[(q, r)][0][0] <= start:
+                    pair(q, r)
+        out[r] += batch[r] + list(steps[r][pos[r]])
+        batch[r] = []
+        clock[r] = start + len(steps[r][pos[r]])
+        for kind, mb, c in steps[r][pos[r]]:
+            g = ids[r][c]
+            key = ("F", mb, g) if kind == "F" and g < 2 * p - 1 else ("B", mb, g) if kind == "B" and g > 0 else None
+            if key is not None:
+                made[key] = clock[r]
+                to = peer_chunk(key)[2]
+                if to != r:
+                    links[(r, to)].append((clock[r], key))
+        pos[r] += 1
+        for q in (r - 1, r, r + 1):
+            if 0 <= q < p:
+                cands[q] = candidate(q)
+    if any(pos[r] < len(steps[r]) for r in range(p)):
+        raise ValueError(f"the V schedule cannot place its messages for p={p}")
+    for (src, to), queue in list(links.items()):
+        while queue:
+            pair(src, to)
+    return [acts + rest for acts, rest in zip(out, batch)]
