@@ -59,11 +59,11 @@ PLANS = {
     "moe_ep2_tp2_sp_cap": ("mixtralcap_ep2_tp2_sp", {"recompute": "full"}),
     "moe_pp2_ep2_cap": ("mixtralcap_pp2_ep2", {}),
     "moe_dp2_ep2_zero1": ("mixtral_dp2_ep2_zero1", {}),
-    # ZeRO-2 and 3 with experts (their buckets and units over dp, their own group): ZeRO-2 in
-    # bf16, ZeRO-3 with full recompute; with tp + sp (the experts' group dp x tp adds their tp
+    # ZeRO-2 and 3 with experts (their buckets and units over dp, their own group): ZeRO-2,
+    # ZeRO-3 in bf16 with full recompute; with tp + sp (the experts' group dp x tp adds their tp
     # partial sums: ZeRO-3, and ZeRO-1 sharding them over tp); HSDP (2 replicas of dp_shard 2)
-    "moe_dp2_ep2_zero2_cap": ("mixtral_dp2_ep2_zero2", {"precision": "bf16", "capacity_factor": 1.0}),
-    "moe_dp2_ep2_zero3_cap": ("mixtral_dp2_ep2_zero3", {"recompute": "full", "capacity_factor": 1.0}),
+    "moe_dp2_ep2_zero2_cap": ("mixtral_dp2_ep2_zero2", {"capacity_factor": 1.0}),
+    "moe_dp2_ep2_zero3_cap": ("mixtral_dp2_ep2_zero3", {"precision": "bf16", "recompute": "full", "capacity_factor": 1.0}),
     "moe_dp2_ep2_tp2_sp_zero3_cap": ("mixtral_dp2_ep2_tp2_sp_zero3", {"capacity_factor": 1.0}),
     "moe_dp2_ep2_tp2_sp_zero1_cap": ("mixtral_dp2_ep2_tp2_sp_zero3", {"zero": 1, "capacity_factor": 1.0}),
     "moe_dp4_ep2_zero3_shard2_cap": ("mixtral_dp4_ep2_zero3_shard2", {"capacity_factor": 1.0}),
