@@ -176,7 +176,8 @@ def unit_fit(plan: Plan) -> list[Diagnostic]:
         return []
     cap, e = plan.cluster.device.memory, mem.dtype_bytes(plan)
     for stage in range(plan.pp):
-        block, outer, _ = mem.zero3_units(plan, stage)
+        units = mem.zero3_units(plan, stage)
+        block, outer = units.largest_block, units.outer
         rest = ("the embeddings" if stage == 0 else "") + (" and " if plan.pp == 1 else "") + ("the final norm and head" if stage == plan.pp - 1 else "")
         name, numel = max((("a block", block), (rest, outer)), key=lambda u: u[1])
         if 2 * numel * e > cap:

@@ -193,11 +193,12 @@ def saved(stdout: str, took: str) -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize(
     "writer, reader",
-    [("mixtral_ep2_zero1", "mixtral_serial"), ("llama_cp2_tp2_sp", "llama_dp4_zero2")],
+    [("mixtral_ep2_zero1", "mixtral_serial"), ("llama_cp2_tp2_sp", "llama_dp4_zero2"), ("mixtral_dp2_ep2_zero3", "mixtral_ep4")],
 )
 def test_experts_and_context_parallel_checkpoints_move_too(golden_plans, tmp_path, launch, writer, reader):
     """Expert-parallel shards with ZeRO-1 over them, read by one process; a cp x tp + sp
-    checkpoint read by ZeRO-2 over dp4."""
+    checkpoint read by ZeRO-2 over dp4; ZeRO-3 over dp2 x ep2 (dense units over dp x ep, the
+    experts' over dp) read by ep4 (one expert per rank, nothing sharded)."""
     ck = tmp_path / "ck"
 
     def with_checkpoint(name):

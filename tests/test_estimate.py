@@ -515,9 +515,12 @@ def test_moe_layers_have_only_the_attention_tp_collectives():
     rows = {(c.kind, c.what): c for c in traffic.stage_traffic(p, 0)}
     assert rows["all_gather", "layer activations"].calls == m * l * 2
     assert rows["reduce_scatter", "layer activations"].calls == m * l * 2
-    # SP: the grads of everything whole on every tp rank are summed over tp once per step:
-    # 2 layers × (2 norms + router) (2·64 + 8·64), the final norm 64, and the 73 728 expert weights
-    assert rows["all_reduce", "grads of tp-replicated weights (SP)"].payload == (2 * (2 * 64 + 8 * 64) + 64 + 73_728) * 2
+    # SP: the grads of the dense weights whole on every tp rank are summed over tp once per step:
+    # 2 layers × (2 norms + router) (2·64 + 8·64) and the final norm 64; the 73 728 expert weights'
+    # partial sums are added by their buckets, whose group is tp (no dp): one all-reduce per step
+    assert rows["all_reduce", "grads of tp-replicated weights (SP)"].payload == (2 * (2 * 64 + 8 * 64) + 64) * 2
+    experts = [c for c in traffic.stage_traffic(p, 0) if c.what == "expert grads"]
+    assert [(c.axis, c.kind, c.payload) for c in experts] == [("tp", "all_reduce", 73_728 * 2)]
 
 
 def test_moe_layer_activations_by_hand():

@@ -69,7 +69,10 @@ REQUIRED["gpt2pp"] |= {("zb_v", 1, 2, 1, False)}
 REQUIRED_MOE = {
     "mixtral": {("1f1b", 1, 1, 1, False, 2, 0), ("1f1b", 1, 1, 1, False, 4, 0), ("1f1b", 2, 1, 1, False, 2, 0),
                 ("1f1b", 1, 2, 1, False, 2, 0), ("interleaved_1f1b", 1, 2, 1, False, 2, 0),
-                ("1f1b", 1, 1, 2, True, 2, 0), ("1f1b", 1, 1, 1, False, 2, 1), ("1f1b", 2, 1, 1, False, 2, 1)},
+                ("1f1b", 1, 1, 2, True, 2, 0), ("1f1b", 1, 1, 1, False, 2, 1), ("1f1b", 2, 1, 1, False, 2, 1),
+                # ZeRO-2/3 with experts (their own group), with tp + sp, and HSDP (below)
+                ("1f1b", 2, 1, 1, False, 2, 2), ("1f1b", 2, 1, 1, False, 2, 3), ("1f1b", 2, 1, 2, True, 2, 3),
+                ("1f1b", 4, 1, 1, False, 2, 3)},
     "mixtralcap": {("1f1b", 1, 1, 1, False, 2, 0), ("1f1b", 1, 1, 2, True, 2, 0), ("1f1b", 1, 2, 1, False, 2, 0),
                    ("1f1b", 1, 2, 1, False, 2, 1)},
     # DeepSeek-style: a dense first block and a shared expert (tests/golden/deepseek.plan)
@@ -117,6 +120,7 @@ def test_matrix_is_complete(golden_plans):
     zero3 = [golden_plans[n] for n in PARALLEL if golden_plans[n].data_parallel.zero == 3]
     assert any(p.microbatches > 1 for p in zero3) and any(p.microbatches == 1 for p in zero3)
     assert any(not p.data_parallel.reshard_after_forward for p in zero3)
+    assert any(p.model.is_moe and p.ep > 1 and p.data_parallel.hsdp(p.dp) for p in zero3)  # HSDP with experts
     assert any(p.train.recompute == "full" for p in zero3)
     assert golden_plans["mixtralcap_serial"].model.capacity_factor > 0
     assert golden_plans["mixtralcap_pp2_ep2_zero1_full"].train.recompute == "full"

@@ -59,6 +59,14 @@ PLANS = {
     "moe_ep2_tp2_sp_cap": ("mixtralcap_ep2_tp2_sp", {"recompute": "full"}),
     "moe_pp2_ep2_cap": ("mixtralcap_pp2_ep2", {}),
     "moe_dp2_ep2_zero1": ("mixtral_dp2_ep2_zero1", {}),
+    # ZeRO-2 and 3 with experts (their buckets and units over dp, their own group): ZeRO-2,
+    # ZeRO-3 in bf16 with full recompute; with tp + sp (the experts' group dp x tp adds their tp
+    # partial sums: ZeRO-3, and ZeRO-1 sharding them over tp); HSDP (2 replicas of dp_shard 2)
+    "moe_dp2_ep2_zero2_cap": ("mixtral_dp2_ep2_zero2", {"capacity_factor": 1.0}),
+    "moe_dp2_ep2_zero3_cap": ("mixtral_dp2_ep2_zero3", {"precision": "bf16", "recompute": "full", "capacity_factor": 1.0}),
+    "moe_dp2_ep2_tp2_sp_zero3_cap": ("mixtral_dp2_ep2_tp2_sp_zero3", {"capacity_factor": 1.0}),
+    "moe_dp2_ep2_tp2_sp_zero1_cap": ("mixtral_dp2_ep2_tp2_sp_zero3", {"zero": 1, "capacity_factor": 1.0}),
+    "moe_dp4_ep2_zero3_shard2_cap": ("mixtral_dp4_ep2_zero3_shard2", {"capacity_factor": 1.0}),
     # DeepSeek-style (a dense first block, a shared expert) with a capacity: a pipeline whose
     # first stage holds the dense block and one MoE block; the dense MLP split over tp with sp
     "deepseek_pp2_ep2_cap": ("deepseek_pp2_ep2", {"capacity_factor": 1.0}),
@@ -299,18 +307,21 @@ def test_model_state_bytes_equal_the_prediction(case):
             assert max(got) == getattr(want, key), f"{plan.name} stage {stage} {key}: {got}"
     stage_params = est.stage_params(plan)
     k = est.state_bytes_per_param(plan)[2]
-    groups = {}  # the dp (cp) ranks of one (stage, tp rank): same params, sharded optimizer state
+    groups = {}  # the ranks of one stage: each tp rank's dp (cp, ep) ranks shard the same params
     for r in records:
-        key = (_stage(plan, r["rank"]), r["coords"].get("tp", 0))
-        groups.setdefault(key, []).append(r["state"])
-    for (stage, _), states in groups.items():
-        held = [s["optimizer"] for s in states]
+        groups.setdefault(_stage(plan, r["rank"]), []).append(r)
+    for stage, ranks in groups.items():
+        held = [r["state"]["optimizer"] for r in ranks]
         if plan.data_parallel.zero and est.group_size(plan, est.grad_group(plan, False)) > 1:  # the shards add up to
-            # the whole, unpadded (each ep rank's own experts)
+            # the whole, unpadded (each ep rank's own experts, sharded over tp too when tp is in their group)
             sp, replicas = stage_params[stage], est.group_size(plan, replica_group(plan))  # HSDP
-            assert sum(held) == (sp.dense + sp.expert * plan.ep) * k * replicas, held
+            experts = sp.expert * plan.ep * (1 if "tp" in est.grad_group(plan, True) else plan.tp)
+            assert sum(held) == (sp.dense * plan.tp + experts) * k * replicas, held
         else:  # every dp replica holds the same
-            assert len({json.dumps(s) for s in states}) == 1, states
+            by_tp = {}
+            for r in ranks:
+                by_tp.setdefault(r["coords"].get("tp", 0), set()).add(json.dumps(r["state"]))
+            assert all(len(states) == 1 for states in by_tp.values()), by_tp
 
 
 def test_unsharded_bytes_are_within_10_percent(case):

@@ -346,16 +346,12 @@ def _zero(plan: Plan, z: int):
     at = plan.where("data_parallel.zero")
     if z >= 2 and plan.dp * plan.cp * plan.ep == 1:
         yield warning("W089", at, f"zero = {z} over a data-parallel group of one rank: nothing is sharded", "ZeRO shards the model state over the dp ranks: add a dp axis, or use zero = 0")
-    if z >= 2 and plan.model.is_moe:
-        yield error("E101", at, f"zero = {z} with experts: the generated script shards the gradients and weights of dense models only", "use zero = 1: it shards the optimizer state of the experts too")
     shard = plan.data_parallel.shard
     if shard and plan.dp % shard:
         yield error("E078", plan.where("data_parallel.shard"), f"shard = {shard} does not divide dp = {plan.dp}: ZeRO shards over groups of {shard} consecutive dp ranks and replicates over dp / shard",
                     f"use a divisor of {plan.dp}, or leave shard out to shard over every dp rank")
     elif shard and not z:
         yield warning("W079", plan.where("data_parallel.shard"), f"shard = {shard} with zero = 0: every rank holds the whole model state, there is nothing to shard", "set zero = 1, 2 or 3 (zero = 3 with shard is HSDP)")
-    elif z and plan.data_parallel.hsdp(plan.dp) and plan.model.is_moe:
-        yield error("E101", plan.where("data_parallel.shard"), f"shard = {shard} (HSDP) with experts: the generated script splits the data-parallel group of dense models only", "leave shard out")
     if z == 3 and plan.pipeline.schedule == "zb_h1":
         yield error("E101", at, "zero = 3 with schedule zb_h1: the deferred weight gradients (W) would need each unit gathered a third time per micro-batch", "use 1f1b or interleaved_1f1b, or zero = 2")
     if z == 3 and plan.v_shape:  # not yet: zb_h1's ZeRO-3 first (issue 29), then the V's two chunks per rank

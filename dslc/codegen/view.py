@@ -120,8 +120,9 @@ def _parallel(plan: Plan) -> dict:
     # one process group over each parallel axis, and one over the gradients' axes; HSDP:
     # the ZeRO shard group (grad_axes), the replicas and every data rank (the loss)
     data_axes, replicas = axes_of(plan.mesh, ("dp", "cp", "ep")), replica_group(plan)
+    expert_axes = grad_group(plan, expert=True) if plan.model.is_moe else ()
     group_axes = [(a,) for a in parallel]
-    for g in (grad_axes, replicas, data_axes):
+    for g in (grad_axes, expert_axes, replicas, data_axes):
         if g and g not in group_axes:
             group_axes.append(g)
     moe_stats = plan.model.is_moe and len(parallel) > 1  # the router's log: summed over all
@@ -246,10 +247,10 @@ def _expert_grad_group(plan: Plan) -> dict:
         why = "not here: their tp partial sums are added as the tp-replicated weights' are"
     elif not axes:
         why = "not reduced: no other rank holds these experts"
-    elif plan.ep > 1:
-        why = "summed over dp only: each ep rank holds other experts"
     else:
-        why = "summed over dp, as the dense ones"
+        why = "summed over " + " and ".join(axes)
+        why += ": each ep rank holds other experts" if plan.ep > 1 else ", as the dense ones" if "tp" not in axes else ""
+        why += "; tp adds each tp rank's tokens' partial sums" if "tp" in axes else ""
     return {"expert_grad_group_literal": repr("+".join(axes) or None), "expert_grad_group_why": why}
 
 

@@ -97,8 +97,16 @@ def routed_slots(plan: Plan, imbalance: float = 1.0) -> int:
 def grad_group(plan: Plan, expert: bool) -> tuple[str, ...]:
     """Mesh axes that average the grads, and that ZeRO shards over: dp×cp×ep for dense
     params, dp×cp for experts; under HSDP the shard group, dp_shard in place of dp
-    (:func:`dslc.groups.replica_group` then sums the reduced shards)."""
-    return axes_of(group_mesh(plan), ("dp", DP_SHARD, "cp") if expert else ("dp", DP_SHARD, "cp", "ep"))
+    (:func:`dslc.groups.replica_group` then sums the reduced shards). Experts under tp (always
+    with sequence parallelism, E076) hold partial sums over tp, each tp rank having routed its
+    own tokens: tp joins their group, their buckets and ZeRO shards, whenever the dense
+    group has ranks (the script has buckets; without them the sums join the tp-replicated
+    weights' all-reduce)."""
+    dense = axes_of(group_mesh(plan), ("dp", DP_SHARD, "cp", "ep"))
+    if not expert:
+        return dense
+    partial = bool(dense) and bool(plan.tensor_parallel.sequence_parallel)
+    return axes_of(group_mesh(plan), ("dp", DP_SHARD, "cp") + ("tp",) * partial)
 
 
 def group_size(plan: Plan, axes: tuple[str, ...]) -> int:
@@ -134,24 +142,44 @@ def zero_state(n_params: int, group: int, zero: int, w: int, g: int, k: int) -> 
 BUCKET_BYTES = 25 * 2**20  # the generated script's gradient buckets (DDP's default size)
 
 
-def zero3_units(plan: Plan, stage: int) -> tuple[int, int, int]:
-    """ZeRO-3's units on a rank of ``stage``, as the script builds them: (elements of one
-    block's flat buffer, of the outer unit's — embeddings, final norm, head, none on a middle
-    stage — each padded to a multiple of the group size N, and N)."""
-    n = group_size(plan, grad_group(plan, False))
-    sharded, rep, experts = arch.layer_params(plan.model, plan.tp)
-    block = sharded + rep + experts // plan.ep
-    sp, layers = stage_params(plan)[stage], sum(chunk_layers(plan)[stage])
-    outer = sp.total - layers * block
-    return n * ceil(block / n), n * ceil(outer / n), n
+@dataclass(frozen=True)
+class Zero3Units:
+    """ZeRO-3's units on a rank of a stage, as the script builds them, in elements, each flat
+    buffer padded to a multiple of its group's size: per block (in the stage's order) its
+    dense unit over the dense group (n ranks) and its experts' unit over theirs (n_expert
+    ranks; 0 without experts), and the outer unit (embeddings, final norm, head; 0 on a
+    middle stage). With n_expert = 1 the experts' unit is whole on its rank, never gathered."""
+
+    blocks: tuple[tuple[int, int], ...]
+    outer: int
+    n: int
+    n_expert: int
+
+    @property
+    def shard(self) -> int:
+        """Elements of this rank's shards (rank 0 of both groups: no padding in them)."""
+        return sum(d // self.n + x // self.n_expert for d, x in self.blocks) + self.outer // self.n
+
+    @property
+    def largest_block(self) -> int:
+        """The most elements one block gathers (and reduces): its dense and expert units."""
+        return max((d + (x if self.n_expert > 1 else 0) for d, x in self.blocks), default=0)
+
+
+def zero3_units(plan: Plan, stage: int) -> Zero3Units:
+    """The :class:`Zero3Units` of a rank of ``stage``."""
+    n, n_expert = group_size(plan, grad_group(plan, False)), group_size(plan, grad_group(plan, True))
+    sizes = [arch.layer_params(arch.layer_model(plan.model, i), plan.tp) for i in rc.stage_layer_ids(plan, stage)]
+    dense, experts = [s + r for s, r, _ in sizes], [x // plan.ep for _, _, x in sizes]
+    blocks = tuple((n * ceil(d / n), n_expert * ceil(x / n_expert)) for d, x in zip(dense, experts))
+    return Zero3Units(blocks, n * ceil((stage_params(plan)[stage].dense - sum(dense)) / n), n, n_expert)
 
 
 def zero3_state(plan: Plan, stage: int, w: int, g: int, k: int) -> tuple[int, int, int]:
     """(params, grads, optimizer) bytes of the worst rank: every unit's 1/N, padded per unit
     (the shards of weights and gradients are padded on every rank; the optimizer's
     pieces are not, so rank 0, whose shards hold no padding, is the worst)."""
-    block, outer, n = zero3_units(plan, stage)
-    shard = sum(chunk_layers(plan)[stage]) * block // n + outer // n
+    shard = zero3_units(plan, stage).shard
     return shard * w, shard * g, shard * k
 
 
@@ -163,19 +191,21 @@ def transient_bytes(plan: Plan, stage: int) -> int:
     bucket closes at BUCKET_BYTES, so it can exceed it by its last parameter: bounded by
     two of BUCKET_BYTES + the largest parameter), or all of them when micro-batches
     accumulate into them (m > 1, or a tied embedding over pp, whose buckets reduce after
-    the last backward). ZeRO-3: the outer unit's weights and gradient (held through the
-    step) and :func:`zero3_peak_units` block units."""
-    zero, e = plan.data_parallel.zero, dtype_bytes(plan)
-    n = group_size(plan, grad_group(plan, False))
+    the last backward); the experts' buckets count as the dense ones. ZeRO-3: the outer
+    unit's weights and gradient (held through the step) and :func:`zero3_peak_units`
+    blocks, each its dense and its experts' unit (gathered, freed and reduced together),
+    at the stage's largest block."""
+    zero, e, sp = plan.data_parallel.zero, dtype_bytes(plan), stage_params(plan)[stage]
+    n, n_expert = group_size(plan, grad_group(plan, False)), group_size(plan, grad_group(plan, True))
     if zero < 2 or n == 1:
         return 0
-    if zero == 2:
-        full = n * ceil(stage_params(plan)[stage].dense / n) * e
-        accumulates = plan.microbatches > 1 or stage_params(plan)[stage].tied
+    if zero == 2:  # the experts' buckets too, unless no other rank holds them (their gradient is the shard)
+        full = (n * ceil(sp.dense / n) + (n_expert * ceil(sp.expert / n_expert) if n_expert > 1 else 0)) * e
+        accumulates = plan.microbatches > 1 or sp.tied
         largest = max(w.numel for w in arch.weights(plan.model, plan.tp)) * e
         return full if accumulates else min(full, 2 * (BUCKET_BYTES + largest))
-    block, outer, _ = zero3_units(plan, stage)
-    return (2 * outer + zero3_peak_units(plan, stage) * block) * e
+    units = zero3_units(plan, stage)
+    return (2 * units.outer + zero3_peak_units(plan, stage) * units.largest_block) * e
 
 
 def zero3_peak_units(plan: Plan, stage: int) -> int:
@@ -344,9 +374,9 @@ def memory(plan: Plan, settings: Settings = DEFAULT, peaks: tuple[int, ...] | No
     out = []
     for s, (sp, chunks) in enumerate(zip(stage_params(plan), chunk_layers(plan))):
         dense = zero_state(sp.dense, group_size(plan, grad_group(plan, False)), zero, w, g, k)
-        if zero == 3 and not sp.expert and group_size(plan, grad_group(plan, False)) > 1:
-            dense = zero3_state(plan, s, w, g, k)  # padded per unit
         expert = zero_state(sp.expert, group_size(plan, grad_group(plan, True)), zero, w, g, k)
+        if zero == 3 and group_size(plan, grad_group(plan, False)) > 1:  # padded per unit, experts' too
+            dense, expert = zero3_state(plan, s, w, g, k), (0, 0, 0)
         held = peaks[s]
         per_layer = layer_activation_bytes(plan, settings, rc.stage_layer_ids(plan, s))  # full every N: per stage
         act = round(held * sum(chunks) / v * per_layer)

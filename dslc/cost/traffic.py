@@ -28,8 +28,8 @@ all-to-all (n−1)/n·S, send S. Calls per step:
   output (SP: reduce-scatter forward, all-gather backward); head: all-reduce of its input
   gradient (SP: all-gather forward, reduce-scatter backward); vocab-parallel cross-entropy:
   3 fp32 all-reduces of T elements (max, sum-exp, target logit). With SP the grads of
-  tp-replicated weights (norms, row-parallel biases, router, experts) are all-reduced once
-  per step.
+  tp-replicated weights (norms, row-parallel biases, router; experts when there is no
+  data-parallel group to reduce them in) are all-reduced once per step.
 * pp, per micro-batch: one send of the activation (T·h·e, /t under SP) per chunk
   boundary forward and one of its gradient backward (×v interleaved; SC21 §2.2).
   Tied embeddings with p > 1: an all-reduce of the embedding grads between the first
@@ -43,16 +43,18 @@ all-to-all (n−1)/n·S, send S. Calls per step:
   two backward, R = :func:`~dslc.cost.memory.routed_slots` (dropless: T·top_k, T/t under
   SP, uniform routing; capacity factor: the padded E·b·C). Dropless, the script also
   all-to-alls E int64 token counts before each dispatch: bookkeeping, not counted.
-* data parallel, once per step: dense grads over dp×cp×ep, expert grads over dp×cp —
+* data parallel, once per step: dense grads over dp×cp×ep, expert grads over dp×cp (×tp
+  under SP, whose partial sums their buckets add: :func:`~dslc.cost.memory.grad_group`) —
   all-reduce (zero 0), reduce-scatter + all-gather of the updated params (zero 1, 2).
   Sharded buffers are padded to a multiple of the group size.
-* zero 3 (dense), per unit as the script builds them (:func:`~dslc.cost.memory.zero3_units`):
+* zero 3, per unit as the script builds them (:func:`~dslc.cost.memory.zero3_units`):
   the outer unit (embeddings, final norm, head) is gathered once per step and its grads
-  reduce-scattered once; each block is reduce-scattered once per step and all-gathered at
+  reduce-scattered once; each block (its dense unit over the dense group, its experts'
+  over theirs) is reduce-scattered once per step and all-gathered at
   every forward (F) or backward (B) of its chunk that finds it freed — with
   reshard_after_forward twice per micro-batch, without it once per micro-batch unless
   the pipeline schedule runs a backward of the chunk between two forwards
-  (:func:`unit_gathers` replays the rank's action list).
+  (:func:`chunk_gathers` replays the rank's action list).
 * HSDP (``data_parallel.shard`` below dp): ZeRO's groups are the shard groups
   (dp_shard × cp × ep, :func:`dslc.groups.group_mesh`), and each reduced gradient shard
   (per bucket set, ZeRO-3 per unit) is all-reduced over dp_replicate once per step.
@@ -154,16 +156,13 @@ def step_specs(plan: Plan, sp_params: StageParams) -> list[_Spec]:
         if zero == 0:
             out.append(_Spec(axes, "all_reduce", f"{tag} grads", count * e, 0, 1, "backward"))
             continue
-        if zero == 3 and not expert and not sp_params.expert:  # per unit: zero3_specs
+        if zero == 3:  # per unit: zero3_specs
             continue
         out.append(_Spec(axes, "reduce_scatter", f"{tag} grads", padded, 0, 1, "backward"))
         out += replica_specs(plan, f"{tag} grad shard", padded // n, 1)
-        if zero < 3:
-            out.append(_Spec(axes, "all_gather", f"{tag} params after the step", padded, 1))
-        else:
-            out += [_Spec(axes, "all_gather", f"{tag} params (forward)", padded, 1, 0, "forward"),
-                    _Spec(axes, "all_gather", f"{tag} params (backward)", padded, 0, 1, "backward")]
-    replicated = sp_params.tp_replicated + sp_params.expert  # experts are whole on every tp rank
+        out.append(_Spec(axes, "all_gather", f"{tag} params after the step", padded, 1))
+    # experts are whole on every tp rank; their buckets add their tp partial sums when tp is in their group
+    replicated = sp_params.tp_replicated + sp_params.expert * ("tp" not in grad_group(plan, True))
     if plan.tp > 1 and plan.tensor_parallel.sequence_parallel and replicated:
         out.append(_Spec(("tp",), "all_reduce", "grads of tp-replicated weights (SP)", replicated * e, 0, 1))
     if sp_params.tied:
@@ -171,38 +170,55 @@ def step_specs(plan: Plan, sp_params: StageParams) -> list[_Spec]:
     return out
 
 
-def unit_gathers(plan: Plan, stage: int) -> tuple[int, int]:
-    """(forward, backward) all-gathers of block units per step on a rank of ``stage``: the
-    rank's F and B actions replayed (one micro-batch after the other without a pipeline),
-    each gathering the blocks of its chunk when they are freed; F frees them again with
-    reshard_after_forward, B always."""
+def chunk_gathers(plan: Plan, stage: int) -> list[tuple[int, int]]:
+    """(forward, backward) all-gathers per step of each block of each chunk of a rank of
+    ``stage``, per chunk: the rank's F and B actions replayed (one micro-batch after the
+    other without a pipeline), each gathering the blocks of its chunk when they are freed;
+    F frees them again with reshard_after_forward, B always."""
     m, v, reshard = plan.microbatches, plan.pipeline.virtual_stages, plan.data_parallel.reshard_after_forward
     acts = actions(plan)[stage] if plan.pp > 1 else build("1f1b", 1, m, 1)[0]
-    layers, gathered, out = chunk_layers(plan)[stage], [False] * v, {"F": 0, "B": 0}
+    gathered, out = [False] * v, [{"F": 0, "B": 0} for _ in range(v)]
     for a in acts:
-        if a.kind in out:
-            if not gathered[a.chunk]:
-                out[a.kind] += layers[a.chunk]
+        if a.kind in ("F", "B"):
+            out[a.chunk][a.kind] += not gathered[a.chunk]
             gathered[a.chunk] = a.kind == "F" and not reshard
-    return out["F"], out["B"]
+    return [(c["F"], c["B"]) for c in out]
+
+
+def unit_gathers(plan: Plan, stage: int) -> tuple[int, int]:
+    """(forward, backward) all-gathers of block units per step on a rank of ``stage``
+    (:func:`chunk_gathers` times the blocks of each chunk)."""
+    pairs = list(zip(chunk_gathers(plan, stage), chunk_layers(plan)[stage]))
+    return sum(f * layers for (f, _), layers in pairs), sum(b * layers for (_, b), layers in pairs)
 
 
 def zero3_specs(plan: Plan, stage: int) -> list[_Spec]:
-    """The per-step ZeRO-3 collectives of a rank of ``stage`` (dense params)."""
-    axes, e = grad_group(plan, False), dtype_bytes(plan)
-    block, outer, n = zero3_units(plan, stage)
-    if n == 1 or plan.data_parallel.zero != 3 or stage_params(plan)[stage].expert:
+    """The per-step ZeRO-3 collectives of a rank of ``stage``: per block its dense unit
+    over the dense group, its experts' unit over theirs (none when no other rank holds
+    them), and the outer unit; blocks of another size (a dense prefix's) in rows of their own."""
+    units, e = zero3_units(plan, stage), dtype_bytes(plan)
+    if units.n == 1 or plan.data_parallel.zero != 3:
         return []
-    fwd, bwd = unit_gathers(plan, stage)
-    layers = sum(chunk_layers(plan)[stage])
-    out = [_Spec(axes, "all_gather", "block params (forward)", block * e, fwd, 0, "forward"),
-           _Spec(axes, "all_gather", "block params (backward)", block * e, 0, bwd, "backward"),
-           _Spec(axes, "reduce_scatter", "block grads", block * e, 0, layers, "backward")]
-    out += replica_specs(plan, "block grad shards", block * e // n, layers)
-    if outer:
-        out += [_Spec(axes, "all_gather", "outer unit params (embeddings, head)", outer * e, 1),
-                _Spec(axes, "reduce_scatter", "outer unit grads", outer * e, 0, 1)]
-        out += replica_specs(plan, "outer unit grad shard", outer * e // n, 1)
+    out = []
+    per_block = [g for g, layers in zip(chunk_gathers(plan, stage), chunk_layers(plan)[stage]) for _ in range(layers)]
+    groups = ((grad_group(plan, False), units.n, 0, ""), (grad_group(plan, True), units.n_expert, 1, "expert "))
+    for axes, n, part, tag in groups:
+        rows: dict[int, list[int]] = {}  # unit size -> [forward gathers, backward gathers, units]
+        for block, (fwd, bwd) in zip(units.blocks, per_block):
+            if block[part] and n > 1:
+                row = rows.setdefault(block[part], [0, 0, 0])
+                row[0], row[1], row[2] = row[0] + fwd, row[1] + bwd, row[2] + 1
+        for size, (fwd, bwd, count) in rows.items():
+            what = f"block {tag}params" + (f" ({size} elements)" if len(rows) > 1 else "")
+            out += [_Spec(axes, "all_gather", f"{what} (forward)", size * e, fwd, 0, "forward"),
+                    _Spec(axes, "all_gather", f"{what} (backward)", size * e, 0, bwd, "backward"),
+                    _Spec(axes, "reduce_scatter", what.replace("params", "grads"), size * e, 0, count, "backward")]
+            out += replica_specs(plan, what.replace("params", "grad shards"), size * e // n, count)
+    if units.outer:
+        axes, n = grad_group(plan, False), units.n
+        out += [_Spec(axes, "all_gather", "outer unit params (embeddings, head)", units.outer * e, 1),
+                _Spec(axes, "reduce_scatter", "outer unit grads", units.outer * e, 0, 1)]
+        out += replica_specs(plan, "outer unit grad shard", units.outer * e // n, 1)
     return out
 
 

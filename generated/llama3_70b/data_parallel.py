@@ -40,6 +40,14 @@ class Bucket:
             offset += p.numel()
         self.replicated_grads = [p.grad for p in params if p.tp_dim is None]
 
+    def reduce(self):
+        """Starts the reduce-scatter of the gradient into `shard_grad`; returns the work."""
+        # complete the partial sums over tp first: every rank then sends the same bytes
+        reduce_sequence_parallel_grads(self.replicated_grads)
+        return reduce_scatter(
+            self.grad, GRAD_GROUP, dim=0, out=self.shard_grad, async_op=True
+        )
+
 
 class GradientBuckets:
     """Gradients as views into flat buffers of about BUCKET_BYTES, each reduced as soon
@@ -61,12 +69,6 @@ class GradientBuckets:
         for p in params:
             p.register_post_accumulate_grad_hook(self._grad_ready)
 
-    def _launch(self, bucket):
-        # complete the partial sums over tp first: every rank then sends the same bytes
-        reduce_sequence_parallel_grads(bucket.replicated_grads)
-        grad, out = bucket.grad, bucket.shard_grad
-        return reduce_scatter(grad, GRAD_GROUP, dim=0, out=out, async_op=True)
-
     def _grad_ready(self, p):
         if not self.sync:
             return
@@ -75,14 +77,14 @@ class GradientBuckets:
             i = len(self.handles)
             if self.ready[i] < len(self.buckets[i].params):
                 break
-            self.handles.append(self._launch(self.buckets[i]))
+            self.handles.append(self.buckets[i].reduce())
 
     def finish(self):
         """Launch the buckets whose parameters got no gradient, then wait for all."""
         for bucket in self.buckets[len(self.handles) :]:
-            self.handles.append(self._launch(bucket))
-        for handle in self.handles:
-            handle.wait()
+            self.handles.append(bucket.reduce())
+        for work in self.handles:
+            work.wait()
         self.ready, self.handles = [0] * len(self.buckets), []
 
     def shard_pieces(

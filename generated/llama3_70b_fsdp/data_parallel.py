@@ -7,14 +7,14 @@ Hooks, not DistributedDataParallel: every byte goes through mesh.py's collective
 is counted), and skipping the reduction for all but the last micro-batch is one flag.
 ZeRO-3 (stage P_os+g+p): each unit's weights -- one transformer block, and one "outer"
 unit of what no block holds (embeddings, final norm, head) -- live as this rank's
-1/n of a flat, padded buffer (FSDP's FlatParameter; n: the ranks of GRAD_GROUP). Before a block's forward its
+1/n of a flat, padded buffer (FSDP's FlatParameter; n: the ranks of its group). Before a block's forward its
 weights are all-gathered in the working precision (bf16), the next block's
 gather is started (prefetch) while this one computes, and the gathered copy is freed
 after the forward (reshard_after_forward = true). Backward gathers the block again,
 prefetching the block before it, in reverse order; once every gradient of the block
 has accumulated, the weights are freed and, in the step's last micro-batch, the
 unsharded gradient is reduce-scattered into this rank's shard (earlier micro-batches
-accumulate into it: reduced once per step) and freed when the next unit's
+accumulate into it: reduced once per step) and freed when the next block's
 reduce-scatter starts (after waiting for this one) or the step ends. The outer
 unit is gathered once per step and reduced after the last backward.
 """
@@ -50,17 +50,16 @@ RESHARD_AFTER_FORWARD = True
 
 
 class Unit:
-    """The flat, padded buffers of some parameters: `shard` (this rank's weights, which the
-    optimizer steps) and `shard_grad` (its reduced gradient) hold memory always; `full`
-    (the gathered weights, which the parameters view) and `grad` (their unsharded
-    gradient, which the parameters' .grad view) only while in use."""
+    """The flat, padded buffers of some parameters over one group: `shard` (this rank's
+    weights, which the optimizer steps) and `shard_grad` (its reduced gradient) hold memory
+    always; `full` (the gathered weights, which the parameters view) and `grad` (their
+    unsharded gradient, which the parameters' .grad view) only while in use."""
 
-    def __init__(self, params, on_backward=None):
-        self.params = params
+    def __init__(self, params, group=GRAD_GROUP):
+        self.params, self.group = params, group
         numel = sum(p.numel() for p in params)
-        group = GROUPS[GRAD_GROUP]
-        self.shards = dist.get_world_size(group)
-        self.index = dist.get_rank(group)  # this rank's shard
+        self.shards = dist.get_world_size(GROUPS[group])
+        self.index = dist.get_rank(GROUPS[group])  # this rank's shard
         # padded to split into equal shards
         numel = -(-numel // self.shards) * self.shards
         self.full, self.grad = params[0].new_zeros(numel), params[0].new_zeros(numel)
@@ -72,14 +71,11 @@ class Unit:
             p.grad = self.grad[offset : offset + p.numel()].view_as(p)
             # a tensor hook runs before autograd accumulates into .grad
             p.register_hook(self.grad_arriving)
-            if on_backward:
-                p.register_post_accumulate_grad_hook(self._accumulated)
             offset += p.numel()
         self.replicated_grads = [p.grad for p in params if p.tp_dim is None]
+        self.gathering = None  # the all-gather in flight
         self.shard = self.full.chunk(self.shards)[self.index].clone()
         self.shard_grad = self.full.new_zeros(numel // self.shards)
-        self.on_backward, self.ready, self.in_backward = on_backward, 0, False
-        self.gathering = None  # the all-gather in flight
         hold(self.full, False)
         hold(self.grad, False)
 
@@ -92,7 +88,7 @@ class Unit:
         if not self.gathered:
             hold(self.full, True)
             self.gathering = all_gather(
-                self.shard, GRAD_GROUP, dim=0, out=self.full, async_op=True
+                self.shard, self.group, dim=0, out=self.full, async_op=True
             )
         if wait and self.gathering is not None:
             self.gathering.wait()
@@ -107,22 +103,27 @@ class Unit:
     def grad_arriving(self, grad):
         hold(self.grad, True, zeroed=True)
 
-    def _accumulated(self, p):
-        self.ready += 1
-        if self.ready == len(
-            self.params
-        ):  # this micro-batch's backward of the unit is done
-            self.ready, self.in_backward = 0, False
-            self.on_backward(self)
-
     def reduce(self):
         """Starts the reduce-scatter of the gradient into `shard_grad`; returns the work."""
         self.grad_arriving(None)  # (a unit that got no gradient reduces zeros)
         # complete the partial sums over tp first: every rank then sends the same bytes
         reduce_sequence_parallel_grads(self.replicated_grads)
         return reduce_scatter(
-            self.grad, GRAD_GROUP, dim=0, out=self.shard_grad, async_op=True
+            self.grad, self.group, dim=0, out=self.shard_grad, async_op=True
         )
+
+    def release(self, work):
+        """Waits for the reduce-scatter `work` and frees the unsharded gradient."""
+        work.wait()
+        hold(self.grad, False)
+
+
+def gather(units, wait=True):
+    """Gathers a block's units (one per group), all started before any is waited for."""
+    for unit in units:
+        unit.gather(wait=False)
+    for unit in units if wait else ():
+        unit.gather()
 
 
 class FullyShardedUnits:
@@ -130,77 +131,89 @@ class FullyShardedUnits:
     that gather, free and reduce them; `outer` holds the other parameters (None when
     there are none: a middle pipeline stage)."""
 
-    def __init__(
-        self, model, device, init
-    ):  # init(named parameters) draws a block's weights
+    def __init__(self, model, device, init):
+        # init(named parameters) draws a block's weights
         named = list(model.blocks.named_children())  # (layer, block) in layer order
         ends = {N_LAYER}
-        last = [
-            int(layer) + 1 in ends for layer, _ in named
-        ]  # a chunk's last: no prefetch
-        blocks, self.units = [b for _, b in named], []
-        for (
-            layer,
-            block,
-        ) in named:  # built on the meta device: one whole block at a time
+        # a chunk's last block prefetches no other
+        self.last = [int(layer) + 1 in ends for layer, _ in named]
+        blocks = [b for _, b in named]
+        self.blocks = []  # per block: its units, one per group
+        # built on the meta device: one whole block at a time
+        for layer, block in named:
             materialize(block, device, PARAM_DTYPE)
             init((f"blocks.{layer}.{n}", p) for n, p in block.named_parameters())
-            self.units.append(Unit(list(block.parameters()), self._backward_done))
+            self.blocks.append([Unit(list(block.parameters()))])
         in_blocks = {p for b in blocks for p in b.parameters()}
         rest = [p for p in model.parameters() if p not in in_blocks]
         self.outer = Unit(rest) if rest else None
-        self.all = self.units + [self.outer] * bool(rest)
+        self.all = [unit for units in self.blocks for unit in units]
+        self.all += [self.outer] * bool(rest)
         self.sync = False  # set for the last micro-batch of a step only
         self.reducing = []  # (unit, work) of the reduce-scatters in flight
         self.reduced = set()  # the units reduced in this step
+        self.in_backward = set()  # the blocks whose backward runs
+        # per block: how many of its gradients this backward has accumulated
+        self.ready = [0] * len(blocks)
         for k, block in enumerate(blocks):
-            after = None if last[k] else self.units[k + 1]
-            before = None if k == 0 or last[k - 1] else self.units[k - 1]
-            block.register_forward_pre_hook(self._before_forward(self.units[k], after))
-            block.register_forward_hook(self._after_forward(self.units[k], before))
+            block.register_forward_pre_hook(self._before_forward(k))
+            block.register_forward_hook(self._after_forward(k))
+            for p in block.parameters():
+                p.register_post_accumulate_grad_hook(self._accumulated(k))
         HELD.update(now=0, peak=0)  # every unsharded buffer is freed: count from here
 
-    def _before_forward(self, unit, after):
+    def _before_forward(self, k):
         def hook(module, inputs):
-            if (
-                unit.in_backward
-            ):  # re-run in backward (recompute = full, selective_ops): gathered
+            # re-run in backward (recompute = full, selective_ops): gathered
+            if k in self.in_backward:
                 return
-            unit.gather()
-            if after is not None:
-                after.gather(wait=False)
+            gather(self.blocks[k])
+            if not self.last[k]:
+                gather(self.blocks[k + 1], wait=False)
 
         return hook
 
-    def _after_forward(self, unit, before):
-        def before_backward(
-            grad,
-        ):  # the output's gradient is in: the block's backward is next
-            unit.in_backward = True
-            unit.gather()
-            if before is not None:
-                before.gather(wait=False)
+    def _after_forward(self, k):
+        # the output's gradient is in: the block's backward is next
+        def before_backward(grad):
+            self.in_backward.add(k)
+            gather(self.blocks[k])
+            if k > 0 and not self.last[k - 1]:
+                gather(self.blocks[k - 1], wait=False)
 
         def hook(module, inputs, output):
-            if unit.in_backward:
+            if k in self.in_backward:
                 return
             if torch.is_grad_enabled() and output.requires_grad:
                 output.register_hook(before_backward)
             if RESHARD_AFTER_FORWARD or not torch.is_grad_enabled():
-                unit.free()
+                for unit in self.blocks[k]:
+                    unit.free()
 
         return hook
 
-    def _backward_done(self, unit):
-        unit.free()
+    def _accumulated(self, k):
+        def hook(p):
+            self.ready[k] += 1
+            if self.ready[k] < sum(len(unit.params) for unit in self.blocks[k]):
+                return
+            self.ready[k] = 0  # this micro-batch's backward of the block is done
+            self.in_backward.discard(k)
+            self._backward_done(self.blocks[k])
+
+        return hook
+
+    def _backward_done(self, units):
+        for unit in units:
+            unit.free()
         if not self.sync:
             return
-        work = unit.reduce()
-        self.reduced.add(unit)
-        for done, w in self.reducing:  # at most two unsharded gradients at once
-            w.wait()
-            hold(done.grad, False)
-        self.reducing = [(unit, work)]
+        works = [(unit, unit.reduce()) for unit in units]
+        self.reduced.update(units)
+        # at most two blocks' unsharded gradients at once
+        for unit, work in self.reducing:
+            unit.release(work)
+        self.reducing = works
 
     def begin(self):
         """Gathers the outer unit, for the step (or the validation forwards)."""
@@ -211,13 +224,11 @@ class FullyShardedUnits:
         """Waits for the blocks' reduce-scatters and reduces the outer unit (and any unit
         that was not reduced); frees every unsharded buffer."""
         for unit, work in self.reducing:
-            work.wait()
-            hold(unit.grad, False)
+            unit.release(work)
         self.reducing = []
         for unit in self.all:
             if unit not in self.reduced:
-                unit.reduce().wait()
-                hold(unit.grad, False)
+                unit.release(unit.reduce())
             unit.free()
         self.sync, self.reduced = False, set()
 

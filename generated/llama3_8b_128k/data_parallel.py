@@ -23,6 +23,10 @@ class Bucket:
             p.grad = self.grad[offset : offset + p.numel()].view_as(p)
             offset += p.numel()
 
+    def reduce(self):
+        """Starts the all-reduce of the gradient; returns the work."""
+        return all_reduce(self.grad, GRAD_GROUP, async_op=True)
+
 
 class GradientBuckets:
     """Gradients as views into flat buffers of about BUCKET_BYTES, each reduced as soon
@@ -44,9 +48,6 @@ class GradientBuckets:
         for p in params:
             p.register_post_accumulate_grad_hook(self._grad_ready)
 
-    def _launch(self, bucket):
-        return all_reduce(bucket.grad, GRAD_GROUP, async_op=True)
-
     def _grad_ready(self, p):
         if not self.sync:
             return
@@ -55,12 +56,12 @@ class GradientBuckets:
             i = len(self.handles)
             if self.ready[i] < len(self.buckets[i].params):
                 break
-            self.handles.append(self._launch(self.buckets[i]))
+            self.handles.append(self.buckets[i].reduce())
 
     def finish(self):
         """Launch the buckets whose parameters got no gradient, then wait for all."""
         for bucket in self.buckets[len(self.handles) :]:
-            self.handles.append(self._launch(bucket))
-        for handle in self.handles:
-            handle.wait()
+            self.handles.append(bucket.reduce())
+        for work in self.handles:
+            work.wait()
         self.ready, self.handles = [0] * len(self.buckets), []

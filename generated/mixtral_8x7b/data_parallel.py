@@ -9,6 +9,8 @@ ZeRO-1: a bucket is reduce-scattered, not all-reduced; each rank keeps the optim
 state of its 1/n of it (n: the ranks of the bucket's group), updates that shard, and an
 all-gather of the weights brings every rank the update: an all-reduce's bytes, 1/n of
 the state.
+Experts have their own group, EXPERT_GRAD_GROUP (each ep rank holds other experts): their
+buckets are reduced and sharded over it, the dense ones over GRAD_GROUP.
 """
 
 import torch.distributed as dist
@@ -41,32 +43,42 @@ class Bucket:
             p.data = self.param[offset : offset + p.numel()].view_as(p)
             offset += p.numel()
 
+    def reduce(self):
+        """Starts the reduce-scatter of the gradient into `shard_grad`; returns the work (None: not reduced)."""
+        if self.group is None:
+            return None
+        return reduce_scatter(
+            self.grad, self.group, dim=0, out=self.shard_grad, async_op=True
+        )
+
+    def release(self, work):
+        """Waits for the reduction `work`."""
+        if work is not None:
+            work.wait()
+
 
 class GradientBuckets:
     """Gradients as views into flat buffers of about BUCKET_BYTES, each reduced as soon
     as backward has filled it, in order (the same calls on every rank)."""
 
     def __init__(self, params, bucket_bytes=BUCKET_BYTES):
-        self.buckets, current, size = [], {}, {}  # by group: dense, experts
+        group = {
+            False: GRAD_GROUP,
+            True: EXPERT_GRAD_GROUP,
+        }  # dense, experts: their own buckets
+        self.buckets, current, size = [], {}, {}
         for p in reversed(params):
-            group = EXPERT_GRAD_GROUP if p.expert else GRAD_GROUP
-            current.setdefault(group, []).append(p)
-            size[group] = size.get(group, 0) + p.numel() * p.element_size()
-            if size[group] >= bucket_bytes:
-                self.buckets.append(Bucket(current.pop(group), group))
-                size[group] = 0
-        self.buckets += [Bucket(ps, group) for group, ps in current.items()]
+            current.setdefault(p.expert, []).append(p)
+            size[p.expert] = size.get(p.expert, 0) + p.numel() * p.element_size()
+            if size[p.expert] >= bucket_bytes:
+                self.buckets.append(Bucket(current.pop(p.expert), group[p.expert]))
+                size[p.expert] = 0
+        self.buckets += [Bucket(ps, group[expert]) for expert, ps in current.items()]
         self.bucket_of = {p: i for i, b in enumerate(self.buckets) for p in b.params}
         self.sync = False  # set for the last micro-batch of a step only
         self.ready, self.handles = [0] * len(self.buckets), []
         for p in params:
             p.register_post_accumulate_grad_hook(self._grad_ready)
-
-    def _launch(self, bucket):
-        if bucket.group is None:
-            return None
-        grad, out = bucket.grad, bucket.shard_grad
-        return reduce_scatter(grad, bucket.group, dim=0, out=out, async_op=True)
 
     def _grad_ready(self, p):
         if not self.sync:
@@ -76,15 +88,14 @@ class GradientBuckets:
             i = len(self.handles)
             if self.ready[i] < len(self.buckets[i].params):
                 break
-            self.handles.append(self._launch(self.buckets[i]))
+            self.handles.append(self.buckets[i].reduce())
 
     def finish(self):
         """Launch the buckets whose parameters got no gradient, then wait for all."""
         for bucket in self.buckets[len(self.handles) :]:
-            self.handles.append(self._launch(bucket))
-        for handle in self.handles:
-            if handle is not None:  # None: a bucket that is not reduced
-                handle.wait()
+            self.handles.append(bucket.reduce())
+        for bucket, work in zip(self.buckets, self.handles):
+            bucket.release(work)
         self.ready, self.handles = [0] * len(self.buckets), []
 
     def shard_pieces(

@@ -48,9 +48,7 @@ def grad_norm(grads, owners, device):
     experts = [p.expert for p in owners]
     norms = torch._foreach_norm(grads) if grads else []
     zero = torch.zeros((), device=device)
-    expert_sq = sum_sq(
-        [n for n, x in zip(norms, experts) if x], zero
-    )  # whole on every tp rank
+    expert_sq = sum_sq([n for n, x in zip(norms, experts) if x], zero)
     dense_sq = sum_sq([n for n, x in zip(norms, experts) if not x], zero)
     total_sq = dense_sq + expert_sq
     all_reduce(total_sq, GRAD_GROUP, scalar=True)  # ZeRO shards, each ep rank's experts

@@ -5,13 +5,15 @@
 
 Hooks, not DistributedDataParallel: every byte goes through mesh.py's collectives (and
 is counted), and skipping the reduction for all but the last micro-batch is one flag.
+Experts have their own group, EXPERT_GRAD_GROUP (each ep rank holds other experts): their
+buckets are reduced over it, the dense ones over GRAD_GROUP.
 """
 
 from mesh import all_reduce
 
 GRAD_GROUP = "dp+ep"  # the gradients are summed over these mesh axes
 BUCKET_BYTES = 25 * 2**20  # gradient bucket size, as DDP's
-EXPERT_GRAD_GROUP = "dp"  # summed over dp only: each ep rank holds other experts
+EXPERT_GRAD_GROUP = "dp"  # summed over dp: each ep rank holds other experts
 
 
 class Bucket:
@@ -24,33 +26,40 @@ class Bucket:
             p.grad = self.grad[offset : offset + p.numel()].view_as(p)
             offset += p.numel()
 
+    def reduce(self):
+        """Starts the all-reduce of the gradient; returns the work (None: not reduced)."""
+        if self.group is None:
+            return None
+        return all_reduce(self.grad, self.group, async_op=True)
+
+    def release(self, work):
+        """Waits for the reduction `work`."""
+        if work is not None:
+            work.wait()
+
 
 class GradientBuckets:
     """Gradients as views into flat buffers of about BUCKET_BYTES, each reduced as soon
     as backward has filled it, in order (the same calls on every rank)."""
 
     def __init__(self, params, bucket_bytes=BUCKET_BYTES):
-        self.buckets, current, size = [], {}, {}  # by group: dense, experts
+        group = {
+            False: GRAD_GROUP,
+            True: EXPERT_GRAD_GROUP,
+        }  # dense, experts: their own buckets
+        self.buckets, current, size = [], {}, {}
         for p in reversed(params):
-            group = EXPERT_GRAD_GROUP if p.expert else GRAD_GROUP
-            current.setdefault(group, []).append(p)
-            size[group] = size.get(group, 0) + p.numel() * p.element_size()
-            if size[group] >= bucket_bytes:
-                self.buckets.append(Bucket(current.pop(group), group))
-                size[group] = 0
-        self.buckets += [Bucket(ps, group) for group, ps in current.items()]
+            current.setdefault(p.expert, []).append(p)
+            size[p.expert] = size.get(p.expert, 0) + p.numel() * p.element_size()
+            if size[p.expert] >= bucket_bytes:
+                self.buckets.append(Bucket(current.pop(p.expert), group[p.expert]))
+                size[p.expert] = 0
+        self.buckets += [Bucket(ps, group[expert]) for expert, ps in current.items()]
         self.bucket_of = {p: i for i, b in enumerate(self.buckets) for p in b.params}
         self.sync = False  # set for the last micro-batch of a step only
         self.ready, self.handles = [0] * len(self.buckets), []
         for p in params:
             p.register_post_accumulate_grad_hook(self._grad_ready)
-
-    def _launch(self, bucket):
-        return (
-            all_reduce(bucket.grad, bucket.group, async_op=True)
-            if bucket.group
-            else None
-        )
 
     def _grad_ready(self, p):
         if not self.sync:
@@ -60,13 +69,12 @@ class GradientBuckets:
             i = len(self.handles)
             if self.ready[i] < len(self.buckets[i].params):
                 break
-            self.handles.append(self._launch(self.buckets[i]))
+            self.handles.append(self.buckets[i].reduce())
 
     def finish(self):
         """Launch the buckets whose parameters got no gradient, then wait for all."""
         for bucket in self.buckets[len(self.handles) :]:
-            self.handles.append(self._launch(bucket))
-        for handle in self.handles:
-            if handle is not None:  # None: a bucket that is not reduced
-                handle.wait()
+            self.handles.append(bucket.reduce())
+        for bucket, work in zip(self.buckets, self.handles):
+            bucket.release(work)
         self.ready, self.handles = [0] * len(self.buckets), []

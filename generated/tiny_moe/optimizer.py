@@ -47,9 +47,7 @@ def grad_norm(grads, owners, device):
     experts = [p.expert for p in owners]
     norms = torch._foreach_norm(grads) if grads else []
     zero = torch.zeros((), device=device)
-    expert_sq = sum_sq(
-        [n for n, x in zip(norms, experts) if x], zero
-    )  # whole on every tp rank
+    expert_sq = sum_sq([n for n, x in zip(norms, experts) if x], zero)
     dense_sq = sum_sq([n for n, x in zip(norms, experts) if not x], zero)
     all_reduce(expert_sq, "ep", scalar=True)  # each ep rank holds other experts
     total_sq = dense_sq + expert_sq
