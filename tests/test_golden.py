@@ -12,8 +12,9 @@ and with a first and last chunk of no layers, mixtral and mixtralcap (experts), 
 (experts after a dense first block, with a shared expert), tokens
 (a 70,000-id vocabulary on uint32 files, blended, with a validation loss compared
 too). ZeRO-2 and ZeRO-3 plans sit in the gpt2, llama and pipeline families (REQUIRED_ZERO),
-context-parallel ones too (REQUIRED_CP). One serial run per family is shared, and the
-plans of one world size train in one torchrun job (conftest's trained and run_programs).
+context-parallel ones too (REQUIRED_CP; with experts REQUIRED_MOE_CP). One serial run per
+family is shared, and the plans of one world size train in one torchrun job (conftest's
+trained and run_programs).
 """
 
 from __future__ import annotations
@@ -104,6 +105,10 @@ def test_matrix_is_complete(golden_plans):
         plans = [golden_plans[n] for n in PARALLEL if n.startswith(family + "_")]
         have = {layout(p) + (p.cp, p.context_parallel.method) for p in plans if p.cp > 1}
         assert layouts <= have, (family, layouts - have)
+    for family, layouts in REQUIRED_MOE_CP.items():
+        plans = [golden_plans[n] for n in PARALLEL if n.startswith(family + "_")]
+        have = {layout(p) + (p.ep, p.cp, p.context_parallel.method) for p in plans if p.cp > 1}
+        assert layouts <= have, (family, layouts - have)
     # the contiguous ring layout is tests/test_cp_kernels.py's
     cp = [golden_plans[n] for n in PARALLEL if golden_plans[n].cp > 1]
     assert {p.train.recompute for p in cp} >= {"full", "selective", "none"}
@@ -152,6 +157,14 @@ REQUIRED_CP = {
               ("1f1b", 2, 1, 1, False, 2, "ring"), ("1f1b", 1, 1, 2, True, 2, "ring"), ("1f1b", 2, 1, 2, True, 2, "ring")},
     "gpt2": {("1f1b", 1, 1, 1, False, 2, "ring"), ("1f1b", 1, 1, 1, False, 2, "ulysses"), ("1f1b", 1, 1, 2, True, 2, "ring")},
     "llamapp": {("1f1b", 1, 2, 1, False, 2, "ring")},
+}
+
+# context parallel with experts: (schedule, dp, pp, tp, sequence parallel, ep, cp, method);
+# the router's statistics and the capacity queue over the whole sequence
+REQUIRED_MOE_CP = {
+    "mixtral": {("1f1b", 1, 1, 1, False, 2, 2, "ring"), ("1f1b", 1, 1, 1, False, 2, 2, "ulysses")},
+    "mixtralcap": {("1f1b", 1, 1, 1, False, 2, 2, "ring"), ("1f1b", 1, 1, 1, False, 2, 2, "ulysses"),
+                   ("1f1b", 1, 1, 2, True, 1, 2, "ring")},
 }
 
 

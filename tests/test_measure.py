@@ -59,6 +59,11 @@ PLANS = {
     "moe_ep2_tp2_sp_cap": ("mixtralcap_ep2_tp2_sp", {"recompute": "full"}),
     "moe_pp2_ep2_cap": ("mixtralcap_pp2_ep2", {}),
     "moe_dp2_ep2_zero1": ("mixtral_dp2_ep2_zero1", {}),
+    # experts under cp: ring (two chunks a rank) and Ulysses with ep and a capacity, over
+    # tp with sp (the counts gathered over tp, then cp)
+    "moe_cp2_ep2_cap": ("mixtralcap_cp2_ep2", {"precision": "bf16"}),
+    "moe_cp2_ep2_ulysses_cap": ("mixtralcap_cp2_ep2_ulysses", {}),
+    "moe_cp2_tp2_sp_cap": ("mixtralcap_cp2_tp2_sp", {"recompute": "full"}),
     # DeepSeek-style (a dense first block, a shared expert) with a capacity: a pipeline whose
     # first stage holds the dense block and one MoE block; the dense MLP split over tp with sp
     "deepseek_pp2_ep2_cap": ("deepseek_pp2_ep2", {"capacity_factor": 1.0}),
@@ -268,17 +273,22 @@ def test_only_scalars_are_left_out_of_the_traffic(case):
     """The tagged reductions (logged loss, grad norm) are fp32 scalars; a MoE plan adds
     its bookkeeping: the routing statistics (float64: aux, z, then per layer the choices
     of each expert and those dropped), the tokens per expert (int64) before a dropless
-    dispatch, and the tp slices' choices per sequence, choice and expert under SP."""
+    dispatch, and the tp slices' (SP) and cp ranks' choices per sequence, choice and expert
+    (with cp, per chunk a rank holds: two with a load-balanced ring)."""
     plan, records = case
     m = plan.model
     bookkeeping = {}
     if m.is_moe:
         bookkeeping["all_reduce"] = 8 * (2 + (m.layers - m.dense_layers) * (m.experts + 1))  # MoE layers only
         bookkeeping["all_to_all"] = 8 * m.experts
-        bookkeeping["all_gather"] = 8 * plan.tp * plan.train.micro_batch * m.top_k * m.experts
+        c = plan.context_parallel
+        chunks = 2 if plan.cp > 1 and c.method == "ring" and c.load_balance else 1
+        for axis in ("tp", "cp"):
+            size = plan.mesh.size(axis)
+            bookkeeping[(axis, "all_gather")] = 8 * size * chunks * plan.train.micro_batch * m.top_k * m.experts
     for record in records:
         for row in record["scalar_comm"].get("0", []):  # n calls: some scalars, some bookkeeping
-            n, other = row["calls"], bookkeeping.get(row["kind"], 4)
+            n, other = row["calls"], bookkeeping.get((row["axis"], row["kind"]), bookkeeping.get(row["kind"], 4))
             assert any(row["bytes"] == 4 * (n - b) + other * b for b in range(n + 1)), row
 
 
