@@ -198,6 +198,8 @@ RECOMPUTE = {
     "llama_cp2": ("selective_ops", 1),  # ring attention re-run whole inside the checkpoint
     "gpt2pp_pp2_gpipe": ("full", 2),  # a pipeline's chunks (layers [1, 3]): blocks 1 and 3
     "mixtral_dp2_ep2_zero1": ("full", 2),  # experts over ep, the router losses in the loss
+    "mixtral_ep2": ("selective_ops", 1),  # dropless: the loop of matmuls, one count per weight
+    "mixtralcap_ep2_tp2_sp": ("selective_ops", 1),  # a capacity: batched matmuls; sp's counts
 }
 
 

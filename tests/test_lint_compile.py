@@ -136,7 +136,6 @@ def test_lint_clean_iff_compiles_on_mutated_plans():
 
 
 @pytest.mark.parametrize("model, tp, recompute, key", [
-    ("mixtral", 1, "selective_ops", "recompute = selective_ops"),
     ("gpt2_dropout", 2, "none", "dropout = 0.1"),
 ])
 def test_what_the_generator_cannot_emit_is_a_lint_error_at_its_key(model, tp, recompute, key):

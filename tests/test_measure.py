@@ -103,6 +103,12 @@ PLANS = {
     "dp2_tp2_selective_ops": ("gpt2_dp2_tp2", {"recompute": "selective_ops"}),
     "cp2_ulysses_selective_ops": ("gpt2_cp2_ulysses", {"recompute": "selective_ops"}),
     "cp2_ring_selective_ops": ("llama_cp2", {"recompute": "selective_ops"}),
+    # selective_ops with experts (each expert weight one matmul of the count): the loop of
+    # matmuls (dropless), batched over ep with tp + sp (capacity), a dense block and shared
+    # experts in a pipeline
+    "moe_selective_ops": ("mixtral_serial", {"recompute": "selective_ops"}),
+    "moe_ep2_tp2_sp_selective_ops_cap": ("mixtralcap_ep2_tp2_sp", {"recompute": "selective_ops"}),
+    "deepseek_pp2_ep2_selective_ops_cap": ("deepseek_pp2_ep2", {"capacity_factor": 1.0, "recompute": "selective_ops"}),
     "serial_full_every2": ("llama_serial", {"recompute": "full", "every": 2}),
     "pp2_gpipe_full_every2": ("gpt2pp_pp2_gpipe", {"recompute": "full", "every": 2}),
 }

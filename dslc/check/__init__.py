@@ -280,9 +280,6 @@ def experts(plan: Plan):
                     f"{m.arch} with tp={plan.tp} needs sequence parallelism: the experts are replicated over tp, not split, "
                     f"and without it every tp rank holds every token, so each token would be dispatched {plan.tp} times",
                     "set tensor_parallel { sequence_parallel = true }")
-    if plan.train.recompute == "selective_ops":
-        yield error("E100", plan.where("train.recompute"), "recompute = selective_ops with a mixture of experts is not supported yet: "
-                    "the experts' matmuls follow the routing", "use selective, full or full every N")
     yield from _ep_placement(plan)
 
 

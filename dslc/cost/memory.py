@@ -245,7 +245,8 @@ def layer_activation_bytes(plan: Plan, settings: Settings = DEFAULT, layer: int 
         return sum(layer_activation_bytes(plan, settings, i) for i in ids) / max(1, len(ids))
     rec = rc.layer_policy(plan, layer if isinstance(layer, int) else None)
     if rec in rc.RERUNS:  # the block's input (and the ops selective_ops keeps)
-        return T * h * e // r + (rc.kept_bytes(plan, T, e) if rec == "selective_ops" else 0)
+        kept = rc.kept_bytes(plan, T, e, routed_tokens(plan), routed_slots(plan, settings.imbalance)) if rec == "selective_ops" else 0
+        return T * h * e // r + kept
     heads = m.heads // t
     r_in = r if settings.sp_inputs == "shard" else 1
     mlp_in = T * h * e // (r if m.is_moe else r_in)  # the MoE routes this rank's tokens, no all-gather
