@@ -67,7 +67,8 @@ REQUIRED = {
 REQUIRED_MOE = {
     "mixtral": {("1f1b", 1, 1, 1, False, 2, 0), ("1f1b", 1, 1, 1, False, 4, 0), ("1f1b", 2, 1, 1, False, 2, 0),
                 ("1f1b", 1, 2, 1, False, 2, 0), ("interleaved_1f1b", 1, 2, 1, False, 2, 0),
-                ("1f1b", 1, 1, 2, True, 2, 0), ("1f1b", 1, 1, 1, False, 2, 1), ("1f1b", 2, 1, 1, False, 2, 1)},
+                ("1f1b", 1, 1, 2, True, 2, 0), ("1f1b", 1, 1, 1, False, 2, 1), ("1f1b", 2, 1, 1, False, 2, 1),
+                ("zb_h1", 1, 2, 1, False, 2, 0)},
     "mixtralcap": {("1f1b", 1, 1, 1, False, 2, 0), ("1f1b", 1, 1, 2, True, 2, 0), ("1f1b", 1, 2, 1, False, 2, 0),
                    ("1f1b", 1, 2, 1, False, 2, 1)},
     # DeepSeek-style: a dense first block and a shared expert (tests/golden/deepseek.plan)
@@ -83,7 +84,8 @@ REQUIRED_ZERO = {
     "llama": {("1f1b", 4, 1, 1, False, 2), ("1f1b", 2, 1, 2, True, 2), ("1f1b", 2, 1, 1, False, 3),
               ("1f1b", 4, 1, 1, False, 3)},
     "gpt2pp": {("1f1b", 2, 2, 1, False, 2), ("1f1b", 2, 2, 1, False, 3)},
-    "llamapp": {("1f1b", 2, 2, 1, False, 3), ("interleaved_1f1b", 2, 2, 1, False, 3), ("1f1b", 2, 2, 2, True, 2)},
+    "llamapp": {("1f1b", 2, 2, 1, False, 3), ("interleaved_1f1b", 2, 2, 1, False, 3), ("1f1b", 2, 2, 2, True, 2),
+                ("zb_h1", 2, 2, 1, False, 3)},
 }
 
 
@@ -131,10 +133,12 @@ def test_matrix_is_complete(golden_plans):
         plans = [golden_plans[n] for n in PARALLEL if n.startswith(family + "_")]
         assert any(p.world_size == 8 and p.dp == p.pp == p.tp == 2 for p in plans)
         assert all(p.pp > 1 for p in plans)
-    # zb_h1's split backward with tp (the tied head's gradient deferred too) and with dp
-    # (ZeRO-1 buckets filled by W, blocks recomputed in B)
+    # zb_h1's split backward with tp (the tied head's gradient deferred too), with dp
+    # (ZeRO-1 buckets filled by W, blocks recomputed in B), ZeRO-3 (units reduced after
+    # the last W), cp and ep
     zb = {(n, golden_plans[n].dp, golden_plans[n].tp) for n in PARALLEL if "zb_h1" in n}
-    assert zb == {("gpt2pp_pp2_tp2_zb_h1", 1, 2), ("llamapp_dp2_pp2_zb_h1", 2, 1)}
+    assert zb >= {("gpt2pp_pp2_tp2_zb_h1", 1, 2), ("llamapp_dp2_pp2_zb_h1", 2, 1), ("llamapp_dp2_pp2_zero3_zb_h1", 2, 1),
+                  ("llamapp_cp2_pp2_zb_h1", 1, 1), ("mixtral_pp2_ep2_zb_h1", 1, 1)}
     zb_dp = golden_plans["llamapp_dp2_pp2_zb_h1"]
     assert zb_dp.train.recompute == "full" and zb_dp.data_parallel.zero == 1
     tokens = golden_plans["tokens_serial"]  # past uint16, a blend of files, validation
@@ -156,7 +160,8 @@ REQUIRED_CP = {
     "llama": {("1f1b", 1, 1, 1, False, 2, "ring"), ("1f1b", 1, 1, 1, False, 2, "ulysses"), ("1f1b", 1, 1, 1, False, 4, "ring"),
               ("1f1b", 2, 1, 1, False, 2, "ring"), ("1f1b", 1, 1, 2, True, 2, "ring"), ("1f1b", 2, 1, 2, True, 2, "ring")},
     "gpt2": {("1f1b", 1, 1, 1, False, 2, "ring"), ("1f1b", 1, 1, 1, False, 2, "ulysses"), ("1f1b", 1, 1, 2, True, 2, "ring")},
-    "llamapp": {("1f1b", 1, 2, 1, False, 2, "ring")},
+    "llamapp": {("1f1b", 1, 2, 1, False, 2, "ring"), ("interleaved_1f1b", 1, 2, 1, False, 2, "ring"),
+                ("zb_h1", 1, 2, 1, False, 2, "ring")},
 }
 
 # context parallel with experts: (schedule, dp, pp, tp, sequence parallel, ep, cp, method);

@@ -82,6 +82,11 @@ PLANS = {
     "dp2_zero3_full": ("llama_dp2_zero3_full", {}),
     "dp2_pp2_zero3_tied": ("gpt2pp_dp2_pp2_zero3", {}),
     "dp2_pp2_interleaved_zero3": ("llamapp_dp2_pp2_interleaved_zero3", {}),
+    # zb_h1: weights freed after B, the gradients held until the step's last W
+    "dp2_pp2_zero3_zb_h1": ("llamapp_dp2_pp2_zero3_zb_h1", {}),
+    # cp in an interleaved and a zb_h1 pipeline; ep with zb_h1 (a capacity: exact)
+    "cp2_pp2_zb_h1": ("llamapp_cp2_pp2_zb_h1", {}),
+    "moe_pp2_ep2_zb_h1_cap": ("mixtral_pp2_ep2_zb_h1", {"capacity_factor": 1.0}),
     # HSDP: shard groups of 2 dp ranks, 2 replicas all-reducing the reduced shards (ZeRO-3
     # per unit, ZeRO-2 in bf16 per bucket)
     "dp4_zero3_shard2": ("llama_dp4_zero3_shard2", {}),

@@ -342,8 +342,6 @@ def _zero(plan: Plan, z: int):
         yield warning("W079", plan.where("data_parallel.shard"), f"shard = {shard} with zero = 0: every rank holds the whole model state, there is nothing to shard", "set zero = 1, 2 or 3 (zero = 3 with shard is HSDP)")
     elif z and plan.data_parallel.hsdp(plan.dp) and plan.model.is_moe:
         yield error("E101", plan.where("data_parallel.shard"), f"shard = {shard} (HSDP) with experts: the generated script splits the data-parallel group of dense models only", "leave shard out")
-    if z == 3 and plan.pipeline.schedule == "zb_h1":
-        yield error("E101", at, "zero = 3 with schedule zb_h1: the deferred weight gradients (W) would need each unit gathered a third time per micro-batch", "use 1f1b or interleaved_1f1b, or zero = 2")
     if z != 3 and "data_parallel.reshard_after_forward" in plan.spans:
         yield warning("W102", plan.where("data_parallel.reshard_after_forward"), f"reshard_after_forward has no effect with zero = {z}", "only zero = 3 gathers the weights before each unit's forward")
 
