@@ -59,10 +59,10 @@ def variants(plan: Plan) -> Iterator[Candidate]:
 
 def _more_recompute(plan: Plan) -> list:
     """The recompute policies that keep fewer activation bytes than the plan's, the fewest
-    saved first: of selective, full every 2, selective_ops (not for a mixture of experts,
-    which the generator cannot run under it) and full, in the order their bytes give."""
+    saved first: of selective, full every 2, selective_ops and full, in the order their
+    bytes give."""
     tr, m = plan.train, plan.model
-    options = [replace(tr, recompute=p, recompute_every=1) for p in ("selective", "selective_ops", "full") if p != "selective_ops" or not m.is_moe]
+    options = [replace(tr, recompute=p, recompute_every=1) for p in ("selective", "selective_ops", "full")]
     options += [replace(tr, recompute="full", recompute_every=2)] * (m.layers >= 2)
     held = {t: mem.layer_activation_bytes(replace(plan, train=t)) for t in options}
     now = mem.layer_activation_bytes(plan)

@@ -12,8 +12,9 @@ and with a first and last chunk of no layers, mixtral and mixtralcap (experts), 
 (experts after a dense first block, with a shared expert), tokens
 (a 70,000-id vocabulary on uint32 files, blended, with a validation loss compared
 too). ZeRO-2 and ZeRO-3 plans sit in the gpt2, llama and pipeline families (REQUIRED_ZERO),
-context-parallel ones too (REQUIRED_CP). One serial run per family is shared, and the
-plans of one world size train in one torchrun job (conftest's trained and run_programs).
+context-parallel ones too (REQUIRED_CP; with experts REQUIRED_MOE_CP). One serial run per
+family is shared, and the plans of one world size train in one torchrun job (conftest's
+trained and run_programs).
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ REQUIRED_MOE = {
                 ("1f1b", 1, 1, 2, True, 2, 0), ("1f1b", 1, 1, 1, False, 2, 1), ("1f1b", 2, 1, 1, False, 2, 1),
                 # ZeRO-2/3 with experts (their own group), with tp + sp, and HSDP (below)
                 ("1f1b", 2, 1, 1, False, 2, 2), ("1f1b", 2, 1, 1, False, 2, 3), ("1f1b", 2, 1, 2, True, 2, 3),
-                ("1f1b", 4, 1, 1, False, 2, 3)},
+                ("1f1b", 4, 1, 1, False, 2, 3), ("zb_h1", 1, 2, 1, False, 2, 0)},
     "mixtralcap": {("1f1b", 1, 1, 1, False, 2, 0), ("1f1b", 1, 1, 2, True, 2, 0), ("1f1b", 1, 2, 1, False, 2, 0),
                    ("1f1b", 1, 2, 1, False, 2, 1)},
     # DeepSeek-style: a dense first block and a shared expert (tests/golden/deepseek.plan)
@@ -90,7 +91,8 @@ REQUIRED_ZERO = {
     "llama": {("1f1b", 4, 1, 1, False, 2), ("1f1b", 2, 1, 2, True, 2), ("1f1b", 2, 1, 1, False, 3),
               ("1f1b", 4, 1, 1, False, 3)},
     "gpt2pp": {("1f1b", 2, 2, 1, False, 2), ("1f1b", 2, 2, 1, False, 3)},
-    "llamapp": {("1f1b", 2, 2, 1, False, 3), ("interleaved_1f1b", 2, 2, 1, False, 3), ("1f1b", 2, 2, 2, True, 2)},
+    "llamapp": {("1f1b", 2, 2, 1, False, 3), ("interleaved_1f1b", 2, 2, 1, False, 3), ("1f1b", 2, 2, 2, True, 2),
+                ("zb_h1", 2, 2, 1, False, 3)},
 }
 
 
@@ -111,6 +113,10 @@ def test_matrix_is_complete(golden_plans):
     for family, layouts in REQUIRED_CP.items():
         plans = [golden_plans[n] for n in PARALLEL if n.startswith(family + "_")]
         have = {layout(p) + (p.cp, p.context_parallel.method) for p in plans if p.cp > 1}
+        assert layouts <= have, (family, layouts - have)
+    for family, layouts in REQUIRED_MOE_CP.items():
+        plans = [golden_plans[n] for n in PARALLEL if n.startswith(family + "_")]
+        have = {layout(p) + (p.ep, p.cp, p.context_parallel.method) for p in plans if p.cp > 1}
         assert layouts <= have, (family, layouts - have)
     # the contiguous ring layout is tests/test_cp_kernels.py's
     cp = [golden_plans[n] for n in PARALLEL if golden_plans[n].cp > 1]
@@ -135,10 +141,12 @@ def test_matrix_is_complete(golden_plans):
         plans = [golden_plans[n] for n in PARALLEL if n.startswith(family + "_")]
         assert any(p.world_size == 8 and p.dp == p.pp == p.tp == 2 for p in plans)
         assert all(p.pp > 1 for p in plans)
-    # zb_h1's split backward with tp (the tied head's gradient deferred too) and with dp
-    # (ZeRO-1 buckets filled by W, blocks recomputed in B)
+    # zb_h1's split backward with tp (the tied head's gradient deferred too), with dp
+    # (ZeRO-1 buckets filled by W, blocks recomputed in B), ZeRO-3 (units reduced after
+    # the last W), cp and ep
     zb = {(n, golden_plans[n].dp, golden_plans[n].tp) for n in PARALLEL if "zb_h1" in n}
-    assert zb == {("gpt2pp_pp2_tp2_zb_h1", 1, 2), ("llamapp_dp2_pp2_zb_h1", 2, 1)}
+    assert zb >= {("gpt2pp_pp2_tp2_zb_h1", 1, 2), ("llamapp_dp2_pp2_zb_h1", 2, 1), ("llamapp_dp2_pp2_zero3_zb_h1", 2, 1),
+                  ("llamapp_cp2_pp2_zb_h1", 1, 1), ("mixtral_pp2_ep2_zb_h1", 1, 1)}
     zb_dp = golden_plans["llamapp_dp2_pp2_zb_h1"]
     assert zb_dp.train.recompute == "full" and zb_dp.data_parallel.zero == 1
     tokens = golden_plans["tokens_serial"]  # past uint16, a blend of files, validation
@@ -160,7 +168,16 @@ REQUIRED_CP = {
     "llama": {("1f1b", 1, 1, 1, False, 2, "ring"), ("1f1b", 1, 1, 1, False, 2, "ulysses"), ("1f1b", 1, 1, 1, False, 4, "ring"),
               ("1f1b", 2, 1, 1, False, 2, "ring"), ("1f1b", 1, 1, 2, True, 2, "ring"), ("1f1b", 2, 1, 2, True, 2, "ring")},
     "gpt2": {("1f1b", 1, 1, 1, False, 2, "ring"), ("1f1b", 1, 1, 1, False, 2, "ulysses"), ("1f1b", 1, 1, 2, True, 2, "ring")},
-    "llamapp": {("1f1b", 1, 2, 1, False, 2, "ring")},
+    "llamapp": {("1f1b", 1, 2, 1, False, 2, "ring"), ("interleaved_1f1b", 1, 2, 1, False, 2, "ring"),
+                ("zb_h1", 1, 2, 1, False, 2, "ring")},
+}
+
+# context parallel with experts: (schedule, dp, pp, tp, sequence parallel, ep, cp, method);
+# the router's statistics and the capacity queue over the whole sequence
+REQUIRED_MOE_CP = {
+    "mixtral": {("1f1b", 1, 1, 1, False, 2, 2, "ring"), ("1f1b", 1, 1, 1, False, 2, 2, "ulysses")},
+    "mixtralcap": {("1f1b", 1, 1, 1, False, 2, 2, "ring"), ("1f1b", 1, 1, 1, False, 2, 2, "ulysses"),
+                   ("1f1b", 1, 1, 2, True, 1, 2, "ring")},
 }
 
 
@@ -194,6 +211,8 @@ RECOMPUTE = {
     "llama_cp2": ("selective_ops", 1),  # ring attention re-run whole inside the checkpoint
     "gpt2pp_pp2_gpipe": ("full", 2),  # a pipeline's chunks (layers [1, 3]): blocks 1 and 3
     "mixtral_dp2_ep2_zero1": ("full", 2),  # experts over ep, the router losses in the loss
+    "mixtral_ep2": ("selective_ops", 1),  # dropless: the loop of matmuls, one count per weight
+    "mixtralcap_ep2_tp2_sp": ("selective_ops", 1),  # a capacity: batched matmuls; sp's counts
 }
 
 

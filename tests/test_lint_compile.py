@@ -104,11 +104,7 @@ def test_lint_clean_iff_compiles_over_every_layout(every_layout):
 # emit, in one place: (code, what the diagnostic says) -> why. Every other layout that is
 # refused is refused for its shape (heads not divisible, ...), not for want of code.
 STILL_REFUSED = {
-    ("E101", "with experts: the generated script shards the gradients and weights of dense models only"): "issue 29, item 1",
-    ("E101", "(HSDP) with experts"): "issue 29, item 1",
-    ("E101", "zero = 3 with schedule"): "issue 29, item 4 (zb_h1, zb_v, dualpipe_v)",
-    ("E065", "context parallel"): "issue 29, item 2",
-    ("E100", "recompute = selective_ops with a mixture of experts"): "issue 29, item 3",
+    ("E101", "zero = 3 with schedule"): "the V schedules' deferred weight gradients (W) under ZeRO-3",
     # dropout is not one of the layout's choices: the script draws dropout masks from each
     # rank's own RNG, and tp ranks would need one shared stream for replicated activations
     # and their own for sharded ones (Megatron's RNG tracker)
@@ -178,7 +174,6 @@ def test_lint_clean_iff_compiles_on_mutated_plans():
 
 
 @pytest.mark.parametrize("model, tp, recompute, key", [
-    ("mixtral", 1, "selective_ops", "recompute = selective_ops"),
     ("gpt2_dropout", 2, "none", "dropout = 0.1"),
 ])
 def test_what_the_generator_cannot_emit_is_a_lint_error_at_its_key(model, tp, recompute, key):

@@ -67,6 +67,11 @@ PLANS = {
     "moe_dp2_ep2_tp2_sp_zero3_cap": ("mixtral_dp2_ep2_tp2_sp_zero3", {"capacity_factor": 1.0}),
     "moe_dp2_ep2_tp2_sp_zero1_cap": ("mixtral_dp2_ep2_tp2_sp_zero3", {"zero": 1, "capacity_factor": 1.0}),
     "moe_dp4_ep2_zero3_shard2_cap": ("mixtral_dp4_ep2_zero3_shard2", {"capacity_factor": 1.0}),
+    # experts under cp: ring (two chunks a rank) and Ulysses with ep and a capacity, over
+    # tp with sp (the counts gathered over tp, then cp)
+    "moe_cp2_ep2_cap": ("mixtralcap_cp2_ep2", {"precision": "bf16"}),
+    "moe_cp2_ep2_ulysses_cap": ("mixtralcap_cp2_ep2_ulysses", {}),
+    "moe_cp2_tp2_sp_cap": ("mixtralcap_cp2_tp2_sp", {"recompute": "full"}),
     # DeepSeek-style (a dense first block, a shared expert) with a capacity: a pipeline whose
     # first stage holds the dense block and one MoE block; the dense MLP split over tp with sp
     "deepseek_pp2_ep2_cap": ("deepseek_pp2_ep2", {"capacity_factor": 1.0}),
@@ -89,6 +94,11 @@ PLANS = {
     "dp2_zero3_full": ("llama_dp2_zero3_full", {}),
     "dp2_pp2_zero3_tied": ("gpt2pp_dp2_pp2_zero3", {}),
     "dp2_pp2_interleaved_zero3": ("llamapp_dp2_pp2_interleaved_zero3", {}),
+    # zb_h1: weights freed after B, the gradients held until the step's last W
+    "dp2_pp2_zero3_zb_h1": ("llamapp_dp2_pp2_zero3_zb_h1", {}),
+    # cp in an interleaved and a zb_h1 pipeline; ep with zb_h1 (a capacity: exact)
+    "cp2_pp2_zb_h1": ("llamapp_cp2_pp2_zb_h1", {}),
+    "moe_pp2_ep2_zb_h1_cap": ("mixtral_pp2_ep2_zb_h1", {"capacity_factor": 1.0}),
     # HSDP: shard groups of 2 dp ranks, 2 replicas all-reducing the reduced shards (ZeRO-3
     # per unit, ZeRO-2 in bf16 per bucket)
     "dp4_zero3_shard2": ("llama_dp4_zero3_shard2", {}),
@@ -110,6 +120,12 @@ PLANS = {
     "dp2_tp2_selective_ops": ("gpt2_dp2_tp2", {"recompute": "selective_ops"}),
     "cp2_ulysses_selective_ops": ("gpt2_cp2_ulysses", {"recompute": "selective_ops"}),
     "cp2_ring_selective_ops": ("llama_cp2", {"recompute": "selective_ops"}),
+    # selective_ops with experts (each expert weight one matmul of the count): the loop of
+    # matmuls (dropless), batched over ep with tp + sp (capacity), a dense block and shared
+    # experts in a pipeline
+    "moe_selective_ops": ("mixtral_serial", {"recompute": "selective_ops"}),
+    "moe_ep2_tp2_sp_selective_ops_cap": ("mixtralcap_ep2_tp2_sp", {"recompute": "selective_ops"}),
+    "deepseek_pp2_ep2_selective_ops_cap": ("deepseek_pp2_ep2", {"capacity_factor": 1.0, "recompute": "selective_ops"}),
     "serial_full_every2": ("llama_serial", {"recompute": "full", "every": 2}),
     "pp2_gpipe_full_every2": ("gpt2pp_pp2_gpipe", {"recompute": "full", "every": 2}),
 }
@@ -280,17 +296,22 @@ def test_only_scalars_are_left_out_of_the_traffic(case):
     """The tagged reductions (logged loss, grad norm) are fp32 scalars; a MoE plan adds
     its bookkeeping: the routing statistics (float64: aux, z, then per layer the choices
     of each expert and those dropped), the tokens per expert (int64) before a dropless
-    dispatch, and the tp slices' choices per sequence, choice and expert under SP."""
+    dispatch, and the tp slices' (SP) and cp ranks' choices per sequence, choice and expert
+    (with cp, per chunk a rank holds: two with a load-balanced ring)."""
     plan, records = case
     m = plan.model
     bookkeeping = {}
     if m.is_moe:
         bookkeeping["all_reduce"] = 8 * (2 + (m.layers - m.dense_layers) * (m.experts + 1))  # MoE layers only
         bookkeeping["all_to_all"] = 8 * m.experts
-        bookkeeping["all_gather"] = 8 * plan.tp * plan.train.micro_batch * m.top_k * m.experts
+        c = plan.context_parallel
+        chunks = 2 if plan.cp > 1 and c.method == "ring" and c.load_balance else 1
+        for axis in ("tp", "cp"):
+            size = plan.mesh.size(axis)
+            bookkeeping[(axis, "all_gather")] = 8 * size * chunks * plan.train.micro_batch * m.top_k * m.experts
     for record in records:
         for row in record["scalar_comm"].get("0", []):  # n calls: some scalars, some bookkeeping
-            n, other = row["calls"], bookkeeping.get(row["kind"], 4)
+            n, other = row["calls"], bookkeeping.get((row["axis"], row["kind"]), bookkeeping.get(row["kind"], 4))
             assert any(row["bytes"] == 4 * (n - b) + other * b for b in range(n + 1)), row
 
 

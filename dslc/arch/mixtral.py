@@ -27,7 +27,5 @@ ARCH = Arch(
     mlp="swiglu",
     tie_embeddings=False,
     moe=True,
-    cp_methods=(),
-    cp_why="its router's load-balancing loss is computed over whole sequences, which cp splits",
     hf=HF,
 )

@@ -291,9 +291,6 @@ def experts(plan: Plan):
                     f"{m.arch} with tp={plan.tp} needs sequence parallelism: the experts are replicated over tp, not split, "
                     f"and without it every tp rank holds every token, so each token would be dispatched {plan.tp} times",
                     "set tensor_parallel { sequence_parallel = true }")
-    if plan.train.recompute == "selective_ops":
-        yield error("E100", plan.where("train.recompute"), "recompute = selective_ops with a mixture of experts is not supported yet: "
-                    "the experts' matmuls follow the routing", "use selective, full or full every N")
     yield from _ep_placement(plan)
 
 
@@ -352,8 +349,6 @@ def _zero(plan: Plan, z: int):
                     f"use a divisor of {plan.dp}, or leave shard out to shard over every dp rank")
     elif shard and not z:
         yield warning("W079", plan.where("data_parallel.shard"), f"shard = {shard} with zero = 0: every rank holds the whole model state, there is nothing to shard", "set zero = 1, 2 or 3 (zero = 3 with shard is HSDP)")
-    if z == 3 and plan.pipeline.schedule == "zb_h1":
-        yield error("E101", at, "zero = 3 with schedule zb_h1: the deferred weight gradients (W) would need each unit gathered a third time per micro-batch", "use 1f1b or interleaved_1f1b, or zero = 2")
     if z == 3 and plan.v_shape:  # not yet: zb_h1's ZeRO-3 first (issue 29), then the V's two chunks per rank
         yield error("E101", at, f"zero = 3 with schedule {plan.pipeline.schedule}: the deferred weight gradients (W) of two chunks per rank are not gathered by ZeRO-3 yet", "use zero = 2, or schedule = interleaved_1f1b")
     if z != 3 and "data_parallel.reshard_after_forward" in plan.spans:

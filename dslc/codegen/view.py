@@ -296,6 +296,8 @@ def _training(plan: Plan) -> dict:
         "loss_scaling": scaling,
         # what each micro-batch's loss is multiplied by before backward
         "loss_grad_scale": f"{'scaler.scale' if scaling else '1.0'} / (MICRO_STEPS * {_loss_ranks(plan)})",
+        # the router losses' (MoE): cp ranks' losses add up to their sequences', not average
+        "router_grad_scale": f"{'scaler.scale' if scaling else '1.0'} / (MICRO_STEPS * {_data_ranks(plan)})",
         "recompute": t.recompute,
         "recomputes": t.recompute != "none",
         "recompute_every": t.recompute_every,  # full every N: blocks N-1, 2N-1, ... only

@@ -217,30 +217,40 @@ def zero3_peak_units(plan: Plan, stage: int) -> int:
     resharding) and the gradients accumulated by earlier micro-batches (all L), or, in the
     first backward, the gradient filling and the one reducing. Between actions a chunk
     keeps its weights when reshard_after_forward is false and a forward gathered them,
-    and its gradients (all L) until its last backward reduces them (one left in flight)."""
+    and its gradients (all L) until its last backward reduces them (one left in flight).
+    zb_h1: B frees each unit's weights as the 1f1b backward does, but the gradients are
+    whole only after W (which gathers nothing), so the last W reduces them."""
     shape = schedule_shape(plan) if plan.pp > 1 else ("1f1b", 1, plan.microbatches, 1)
     return _peak_units(shape, stage, tuple(chunk_layers(plan)[stage]), plan.data_parallel.reshard_after_forward)
 
 
 @functools.lru_cache(maxsize=4096)
 def _peak_units(shape: tuple[str, int, int, int], stage: int, layers: tuple[int, ...], reshard: bool) -> int:
-    acts = [a for a in sched.build(*shape)[stage] if a.kind in ("F", "B")]
-    last = {a.chunk: i for i, a in enumerate(acts) if a.kind == "B"}
+    acts = [a for a in sched.build(*shape)[stage] if a.kind in ("F", "B", "W")]
+    done = "W" if any(a.kind == "W" for a in acts) else "B"  # the action after which a chunk's gradients are whole
+    last = {a.chunk: i for i, a in enumerate(acts) if a.kind == done}
     gathered, grads, peak = [0] * len(layers), [0] * len(layers), 0
     for i, a in enumerate(acts):
         c, L = a.chunk, layers[a.chunk]
         others = sum(gathered) + sum(grads) - gathered[c] - grads[c]
-        if a.kind == "F":
+        if a.kind == "W":  # the weight gradients into the held buffers
+            during = grads[c]
+            if i == last[c]:
+                grads[c] = min(1, L)
+                grads = [g if x == c or x not in last or last[x] > i else 0 for x, g in enumerate(grads)]
+        elif a.kind == "F":
             during = (min(2, L) if reshard else L) + grads[c]
             gathered[c] = 0 if reshard else L
         else:
             if grads[c]:
                 during = (gathered[c] or min(2, L)) + L
+            elif done == "W":  # never the chunk's last: its gradients grow to L beside one block's weights
+                during = L + 1 if L else 0
             else:
                 during = L + 1 if gathered[c] else {0: 0, 1: 2, 2: 3}.get(L, 4)
             gathered[c] = 0
-            grads[c] = min(1, L) if i == last[c] else L
-            if i == last[c]:  # reducing this chunk waited for the one left in flight before
+            grads[c] = min(1, L) if i == last[c] and done == "B" else L
+            if i == last[c] and done == "B":  # reducing this chunk waited for the one left in flight before
                 grads = [g if x == c or x not in last or last[x] > i else 0 for x, g in enumerate(grads)]
         peak = max(peak, others + during)
     return peak
@@ -275,7 +285,8 @@ def layer_activation_bytes(plan: Plan, settings: Settings = DEFAULT, layer: int 
         return sum(layer_activation_bytes(plan, settings, i) for i in ids) / max(1, len(ids))
     rec = rc.layer_policy(plan, layer if isinstance(layer, int) else None)
     if rec in rc.RERUNS:  # the block's input (and the ops selective_ops keeps)
-        return T * h * e // r + (rc.kept_bytes(plan, T, e) if rec == "selective_ops" else 0)
+        kept = rc.kept_bytes(plan, T, e, routed_tokens(plan), routed_slots(plan, settings.imbalance)) if rec == "selective_ops" else 0
+        return T * h * e // r + kept
     heads = m.heads // t
     r_in = r if settings.sp_inputs == "shard" else 1
     mlp_in = T * h * e // (r if m.is_moe else r_in)  # the MoE routes this rank's tokens, no all-gather

@@ -9,7 +9,9 @@ Policies (``train { recompute = … }``), per transformer block:
   runs under a selective checkpoint that keeps its input, the outputs of the attention
   kernel and of every other matmul of the block — the 1st, 3rd, 5th … in forward order,
   torchtitan's rule — and re-runs everything else in backward (norms, rope, activations,
-  residual adds, the other matmuls, the collectives; ring attention whole).
+  residual adds, the other matmuls, the collectives; ring attention whole). In a MoE
+  block the router is one matmul and each expert weight another, however many experts
+  run it; the ep all-to-alls re-run.
 * ``full``: the block keeps its input and re-runs its forward in backward.
 * ``full every N`` (torchtitan's layer-frequency AC): blocks N-1, 2N-1, … (0-based) are
   ``full``, the others ``none``.
@@ -68,17 +70,31 @@ def matmuls(plan: Plan) -> list[tuple[int, int]]:
     return out
 
 
-def kept_bytes(plan: Plan, T: int, e: int) -> int:
+def kept_bytes(plan: Plan, T: int, e: int, routed: int = 0, slots: int = 0) -> int:
     """What ``selective_ops`` keeps of one block's ops besides its input, per micro-batch: the
     outputs of the 1st, 3rd, … matmul (T rows each: column-parallel linears run on the
     all-gathered sequence under SP, row-parallel ones leave partial sums of all T), and the
     fused attention kernel's output T·q/t·e and fp32 log-sum-exp a/t·T·4 (ring attention
-    has no such kernel: it is re-run)."""
+    has no such kernel: it is re-run). A MoE block's router (fp32 logits) and shared experts
+    run on the ``routed`` tokens of the rank (T/t under SP), its experts on the ``slots``
+    (:func:`~dslc.cost.memory.routed_slots`); each expert weight counts as one matmul,
+    whether the script runs it once per expert, batched or grouped."""
     m, (q, _, _) = plan.model, arch.widths(plan.model, plan.tp)
-    kept = T * e * sum(width for width, _ in matmuls(plan)[::2])
+    rows = {"expert": slots, "router": routed, "shared": routed}
+    outs = [rows.get(_moe_part(w), T) * w.shape[0] * (4 if _moe_part(w) == "router" else e)
+            for w in arch.weights(plan.model, plan.tp) if len(w.shape) == 2 and w.part in ("layer", "expert")]
+    kept = sum(outs[::2])
     if not (plan.cp > 1 and plan.context_parallel.method == "ring"):
         kept += T * q * e + m.heads // plan.tp * T * 4
     return kept
+
+
+def _moe_part(w) -> str:
+    """A block weight's rows under :func:`kept_bytes`: the experts', the router's, the
+    shared experts' (the MoE's tokens), or "" (the block's T)."""
+    if w.part == "expert":
+        return "expert"
+    return "router" if w.name.endswith("mlp.router") else "shared" if ".shared_experts." in w.name else ""
 
 
 def shares(plan: Plan) -> tuple[float, float, float]:

@@ -42,7 +42,9 @@ all-to-all (n−1)/n·S, send S. Calls per step:
 * ep, per MoE layer per micro-batch: dispatch and combine all-to-alls of R·h·e, the same
   two backward, R = :func:`~dslc.cost.memory.routed_slots` (dropless: T·top_k, T/t under
   SP, uniform routing; capacity factor: the padded E·b·C). Dropless, the script also
-  all-to-alls E int64 token counts before each dispatch: bookkeeping, not counted.
+  all-to-alls E int64 token counts before each dispatch; under SP and cp each MoE layer
+  all-gathers the choice counts per sequence (b·top_k·E int64 per tp slice, and per
+  chunk a cp rank holds): bookkeeping, not counted.
 * data parallel, once per step: dense grads over dp×cp×ep, expert grads over dp×cp (×tp
   under SP, whose partial sums their buckets add: :func:`~dslc.cost.memory.grad_group`) —
   all-reduce (zero 0), reduce-scatter + all-gather of the updated params (zero 1, 2).
