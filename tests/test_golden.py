@@ -92,7 +92,7 @@ REQUIRED_ZERO = {
               ("1f1b", 4, 1, 1, False, 3)},
     "gpt2pp": {("1f1b", 2, 2, 1, False, 2), ("1f1b", 2, 2, 1, False, 3)},
     "llamapp": {("1f1b", 2, 2, 1, False, 3), ("interleaved_1f1b", 2, 2, 1, False, 3), ("1f1b", 2, 2, 2, True, 2),
-                ("zb_h1", 2, 2, 1, False, 3)},
+                ("zb_h1", 2, 2, 1, False, 3), ("dualpipe_v", 2, 2, 1, False, 3)},
 }
 
 

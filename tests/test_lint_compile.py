@@ -104,7 +104,6 @@ def test_lint_clean_iff_compiles_over_every_layout(every_layout):
 # emit, in one place: (code, what the diagnostic says) -> why. Every other layout that is
 # refused is refused for its shape (heads not divisible, ...), not for want of code.
 STILL_REFUSED = {
-    ("E101", "zero = 3 with schedule"): "the V schedules' deferred weight gradients (W) under ZeRO-3",
     # dropout is not one of the layout's choices: the script draws dropout masks from each
     # rank's own RNG, and tp ranks would need one shared stream for replicated activations
     # and their own for sharded ones (Megatron's RNG tracker)

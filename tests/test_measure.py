@@ -96,6 +96,7 @@ PLANS = {
     "dp2_pp2_interleaved_zero3": ("llamapp_dp2_pp2_interleaved_zero3", {}),
     # zb_h1: weights freed after B, the gradients held until the step's last W
     "dp2_pp2_zero3_zb_h1": ("llamapp_dp2_pp2_zero3_zb_h1", {}),
+    "dp2_pp2_zero3_dualpipe_v": ("llamapp_dp2_pp2_zero3_dualpipe_v", {"recompute": "none"}),  # a V: two chunks' units
     # cp in an interleaved and a zb_h1 pipeline; ep with zb_h1 (a capacity: exact)
     "cp2_pp2_zb_h1": ("llamapp_cp2_pp2_zb_h1", {}),
     "moe_pp2_ep2_zb_h1_cap": ("mixtral_pp2_ep2_zb_h1", {"capacity_factor": 1.0}),

@@ -349,8 +349,6 @@ def _zero(plan: Plan, z: int):
                     f"use a divisor of {plan.dp}, or leave shard out to shard over every dp rank")
     elif shard and not z:
         yield warning("W079", plan.where("data_parallel.shard"), f"shard = {shard} with zero = 0: every rank holds the whole model state, there is nothing to shard", "set zero = 1, 2 or 3 (zero = 3 with shard is HSDP)")
-    if z == 3 and plan.v_shape:  # not yet: zb_h1's ZeRO-3 first (issue 29), then the V's two chunks per rank
-        yield error("E101", at, f"zero = 3 with schedule {plan.pipeline.schedule}: the deferred weight gradients (W) of two chunks per rank are not gathered by ZeRO-3 yet", "use zero = 2, or schedule = interleaved_1f1b")
     if z != 3 and "data_parallel.reshard_after_forward" in plan.spans:
         yield warning("W102", plan.where("data_parallel.reshard_after_forward"), f"reshard_after_forward has no effect with zero = {z}", "only zero = 3 gathers the weights before each unit's forward")
 
