@@ -11,7 +11,12 @@ summed to every rank, AdamW):
 - generated: the script dslc emits for a `mesh { pp = N }` plan with that schedule
   (its own action list, batched isend/irecv, one interpreter loop);
 - native: torch.distributed.pipelining's PipelineStage on the same stage modules,
-  driven by ScheduleGPipe, Schedule1F1B or ScheduleInterleaved1F1B.
+  driven by ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B, or, for the V-shaped
+  schedules, ScheduleZBVZeroBubble and ScheduleDualPipeV (where the installed torch has
+  them; otherwise a line says the schedule is skipped). Both sides place the chunks as
+  the schedule does: interleaved (rank r holds chunks r, r + pp, ...) or in a V (rank r
+  holds chunks r and 2·pp − 1 − r, so rank 0 holds the embedding and the loss), each
+  chunk with the generated plan's layers (its layers_per_stage).
 A run's time is the median step after warm-up. The two sides alternate --repeats times;
 the line per schedule gives each side's median ms/step over the repeats with its range
 (min-max), and the median of the per-repeat ratios generated / native with its range
@@ -38,7 +43,10 @@ SCHEDULES = {  # dslc schedule -> (native schedule class, virtual stages)
     "gpipe": ("ScheduleGPipe", 1),
     "1f1b": ("Schedule1F1B", 1),
     "interleaved_1f1b": ("ScheduleInterleaved1F1B", 2),
+    "zb_v": ("ScheduleZBVZeroBubble", 2),  # torch >= 2.6; split backward, V placement
+    "dualpipe_v": ("ScheduleDualPipeV", 2),  # torch >= 2.8; microbatches >= 2·pp
 }
+V_SHAPED = ("zb_v", "dualpipe_v")
 PLAN = """
 cluster cpus {{ nodes = 1; gpus_per_node = {pp}; device = cpu
     link shm {{ scope = node; bandwidth = 10 GB/s; latency = 10 us }} }}
@@ -59,7 +67,7 @@ plan bench_pp {{
 """
 
 
-def native_worker(schedule: str, steps: int, warmup: int) -> None:
+def native_worker(schedule: str, steps: int, warmup: int, split: list[int]) -> None:
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -71,7 +79,7 @@ def native_worker(schedule: str, steps: int, warmup: int) -> None:
     cls, v = SCHEDULES[schedule]
     h, T, V = MODEL["hidden"], MODEL["seq_len"], MODEL["vocab"]
     n_stages = pp * v
-    per_stage = MODEL["layers"] // n_stages
+    assert len(split) == n_stages and sum(split) == MODEL["layers"], split
 
     class Stage(nn.Module):
         def __init__(self, index):
@@ -80,7 +88,7 @@ def native_worker(schedule: str, steps: int, warmup: int) -> None:
             if self.first:
                 self.wte, self.wpe = nn.Embedding(V, h), nn.Embedding(T, h)
             self.blocks = nn.ModuleList(
-                reference_block(h, MODEL["heads"], T) for _ in range(per_stage)
+                reference_block(h, MODEL["heads"], T) for _ in range(split[index])
             )
             if self.last:
                 self.ln_f, self.head = nn.LayerNorm(h), nn.Linear(h, V, bias=False)
@@ -96,7 +104,11 @@ def native_worker(schedule: str, steps: int, warmup: int) -> None:
         return F.cross_entropy(logits.float().view(-1, V), targets.reshape(-1))
 
     torch.manual_seed(0)
-    indices = [c * pp + rank for c in range(v)]  # the interleaved placement, as dslc's
+    v_shape = schedule in V_SHAPED
+    # dslc's placement (dslc/chunks.py), which torch's schedules expect too: interleaved,
+    # or in a V (generate_stage_to_rank_mapping(style="v"): rank r runs r and 2p − 1 − r)
+    indices = [rank, 2 * pp - 1 - rank] if v_shape else [c * pp + rank for c in range(v)]
+    last_rank = 0 if v_shape else pp - 1  # the rank of the head and the loss
     modules = [Stage(i) for i in indices]
     stages = [
         pipelining.PipelineStage(mod, i, n_stages, torch.device("cpu"))
@@ -112,8 +124,9 @@ def native_worker(schedule: str, steps: int, warmup: int) -> None:
         batch = torch.randint(V, (MICRO_BATCH * MICROBATCHES, T + 1), generator=g)
         losses = []
         if rank == 0:
-            sched.step(batch[:, :-1], target=batch[:, 1:], losses=losses)
-        elif rank == pp - 1:
+            target = batch[:, 1:] if rank == last_rank else None
+            sched.step(batch[:, :-1], target=target, losses=losses)
+        elif rank == last_rank:
             sched.step(target=batch[:, 1:], losses=losses)
         else:
             sched.step()
@@ -128,6 +141,13 @@ def native_worker(schedule: str, steps: int, warmup: int) -> None:
     dist.destroy_process_group()
 
 
+def plan_split(text: str) -> tuple[int, ...]:
+    """The layers of each model chunk of the plan in `text`, as the generated script has them."""
+    from dslc.driver import load_text  # on the path once compile_plan has run
+
+    return load_text(text, "bench.plan").program.plans[0].stage_layers()
+
+
 def main() -> None:
     global MICRO_BATCH, MICROBATCHES
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -140,19 +160,26 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=MODEL["seq_len"])
     ap.add_argument("--micro-batch", type=int, default=MICRO_BATCH)
     ap.add_argument("--microbatches", type=int, default=MICROBATCHES)
+    ap.add_argument("--split", help=argparse.SUPPRESS)  # the plan's layers per chunk
     ap.add_argument("--schedule", choices=sorted(SCHEDULES), help="run only this one")
     args = ap.parse_args()
     MODEL["hidden"], MODEL["seq_len"] = args.hidden, args.seq_len
     MICRO_BATCH, MICROBATCHES = args.micro_batch, args.microbatches
     if args.native_worker:
-        native_worker(args.native_worker, args.steps, args.warmup)
+        split = [int(n) for n in args.split.split(",")]
+        native_worker(args.native_worker, args.steps, args.warmup, split)
         return
+    probe = "import torch.distributed.pipelining as p; print(*dir(p))"  # torch not in this process
+    native_classes = set(run(1, "-c", probe).split())
 
     print(f"pp = {args.pp} processes, CPU, gloo, fp32, OMP_NUM_THREADS={ENV['OMP_NUM_THREADS']}")
     print(f"gpt2 {MODEL}, {MICROBATCHES} micro-batches of {MICRO_BATCH}")
     with tempfile.TemporaryDirectory() as tmp:
         for schedule, (cls, v) in SCHEDULES.items():
             if args.schedule and schedule != args.schedule:
+                continue
+            if cls not in native_classes:
+                print(f"{schedule:17s} skipped: this torch has no pipelining.{cls}")
                 continue
             text = PLAN.format(
                 pp=args.pp,
@@ -164,7 +191,8 @@ def main() -> None:
                 **MODEL,
             )
             script = compile_plan(text, Path(tmp) / schedule)
-            flags = ["--native-worker", schedule, "--steps", str(args.steps)]
+            split = ",".join(map(str, plan_split(text)))
+            flags = ["--native-worker", schedule, "--split", split, "--steps", str(args.steps)]
             flags += ["--warmup", str(args.warmup), "--hidden", str(args.hidden)]
             flags += ["--seq-len", str(args.seq_len), "--micro-batch", str(args.micro_batch)]
             flags += ["--microbatches", str(args.microbatches)]

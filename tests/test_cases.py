@@ -177,3 +177,22 @@ def test_e052_names_every_empty_middle_chunk():
     assert e052("[0, 1, 1, 1, 1, 0]") == []
     assert e052("[0, 0, 2, 0, 2, 0]") == ["layers_per_stage: chunk 1 (pp rank 1) has no layers, chunk 3 (pp rank 1) has no layers"]
     assert e052("[-1, 1, 1, 1, 1, 1]") == ["layers_per_stage: chunk 0 (pp rank 0) has -1 layers"]
+
+
+def test_e052_in_a_v_names_the_rank_and_says_what_may_be_empty():
+    """In a V (rank r holds chunks r and 2p−1−r) any chunk may be empty but every rank but
+    rank 0 must hold a layer: the message names the chunks' V ranks, the hint says so."""
+    pipe = "mesh {{ pp = 2 on shm }}\n    pipeline {{ schedule = zb_v; microbatches = 4; layers_per_stage = {split} }}"
+
+    def e052(split: str) -> list[tuple[str, str | None]]:
+        res = load_text(STAGE.format(arch="llama", model="", plan=pipe.format(split=split), train=""), "<t>")
+        return [(d.message, d.hint) for d in res.diagnostics if d.code == "E052"]
+
+    assert e052("[0, 2, 2, 0]") == e052("[2, 0, 2, 0]") == e052("[0, 2, 0, 2]") == []  # rank 1: chunks 1, 2
+    ((message, hint),) = e052("[2, 0, 0, 2]")
+    assert message == "layers_per_stage: pp rank 1 (chunks 1 and 2) has no layers"
+    assert hint is not None and "in a V any chunk may have 0 layers" in hint and "rank 0" in hint
+    ((message, _),) = e052("[-1, 5, 0, 0]")
+    assert message.startswith("layers_per_stage: chunk 0 (pp rank 0) has -1 layers")
+    ((message, _),) = e052("[2, 3, -1, 0]")
+    assert "chunk 2 (pp rank 1) has -1 layers" in message  # chunk 2 sits on rank 1 in a V, not 2 % 2 = 0

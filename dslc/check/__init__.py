@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from .. import arch
 from ..arch import vocab_per_rank
+from ..chunks import chunk_rank
 from ..diagnostics import Diagnostic, error, warning
 from ..front.defaults import MAX_SCHEDULE
 from ..front.recompute import EAGER_POLICIES
@@ -213,7 +214,8 @@ def pipeline(plan: Plan):
             yield error("E051", where, f"layers_per_stage sums to {sum(pl.layers_per_stage)} but the model has {layers} layers")
         empty = _empty_chunks(pl.layers_per_stage, p, v, plan.v_shape)
         if empty:
-            yield error("E052", where, empty, "only the first chunk (it holds the embedding) and the last (the final norm, head and loss) may have 0 layers")
+            hint = "in a V any chunk may have 0 layers, but every pp rank but rank 0 (the embedding and the loss) must hold one" if plan.v_shape else "only the first chunk (it holds the embedding) and the last (the final norm, head and loss) may have 0 layers"
+            yield error("E052", where, empty, hint)
     elif chunks > layers:
         yield error("E050", plan.where("mesh.pp", "pipeline.virtual_stages"), f"pp={p} × virtual_stages={v} = {chunks} stages but the model has only {layers} layers", f"use at most {layers} stages in all")
     if pl.schedule == "gpipe" and (p - 1) / m > 0.25:  # the bubble over the compute, (p−1)/m
@@ -221,11 +223,11 @@ def pipeline(plan: Plan):
 
 
 def _empty_chunks(split: tuple[int, ...], p: int, v: int, v_shape: bool = False) -> str:
-    """Every chunk of ``layers_per_stage`` (chunk g on pp rank g % p) with fewer than 0 layers,
-    or none but the first (the embedding) and the last (the loss), in one message. In a V
-    any chunk may be empty (its forward is the identity), but every rank but the first (the
-    embedding and head) must hold a layer."""
-    names = [f"chunk {g}" + (f" (pp rank {g % p})" if v > 1 else "") for g in range(len(split))]
+    """Every chunk of ``layers_per_stage`` (chunk g on pp rank g % p, in a V on rank g or
+    2p−1−g) with fewer than 0 layers, or none but the first (the embedding) and the last
+    (the loss), in one message. In a V any chunk may be empty (its forward is the
+    identity), but every rank but the first (the embedding and head) must hold a layer."""
+    names = [f"chunk {g}" + (f" (pp rank {chunk_rank(p, g, v_shape)})" if v > 1 else "") for g in range(len(split))]
     bad = [f"{names[g]} has {'no' if n == 0 else n} layers" for g, n in enumerate(split) if n < 0 or (n == 0 and 0 < g < len(split) - 1 and not v_shape)]
     if v_shape and len(split) == 2 * p:
         bad += [f"pp rank {r} (chunks {r} and {2 * p - 1 - r}) has no layers" for r in range(1, p) if split[r] == split[2 * p - 1 - r] == 0]
