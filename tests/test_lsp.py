@@ -306,7 +306,7 @@ def test_completion_of_values_links_and_clusters(client, work):
     uri = path.as_uri()
     text = base.replace("schedule = interleaved_1f1b", "schedule = ")
     change(client, uri, 31, text)
-    assert labels(ask(client, "textDocument/completion", uri, at(text, "schedule = ", 11))) == {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1"}
+    assert labels(ask(client, "textDocument/completion", uri, at(text, "schedule = ", 11))) == {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v", "dualpipe_v"}
     text = base.replace("pp = 4 on ib", "pp = 4 on ")
     change(client, uri, 32, text)
     assert labels(ask(client, "textDocument/completion", uri, at(text, "pp = 4 on ", 10))) == {"nvlink", "ib"}

@@ -140,10 +140,11 @@ def _shard(shard: int, dp: int, new_dp: int) -> int:
 
 def _microbatches(schedule: str, pp: int, plan_m: int) -> int:
     """The fewest micro-batches that keep the plan's structure: one if it has one, else
-    two, and as the schedule needs (≥ pp; a multiple of pp for interleaved_1f1b)."""
+    two, and as the schedule needs (≥ pp; a multiple of pp for interleaved_1f1b; ≥ 2·pp for
+    dualpipe_v)."""
     m = 1 if plan_m == 1 else 2
-    if pp > 1 and schedule in ("1f1b", "zb_h1", "interleaved_1f1b"):
-        m = max(m, pp)
+    if pp > 1 and schedule != "gpipe":
+        m = max(m, 2 * pp if schedule == "dualpipe_v" else pp)
     if pp > 1 and schedule == "interleaved_1f1b":
         m = -(-m // pp) * pp
     return m

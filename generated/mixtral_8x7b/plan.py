@@ -42,7 +42,6 @@ PP = 4  # pipeline stages
 VIRTUAL_STAGES = 1  # model chunks per pp rank
 # [pp rank][local chunk] = (first, end layer)
 CHUNK_LAYERS = (((0, 8),), ((8, 16),), ((16, 24),), ((24, 32),))
-CHUNK_IDS = ((0,), (1,), (2,), (3,))  # [pp rank][local chunk] = global chunk
 CHUNK_RANKS = (0, 1, 2, 3)  # [global chunk] = pp rank
 # a collective waits this long for its peers
 TIMEOUT = datetime.timedelta(seconds=600.0)
