@@ -180,17 +180,18 @@ def run_script(tmp_path_factory):
 @pytest.fixture(scope="session")
 def run_programs(run_script, tmp_path_factory):
     """run(jobs, nproc) -> {folder: standard output of rank 0} of the jobs, [(folder of a
-    generated program, [arguments])], that ran to the end: one torchrun job of nproc
-    processes runs them one after another (tests/run_programs.py), so that a table of
-    small plans does not start a job, and import torch in each process, per plan. A
-    failed program ends the job; the jobs after it are not in the result."""
+    generated program, [arguments])], that ran to the end: one job of nproc processes,
+    forked from run_script's server as torchrun --standalone would start them, runs them
+    one after another (tests/run_programs.py), so that a table of small plans does not
+    start a job, and import torch in each process, per plan. A failed program ends the
+    job; the jobs after it are not in the result."""
     root = tmp_path_factory.mktemp("jobs")
 
     def run(jobs, nproc):
         listing = root / f"jobs{len(list(root.iterdir()))}.json"
         jobs_listed = [[str(f), [str(a) for a in args]] for f, args in jobs]
         listing.write_text(json.dumps({"jobs": jobs_listed, "modules": package_modules()}))
-        run_script(RUN_PROGRAMS, nproc, listing, timeout=60 + 120 * len(jobs), torchrun=())
+        run_script(RUN_PROGRAMS, nproc, listing, timeout=60 + 120 * len(jobs))
         done = {}
         for folder, _ in jobs:
             folder = Path(folder)

@@ -26,6 +26,7 @@ no lock held by another.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import resource
@@ -130,6 +131,7 @@ def run(request: dict) -> int | None:
 def main() -> None:
     package = set(sys.argv[1:])  # the generated programs' module names: each child imports its own
     assert not package & sys.modules.keys(), package & sys.modules.keys()
+    gc.freeze()  # what is imported here is never collected: a child's collections skip it (and its pages stay shared)
     for line in sys.stdin:
         request = json.loads(line)
         sys.stdout.flush()  # nothing of ours for the child to flush into its output

@@ -1,8 +1,8 @@
 """Runs several generated programs of one world size, one after another, in each process
-of one torchrun job: what conftest's ``trained`` uses to train many small plans without
-starting a job (and importing torch in every process) for each.
+of one job: what conftest's ``trained`` uses to train many small plans without starting a
+job (and importing torch in every process) for each.
 
-    torchrun --nproc-per-node N run_programs.py JOBS.json
+    torchrun --nproc-per-node N run_programs.py JOBS.json   # or forked as torchrun would (conftest)
 
 JOBS.json holds "jobs", a list of ``[folder, [arguments]]``, and "modules", the names of
 a generated program's modules (dslc.codegen.package.MODULES). For each job, every rank
@@ -28,8 +28,6 @@ import traceback
 
 
 def run(folder: str, args: list[str], attempt: int, package: list[str]) -> int:
-    for name in package:
-        sys.modules.pop(name, None)
     script = os.path.join(folder, "train.py")
     sys.path.insert(0, folder)
     sys.argv = [script, *args]
@@ -44,7 +42,10 @@ def run(folder: str, args: list[str], attempt: int, package: list[str]) -> int:
         return 1
     finally:
         sys.path.remove(folder)
+        for name in package:  # its modules, so that the collection below frees them too
+            sys.modules.pop(name, None)
         gc.collect()  # the program's model and optimizer, before the next one's
+        gc.freeze()  # what is left (torch, imported once) is not scanned again: the next collect is quick
 
 
 def main() -> None:
