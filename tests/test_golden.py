@@ -1,7 +1,7 @@
 """The golden harness: every parallel plan computes what its serial plan computes.
 
 One table for every axis: each plan of tests/golden/*.plan named ``<family>_<layout>`` is
-compiled and trained for 5 steps under torchrun (CPU, gloo, fp32) and compared with the
+compiled and trained for 4 steps as torchrun runs it (CPU, gloo, fp32) and compared with the
 plan ``<family>_serial`` of the same file: every step's global loss within 1e-5 relative,
 the final full weights (tp shards and pipeline stages gathered by --dump-weights) within
 1e-5. A new axis adds plans to those files and the layouts it must cover to ``REQUIRED``
@@ -13,7 +13,7 @@ and with a first and last chunk of no layers, mixtral and mixtralcap (experts), 
 (a 70,000-id vocabulary on uint32 files, blended, with a validation loss compared
 too). ZeRO-2 and ZeRO-3 plans sit in the gpt2, llama and pipeline families (REQUIRED_ZERO),
 context-parallel ones too (REQUIRED_CP; with experts REQUIRED_MOE_CP). One serial run per
-family is shared, and the plans of one world size train in one torchrun job (conftest's
+family is shared, and the plans of one world size train in one job of forked ranks (conftest's
 trained and run_programs).
 """
 
