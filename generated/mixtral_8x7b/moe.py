@@ -35,9 +35,8 @@ class Routing:
     def __init__(self):
         self.recording, self.grad_scale = True, 1.0
 
-    def begin(
-        self, grad_scale, device
-    ):  # the factor every micro-batch's loss is scaled by
+    # grad_scale: the factor every micro-batch's loss is scaled by
+    def begin(self, grad_scale, device):
         self.grad_scale = grad_scale
         self.losses = torch.zeros(2, dtype=torch.float64, device=device)  # aux, z
         # per layer: the choices each expert got, and the choices dropped (capacity)
