@@ -137,7 +137,7 @@ def cmd_schedule(args) -> int:
         bar.advance(0, "building the actions")
         actions = schedule.build(pl.schedule, plan.pp, pl.microbatches, pl.virtual_stages)
         bar.advance(1, "proving them deadlock-free")
-        problems = deadlock.verify(actions, split_backward=pl.schedule in ("zb_h1", "zb_v", "dualpipe_v"))
+        problems = deadlock.verify(actions, split_backward=pl.schedule in schedule.SPLIT_BACKWARD)
         if not problems:
             # the plan's own costs (dslc explain): forward, backward, weight-grad and p2p times, in ms
             bar.advance(1, "costing the stages")

@@ -9,8 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dslc.chunks import V_SHAPED
 from dslc.cost.deadlock import verify
-from dslc.cost.schedule import SCHEDULES, ActionLists, build, simulate
+from dslc.cost.schedule import SCHEDULES, SPLIT_BACKWARD, ActionLists, build, simulate
 
 SAMPLES = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -19,7 +20,7 @@ def valid(schedule: str, p: int, m: int, v: int) -> bool:
     """The published constraints: 1f1b, zb_h1 and zb_v need m ≥ p, dualpipe_v m ≥ 2p (torch's
     ScheduleDualPipeV), interleaved needs p | m, only interleaved takes v > 1, the V schedules
     exactly v = 2."""
-    if schedule in V:
+    if schedule in V_SHAPED:
         return v == 2 and m >= (2 * p if schedule == "dualpipe_v" else p)
     if v > 1 and schedule != "interleaved_1f1b":
         return False
@@ -37,11 +38,7 @@ def published_bubble(schedule: str, p: int, m: int, v: int) -> float:
 
 
 def costs(schedule: str) -> tuple[float, float, float]:
-    return (1.0, 1.0, 1.0) if schedule in SPLIT else (1.0, 2.0, 0.0)
-
-
-V = ("zb_v", "dualpipe_v")
-SPLIT = ("zb_h1", *V)  # the backward split into B and W
+    return (1.0, 1.0, 1.0) if schedule in SPLIT_BACKWARD else (1.0, 2.0, 0.0)
 
 
 def check_schedule(schedule: str, p: int, m: int, v: int) -> None:
@@ -51,9 +48,9 @@ def check_schedule(schedule: str, p: int, m: int, v: int) -> None:
     for acts in actions:
         kinds = [a.kind for a in acts]
         assert kinds.count("F") == kinds.count("B") == m * v
-        assert kinds.count("W") == (m * v if schedule in SPLIT else 0)
+        assert kinds.count("W") == (m * v if schedule in SPLIT_BACKWARD else 0)
     sim = simulate(actions, *costs(schedule))
-    if schedule in V:  # at T_F = T_B = T_W: never more than ZB-H1's (p−1)/(3m) (Qi et al. 2024)
+    if schedule in V_SHAPED:  # at T_F = T_B = T_W: never more than ZB-H1's (p−1)/(3m) (Qi et al. 2024)
         assert sim.bubble_fraction <= published_bubble("zb_h1", p, m, 1) + 1e-9, (schedule, p, m)
         # ZB-V: 2p chunks, p micro-batches' worth as 1F1B's first stage; DualPipeV one more
         assert max(sim.peak_inflight) == 2 * p + (schedule == "dualpipe_v")
@@ -69,7 +66,7 @@ def shapes(draw, schedule: str, min_p: int = 1, max_p: int = 16, max_m: int = 64
     if schedule == "interleaved_1f1b":
         v = draw(st.integers(1, 4))
         m = p * draw(st.integers(1, max_m // p))
-    elif schedule in V:
+    elif schedule in V_SHAPED:
         v = 2
         m = draw(st.integers(2 * p if schedule == "dualpipe_v" else p, max(max_m, 2 * p)))
     else:
@@ -100,7 +97,7 @@ def test_small_grid_exhaustively(schedule):
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_largest_shape(schedule):
-    v = 4 if schedule == "interleaved_1f1b" else 2 if schedule in V else 1
+    v = 4 if schedule == "interleaved_1f1b" else 2 if schedule in V_SHAPED else 1
     check_schedule(schedule, 16, 64, v)
 
 
@@ -114,10 +111,10 @@ def test_impossible_shapes_raise_with_the_numbers(schedule, p, m, v):
     with pytest.raises(ValueError) as err:
         build(schedule, p, m, v)
     message = str(err.value)
-    if schedule in V and v != 2:
+    if schedule in V_SHAPED and v != 2:
         assert f"virtual_stages must be 2, got {v}" in message
         return
-    assert (f"virtual_stages={v}" in message if v > 1 and schedule not in ("interleaved_1f1b", *V)
+    assert (f"virtual_stages={v}" in message if v > 1 and schedule not in ("interleaved_1f1b", *V_SHAPED)
             else f"microbatches={m}" in message and (f"pp={p}" in message or f"< {2 * p}" in message))
 
 
@@ -130,8 +127,8 @@ def test_dropping_any_one_action_is_caught(data, schedule):
     rank = data.draw(st.integers(0, p - 1))
     index = data.draw(st.integers(0, len(actions[rank]) - 1))
     dropped = actions[rank].pop(index)
-    problems = verify(ActionLists(map(tuple, actions), built.v_shape if schedule in V else False),
-                      split_backward=schedule in SPLIT)
+    problems = verify(ActionLists(map(tuple, actions), built.v_shape if schedule in V_SHAPED else False),
+                      split_backward=schedule in SPLIT_BACKWARD)
     assert problems, (schedule, p, m, v, rank, dropped)
 
 

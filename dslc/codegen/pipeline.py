@@ -26,7 +26,7 @@ def pipeline_view(plan: Plan) -> dict:
     """The view-model keys of the pipeline (``schedule_json`` is the sidecar's text, not
     for the templates); pp = 1 gives the keys with inert values."""
     pp, pl = plan.pp, plan.pipeline
-    split = pl.schedule in ("zb_h1", "zb_v", "dualpipe_v")  # B and W apart
+    split = pl.schedule in schedule.SPLIT_BACKWARD
     if pp == 1:
         return {"pipeline_parallel": False, "split_backward": False, "linear": "F.linear",
                 "tied_pp": False, "schedule_json": None}

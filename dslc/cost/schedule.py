@@ -69,9 +69,10 @@ from . import vschedule
 COMPUTE = ("F", "B", "W")
 COMM = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
 KINDS = COMPUTE + COMM
+SPLIT_BACKWARD = ("zb_h1", *V_SHAPED)  # the schedules whose backward is B, then W apart
 
 __all__ = [
-    "SCHEDULES", "Action", "ActionLists", "ScheduleError", "Simulation", "build", "expected_peer", "locate",
+    "SCHEDULES", "SPLIT_BACKWARD", "Action", "ActionLists", "ScheduleError", "Simulation", "build", "expected_peer", "locate",
     "message", "peak_inflight", "simulate",
 ]
 

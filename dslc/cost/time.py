@@ -76,7 +76,7 @@ def timing(plan: Plan, topo: Topology, settings: mem.Settings = mem.DEFAULT, sta
     p, v = plan.pp, plan.pipeline.virtual_stages
     stages = stages if stages is not None else traffic.traffic(plan)
     r = rates(plan)
-    zb = plan.pipeline.schedule in ("zb_h1", "zb_v", "dualpipe_v")  # B and W apart
+    zb = plan.pipeline.schedule in sched.SPLIT_BACKWARD
 
     def secs(specs, attr: str, overlap: str) -> float:
         return sum(traffic.to_comm(plan, sp, getattr(sp, attr)).seconds(topo) for sp in specs if sp.overlap == overlap and getattr(sp, attr))
