@@ -153,8 +153,11 @@ class FullyShardedUnits:
         self.reducing = []  # (unit, work) of the reduce-scatters in flight
         self.reduced = set()  # the units reduced in this step
         self.in_backward = set()  # the blocks whose backward runs
-        # per block: how many of its gradients this backward has accumulated
+        # per block: how many of its gradients this backward has accumulated, of how many
         self.ready = [0] * len(blocks)
+        self.expected = [
+            sum(len(unit.params) for unit in units) for units in self.blocks
+        ]
         for k, block in enumerate(blocks):
             block.register_forward_pre_hook(self._before_forward(k))
             block.register_forward_hook(self._after_forward(k))
@@ -195,7 +198,7 @@ class FullyShardedUnits:
     def _accumulated(self, k):
         def hook(p):
             self.ready[k] += 1
-            if self.ready[k] < sum(len(unit.params) for unit in self.blocks[k]):
+            if self.ready[k] < self.expected[k]:
                 return
             self.ready[k] = 0  # this micro-batch's backward of the block is done
             self.in_backward.discard(k)
