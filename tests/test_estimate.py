@@ -627,8 +627,9 @@ def test_zero3_pipeline_without_resharding_follows_the_schedule():
     find the blocks gathered), then B8..B15: B8 finds them gathered by F15, B9..B15
     gather each. Forward 9, backward 7 gathers of every block."""
     p = _titan("1f1b", 1, "false")
-    assert traffic.unit_gathers(p, 7) == (16 * 15, 0)
-    assert traffic.unit_gathers(p, 0) == (9 * 16, 7 * 16)
+    assert est.chunk_layers(p)[7] == [15] and est.chunk_layers(p)[0] == [16]  # one chunk each
+    assert traffic.chunk_gathers(p, 7) == [(16, 0)]  # of each of its blocks
+    assert traffic.chunk_gathers(p, 0) == [(9, 7)]
 
 
 # ---------------------------------------------------------------------------- recompute policies

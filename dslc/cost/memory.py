@@ -207,7 +207,7 @@ def transient_bytes(plan: Plan, stage: int) -> int:
 
 def zero3_peak_units(plan: Plan, stage: int) -> int:
     """Block units (weights or gradients, each one unit's flat buffer) held at once at the
-    peak, replaying the rank's F and B actions (as :func:`dslc.cost.traffic.unit_gathers`).
+    peak, replaying the rank's F and B actions (as :func:`dslc.cost.traffic.chunk_gathers`).
     Within a chunk of L blocks: a forward holds two gathered (the running one and the
     prefetched one; all L without resharding, by its end); a backward holds the weights
     of the block running and the prefetched one (all L still gathered without

@@ -187,13 +187,6 @@ def chunk_gathers(plan: Plan, stage: int) -> list[tuple[int, int]]:
     return [(c["F"], c["B"]) for c in out]
 
 
-def unit_gathers(plan: Plan, stage: int) -> tuple[int, int]:
-    """(forward, backward) all-gathers of block units per step on a rank of ``stage``
-    (:func:`chunk_gathers` times the blocks of each chunk)."""
-    pairs = list(zip(chunk_gathers(plan, stage), chunk_layers(plan)[stage]))
-    return sum(f * layers for (f, _), layers in pairs), sum(b * layers for (_, b), layers in pairs)
-
-
 def zero3_specs(plan: Plan, stage: int) -> list[_Spec]:
     """The per-step ZeRO-3 collectives of a rank of ``stage``: per block its dense unit
     over the dense group, its experts' unit over theirs (none when no other rank holds
