@@ -399,10 +399,15 @@ def test_v_schedule_picture_and_turn_without_message(schedule):
     picture names every F, B and W with its local chunk (``dslc schedule`` draws this)."""
     actions = build(schedule, 2, 4, 2)
     assert actions.v_shape and check(actions, split_backward=True) is None
-    rank1 = [a.label(chunks=True) for a in actions[1]]
-    turn = rank1.index("F0·0")
-    assert rank1[turn + 1] == "F0·1" or not any(a.startswith("RECV_F0") for a in rank1[turn + 1:rank1.index("F0·1")])
-    assert all(a.peer in (None, 0) for acts in actions for a in acts if a.peer is not None and a.peer != 1)
+    # the turn stays on rank 1: its chunk 0's output and chunk 1's input gradient are never
+    # sent, its chunk 1's input and chunk 0's output gradient never received
+    turn = {("SEND_F", 0), ("RECV_F", 1), ("SEND_B", 1), ("RECV_B", 0)}
+    assert not [a for a in actions[1] if (a.kind, a.chunk) in turn]
+    assert [a.kind for a in actions[1]].count("RECV_F") == 4  # chunk 0's input, from rank 0
+    # every message goes to the other rank; rank 0 sends chunk 0's output and receives chunk
+    # 1's (the loss's input), and the reverse for the gradients
+    assert all(a.peer == 1 - r for r, acts in enumerate(actions) for a in acts if a.is_comm)
+    assert {(a.kind, a.chunk) for a in actions[0] if a.is_comm} == {("SEND_F", 0), ("RECV_F", 1), ("SEND_B", 1), ("RECV_B", 0)}
     assert message(actions[0][[a.kind for a in actions[0]].index("SEND_F")], 0, 2, True) == ("F", 0, 0)
     text = text_grid(actions, simulate(actions, 1.0, 1.0, 1.0), time_unit="ms")
     assert "v=2" in text and "W3 weight gradient" in text
