@@ -71,11 +71,12 @@ def _plan(file: str, name: str):
 
 
 def tflops_step(plan_name: str, file: str, tflops: float, hardware: bool = False) -> float:
-    """Seconds per step of a run reported as TFLOP/s per GPU, in dslc's FLOP count (the
-    same formula as the sources': 72·B·s·l·h²(1 + s/(6h) + V/(12lh)) for model FLOPs,
-    96·… with full recompute for SC21's hardware count)."""
+    """Seconds per step of a run reported as TFLOP/s per GPU, its FLOPs counted as the
+    sources count them, the attention square whole (72·B·s·l·h²(1 + s/(6h) + V/(12lh)) for
+    model FLOPs, 96·… with full recompute for SC21's hardware count), not causal as dslc's
+    MFU counts them."""
     plan = _plan(file, plan_name)
-    f = flops(plan)
+    f = flops(plan, causal=False)
     return (f.hardware if hardware else f.model) / (tflops * 1e12 * plan.world_size)
 
 

@@ -56,9 +56,9 @@ def layers_params(model: Model, t: int = 1, ids=None) -> tuple[int, int, int]:
     return tuple(sum(n * x[j] for n, x in per) for j in range(3))
 
 
-def layer_flops(model: Model, seq: int, t: int = 1) -> tuple[float, float]:
-    return base.layer_flops(of(model), model, seq, t)
+def layer_flops(model: Model, seq: int, t: int = 1, causal: bool = True) -> tuple[float, float]:
+    return base.layer_flops(of(model), model, seq, t, causal)
 
 
-def model_flops_per_token(model: Model) -> int:
-    return base.model_flops_per_token(of(model), model)
+def model_flops_per_token(model: Model, causal: bool = True) -> int:
+    return base.model_flops_per_token(of(model), model, causal)

@@ -221,22 +221,26 @@ def layer_params(arch: Arch, model: Model, t: int = 1) -> tuple[int, int, int]:
     return sharded, replicated, expert
 
 
-def layer_flops(arch: Arch, model: Model, seq: int, t: int = 1) -> tuple[float, float]:
+def layer_flops(arch: Arch, model: Model, seq: int, t: int = 1, causal: bool = True) -> tuple[float, float]:
     """(matmul, attention-core) forward FLOPs per token of one layer on one tp rank.
 
     Matmuls 2·h·(q + 2kv) + 2·q·h, MLP 2·2·h·f (GELU) or 3·2·h·f (SwiGLU; MoE: top_k of them
-    plus the router 2·h·E, and shared_experts more); attention core 2·2·s·q (QKᵀ and AV, no
-    causal saving), as in Narayanan et al. SC21 (who count GPT: 24h² + 4sh per token per
-    layer). With t > 1 the MoE term is f/t per token: a rank's real expert work depends on
-    the tokens it routes, which :func:`dslc.cost.flops.layer_rank_flops` counts. With a
-    dense prefix: a MoE layer's (:func:`kinds`)."""
+    plus the router 2·h·E, and shared_experts more); attention core 2·s·q: QKᵀ and AV over
+    the s/2 keys a token sees on average under the causal mask, which is what the fused
+    kernels compute (they skip the masked blocks) and how FlashAttention's benchmarks and
+    Megatron's ``causal_tflops`` count it. ``causal=False`` counts the whole square, 4·s·q,
+    as Narayanan et al. SC21 (GPT: 24h² + 4sh per token per layer), PaLM, torchtitan and
+    nanoGPT do: only to read a FLOP rate those sources publish. With t > 1 the MoE term is
+    f/t per token: a rank's real expert work depends on the tokens it routes, which
+    :func:`dslc.cost.flops.layer_rank_flops` counts. With a dense prefix: a MoE layer's
+    (:func:`kinds`)."""
     model = layer_model(model, model.layers - 1)
     h = model.hidden
     q, _, f = widths(model, t)
     mlp = 2 * arch.mlp_matrices * h * f
     if model.is_moe:
         mlp = (model.top_k + model.shared_experts) * mlp + 2 * h * model.experts
-    return attention_matmul_flops(model, t) + mlp, 4 * seq * q
+    return attention_matmul_flops(model, t) + mlp, (2 if causal else 4) * seq * q
 
 
 def attention_matmul_flops(model: Model, t: int = 1) -> int:
@@ -246,12 +250,13 @@ def attention_matmul_flops(model: Model, t: int = 1) -> int:
     return 2 * model.hidden * (q + 2 * kv) + 2 * q * model.hidden
 
 
-def model_flops_per_token(arch: Arch, model: Model) -> int:
+def model_flops_per_token(arch: Arch, model: Model, causal: bool = True) -> int:
     """Forward and backward (3 passes) FLOPs per token of the whole model, what MFU counts:
-    3·(l·(matmul + core) + 2·h·V). For GPT this is 72·l·h²(1 + s/(6h) + V/(12lh)) per token
-    (Narayanan et al. SC21 without recompute). Both ``dslc explain`` and the generated
-    script's MFU use this number."""
-    per_layer = sum(n * sum(layer_flops(arch, m, model.seq_len)) for n, m in kinds(model))
+    3·(l·(matmul + core) + 2·h·V). For GPT this is 72·l·h²(1 + s/(12h) + V/(12lh)) per token
+    (Narayanan et al. SC21 without recompute, the attention core causal: s/(6h) with
+    ``causal=False``, as they count it). Both ``dslc explain`` and the generated script's
+    MFU use this number."""
+    per_layer = sum(n * sum(layer_flops(arch, m, model.seq_len, causal=causal)) for n, m in kinds(model))
     return int(3 * (per_layer + 2 * model.hidden * model.vocab))
 
 

@@ -6,9 +6,10 @@ Each class runs at its own rate (:class:`Rates`, from the catalog's calibration 
 * GEMMs (every linear layer, the router, the experts, the head): 2·m·n·k FLOPs at
   ``gemm · d/(d + gemm_half)`` of the peak, d the GEMM's smallest dimension — its
   backward is two GEMMs of the same shape (input and weight gradients);
-* the attention core (a fused causal kernel): half the counted 4·s·q FLOPs per token
-  (the masked half is skipped) at ``attention`` of the peak, its backward 2.5× the
-  forward's FLOPs (FlashAttention recomputes QKᵀ);
+* the attention core (a fused causal kernel): its 2·s·q FLOPs per token (the causal
+  half of the square, the same count MFU uses: :func:`dslc.arch.layer_flops`) at
+  ``attention`` of the peak, its backward 2.5× the forward's FLOPs (FlashAttention
+  recomputes QKᵀ);
 * elementwise kernels (norms, residual adds, rope, the MLP's activation, dropout, the
   MoE's permutations, the loss's softmax in fp32): the bytes they read and write at
   ``bandwidth`` of the HBM bandwidth, their backward twice the forward's bytes.
@@ -100,8 +101,9 @@ def layer_kernels(plan: Plan, r: Rates, settings: Settings = DEFAULT) -> Kernels
     experts run on :func:`~dslc.cost.memory.routed_slots` rows (at a load imbalance r,
     r× on the busiest rank) and permute them twice (2·2·h per slot). The attention core
     is one fused kernel, or, with ``settings.attention == "paper"`` (Megatron before flash
-    attention), two batched GEMMs of all the counted FLOPs (d = head_dim) with the scores
-    between them written, softmaxed, masked and dropped out (4·e + 1 bytes per score)."""
+    attention), two batched GEMMs over the whole square, masked half included (twice the
+    causal count; d = head_dim), with the scores between them written, softmaxed, masked
+    and dropped out (4·e + 1 bytes per score)."""
     imbalance = settings.imbalance
     m, T, e = plan.model, local_tokens(plan), dtype_bytes(plan)
     a, h = arch.of(m), m.hidden
@@ -127,9 +129,9 @@ def layer_kernels(plan: Plan, r: Rates, settings: Settings = DEFAULT) -> Kernels
     _, core = arch.layer_flops(m, m.seq_len, plan.tp)
     if settings.attention == "paper":
         scores = q // m.head_dim * m.seq_len * T
-        attention = r.gemm_seconds(T * core, m.head_dim, m.seq_len) + r.bytes_seconds(scores * (4 * e + 1))
+        attention = r.gemm_seconds(2 * T * core, m.head_dim, m.seq_len) + r.bytes_seconds(scores * (4 * e + 1))
         return Kernels(gemm, attention, r.bytes_seconds(elems * e), 2.0)
-    attention = T * core / 2 / (r.peak * r.attention) if r.peak and r.attention else 0.0
+    attention = T * core / (r.peak * r.attention) if r.peak and r.attention else 0.0
     return Kernels(gemm, attention, r.bytes_seconds(elems * e))
 
 

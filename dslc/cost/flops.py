@@ -32,14 +32,18 @@ def batch_tokens(plan: Plan) -> int:
     return plan.train.micro_batch * plan.microbatches * plan.data_parallel_size * plan.model.seq_len
 
 
-def flops(plan: Plan) -> Flops:
+def flops(plan: Plan, causal: bool = True) -> Flops:
     """Per step, whole cluster: model = 3·tokens·(l·layer + 2·h·V) — for GPT this is
-    72·B·s·l·h²(1 + s/(6h) + V/(12lh)); hardware adds l·:func:`recomputed_flops`, l·layer
-    with full recompute: the 96·B·s·l·h²(1 + s/(6h) + V/(16lh)) of SC21."""
+    72·B·s·l·h²(1 + s/(12h) + V/(12lh)); hardware adds l·:func:`recomputed_flops`, l·layer
+    with full recompute. The attention core is counted causal (:func:`dslc.arch.layer_flops`),
+    as the step time charges it; ``causal=False`` counts the whole square, the convention
+    of the sources' published FLOP rates (full recompute: SC21's 96·B·s·l·h²(1 + s/(6h) +
+    V/(16lh))), only to turn such a rate into a step time."""
     m = plan.model
     tokens = batch_tokens(plan)
-    model = tokens * arch.model_flops_per_token(m)
-    return Flops(model, model + tokens * sum(n * recomputed_flops(plan, *arch.layer_flops(km, m.seq_len)) for n, km in arch.kinds(m)))
+    model = tokens * arch.model_flops_per_token(m, causal)
+    recomputed = sum(n * recomputed_flops(plan, *arch.layer_flops(km, m.seq_len, causal=causal)) for n, km in arch.kinds(m))
+    return Flops(model, model + tokens * recomputed)
 
 
 def chunk_flops(plan: Plan, layer_ids) -> tuple[float, float]:

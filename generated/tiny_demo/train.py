@@ -63,7 +63,9 @@ DATA = [
     (1.0, "text", "../../data/verse.txt", "uint8"),
 ]
 COMPILE = None  # torch.compile each block; None: on CUDA, not on CPU
-MODEL_FLOPS_PER_TOKEN = 4_030_464  # forward and backward, as dslc explain counts
+MODEL_FLOPS_PER_TOKEN = (
+    3_883_008  # forward and backward, attention causal, as dslc explain counts
+)
 PEAK_FLOPS = 5e11  # per device (cpu, fp32), for MFU
 
 # -----------------------------------------------------------------------------

@@ -65,7 +65,9 @@ DATA = [
     (1.0, "text", "../../data/verse.txt", "uint8"),
 ]
 COMPILE = None  # torch.compile each block; None: on CUDA, not on CPU
-MODEL_FLOPS_PER_TOKEN = 1_958_400  # forward and backward, as dslc explain counts
+MODEL_FLOPS_PER_TOKEN = (
+    1_884_672  # forward and backward, attention causal, as dslc explain counts
+)
 PEAK_FLOPS = 5e11  # per device (cpu, fp32), for MFU
 
 # -----------------------------------------------------------------------------
