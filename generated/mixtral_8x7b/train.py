@@ -184,7 +184,7 @@ def train_step(step):
     lr, gradient norm, the routing statistics)."""
     x, y = get_batch(step)
     # the router losses' gradient is scaled as the loss is
-    ROUTING.begin(1.0 / (MICRO_STEPS * DATA_RANKS), device)
+    ROUTING.begin(1.0 / (MICRO_STEPS * DATA_RANKS), model, device)
     # every stage draws the same micro-batches: the first uses the tokens, the last the
     # targets; a micro-batch is 1 / (MICRO_STEPS * DATA_RANKS) of the global batch
     loss = run_schedule(

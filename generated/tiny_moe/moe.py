@@ -35,25 +35,31 @@ class Routing:
         self.recording, self.grad_scale = True, 1.0
 
     # grad_scale: the factor every micro-batch's loss is scaled by
-    def begin(self, grad_scale, device):
+    def begin(self, grad_scale, model, device):
         self.grad_scale = grad_scale
+        self.layers = [m for m in model.modules() if isinstance(m, MoE)]  # this rank's
+        for layer in self.layers:
+            layer.routed.zero_()
         self.losses = torch.zeros(2, dtype=torch.float64, device=device)  # aux, z
-        # per layer: the choices each expert got, and the choices dropped (capacity)
-        self.load = torch.zeros(
-            N_LAYER, N_EXPERTS + 1, dtype=torch.float64, device=device
-        )
 
-    def add(self, layer, losses, load, dropped):
+    # routed: the layer's own counts (a buffer, not its index: one compiled graph serves
+    # every MoE layer, where an integer index would compile each layer's again)
+    def add(self, routed, losses, load, dropped):
         if self.recording:  # not while backward recomputes a block
             self.losses += losses.detach()
-            self.load[layer, :-1] += load
-            self.load[layer, -1] += dropped
+            routed[:-1] += load
+            routed[-1] += dropped
 
     def reduce(self):
         """(aux loss, z-loss, load imbalance, choices dropped, choices) of the global batch,
         on the device: the losses are means over layers and micro-batches; the imbalance
         is max / mean choices per expert, of the worst layer."""
-        stats = torch.cat([self.losses, self.load.view(-1)])
+        load = torch.zeros(
+            N_LAYER, N_EXPERTS + 1, dtype=torch.float64, device=self.losses.device
+        )
+        for layer in self.layers:  # the rows of the layers this rank holds
+            load[layer.layer] = layer.routed
+        stats = torch.cat([self.losses, load.view(-1)])
         all_reduce(stats, "dp+ep", scalar=True)  # every rank's layers and tokens
         losses = stats[:2] / (N_LAYER * MICRO_STEPS * DATA_RANKS)
         load = stats[2:].view(N_LAYER, N_EXPERTS + 1)
@@ -92,7 +98,12 @@ class MoE(nn.Module):
 
     def __init__(self, layer):
         super().__init__()
-        self.layer = layer  # for the routing statistics
+        self.layer = layer  # its row of the routing statistics
+        with torch.device("cpu"):  # moved to the device with the weights (materialize)
+            # this step's choices per expert, and the choices dropped (capacity)
+            self.register_buffer(
+                "routed", torch.zeros(N_EXPERTS + 1, dtype=torch.long), persistent=False
+            )
         self.router = param(N_EXPERTS, N_EMBD)  # on every rank
         self.gate_proj = param(LOCAL_EXPERTS, FFN, N_EMBD, expert=True)
         self.up_proj = param(LOCAL_EXPERTS, FFN, N_EMBD, expert=True)
@@ -141,7 +152,7 @@ class MoE(nn.Module):
         out = out[order.argsort()].view(-1, TOP_K, C)  # back in (token, choice) order
         y = (out * weights.view(-1, TOP_K, 1).to(out.dtype)).sum(dim=1)
         dropped = 0
-        ROUTING.add(self.layer, torch.stack([aux, z]), load, dropped)
+        ROUTING.add(self.routed, torch.stack([aux, z]), load, dropped)
         y = y.view(B, T, C)
         # each layer adds its router losses, weighted, averaged over the layers
         return RouterLoss.apply(y, (AUX_LOSS_WEIGHT * aux) / N_LAYER)

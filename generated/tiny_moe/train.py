@@ -176,7 +176,7 @@ def train_step(step):
     lr, gradient norm, the routing statistics)."""
     x, y = get_batch(step)
     # the router losses' gradient is scaled as the loss is
-    ROUTING.begin(1.0 / (MICRO_STEPS * DATA_RANKS), device)
+    ROUTING.begin(1.0 / (MICRO_STEPS * DATA_RANKS), model, device)
     loss = torch.zeros((), device=device)
     for i in range(MICRO_STEPS):
         # the gradient reduction runs in the last backward only: accumulating costs nothing
