@@ -10,7 +10,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from itertools import pairwise
 
 import pytest
 
@@ -289,6 +288,18 @@ def test_makespan_and_idle_fraction_by_hand():
     assert simulate(build("gpipe", 3, 1), 1.0, 2.0, 0.0, 0.5).makespan == pytest.approx(11.0)
 
 
+def test_messages_overlap_computes_as_the_runtime_waits_for_them():
+    """1F1B, p = 2, m = 2, t_f = 1, t_b = 2, t_comm = 0.5. Rank 0: F0 0–1, posts SEND_F0
+    (arrives 1.5) and runs F1 1–2 without waiting, posts SEND_F1. Rank 1: F0 1.5–2.5, B0
+    2.5–4.5, then the batch {SEND_B0, RECV_F1}: F1 waits for the whole batch (one request
+    on NCCL), SEND_B0 done at 5; F1 5–6, B1 6–8, SEND_B1 arrives 8.5. Rank 0: B0 5–7 and
+    B1 8.5–10.5. A send that held its rank for t_comm would end at 11."""
+    sim = simulate(build("1f1b", 2, 2), 1.0, 2.0, 0.0, 0.5)
+    assert sim.makespan == pytest.approx(10.5)
+    ends = {(r, a.kind, a.microbatch): end for r, a, _, end in sim.timeline}
+    assert ends[0, "F", 1] == 2.0 and ends[1, "F", 1] == 6.0 and ends[0, "B", 0] == 7.0
+
+
 def test_peak_inflight_matches_the_published_counts():
     for p in (1, 2, 3, 4):
         m = 3 * p
@@ -311,16 +322,22 @@ def test_timeline_is_consistent():
     actions = build("interleaved_1f1b", 3, 6, 2)
     sim = simulate(actions, 1.0, 2.0, 0.0, 0.25)
     assert [a for _, a, _, _ in sim.timeline] == [a for acts in actions for a in acts]
-    send_end = {message(a, r, 3): e for r, a, s, e in sim.timeline if a.kind.startswith("SEND")}
+    arrives = {message(a, r, 3): s + 0.25 for r, a, s, e in sim.timeline if a.kind.startswith("SEND")}
     for r in range(3):
-        rows = [(a, s, e) for q, a, s, e in sim.timeline if q == r]
-        for (_, _, e0), (_, s1, _) in pairwise(rows):
-            assert s1 == e0  # a rank runs its list back to back; waits show as receive time
-        for a, s, e in rows:
-            if a.kind.startswith("RECV"):
-                assert e == max(s, send_end[message(a, r, 3)])
-            elif a.kind.startswith("SEND"):
-                assert e - s == 0.25
+        # a rank runs its list back to back; waits show as receive time (for the message
+        # and the sends of its batch), and as a B starting once the sends before it arrived
+        clock, batch, since_b = 0.0, [], []
+        for _, a, s, e in (row for row in sim.timeline if row[0] == r):
+            if a.kind.startswith("SEND"):
+                assert s == clock and e == s  # posted: the rank goes on
+                batch.append(s + 0.25)
+                since_b.append(s + 0.25)
+            elif a.kind.startswith("RECV"):
+                assert s == clock and e == max([s, arrives[message(a, r, 3)], *batch])
+            else:
+                assert s == (max([clock, *since_b]) if a.kind == "B" else clock)
+                batch, since_b = [], [] if a.kind == "B" else since_b
+            clock = e
 
 
 # ---------------------------------------------------------------------------- pictures

@@ -39,9 +39,13 @@ Ordering contract: the generated runtime executes the lists literally.
    ``send_forward_backward_recv_forward_backward``), and dualpipe_v's overlapped F&B pair. Sending F's output right after F instead
    deadlocks under rendezvous p2p (p = 2, v = 2, m = 4 already).
 4. A maximal run of consecutive comm actions is ONE batch: one ``P2POp`` per action in list
-   order, posted by a single ``torch.distributed.batch_isend_irecv``; wait for all of its
-   requests before the next compute. In the 1F1B steady state, rank r's batch {SEND_F → r+1,
-   RECV_B ← r+1} meets rank r+1's batch {SEND_B → r, RECV_F ← r}.
+   order, posted by a single ``torch.distributed.batch_isend_irecv``. In the 1F1B steady
+   state, rank r's batch {SEND_F → r+1, RECV_B ← r+1} meets rank r+1's batch {SEND_B → r,
+   RECV_F ← r}. The runtime waits for a receive just before the compute that reads it (on
+   NCCL, whose batch is one request, for the whole batch), for the sends before the rank's
+   next B, and for the rest at the end of the step (Megatron-Core's overlap_p2p_comm).
+   Waiting later never deadlocks where waiting for each batch at once does not: the
+   messages are posted in the same order, and each wait comes no earlier.
 5. Between two ranks, messages match in posting order (NCCL, and gloo with one tag, do not
    match by micro-batch): the k-th send from r to q is the k-th receive on q from r. Activations
    and gradients have the same shape (micro_batch, seq, hidden), so a mix-up would not fail
@@ -50,8 +54,10 @@ Ordering contract: the generated runtime executes the lists literally.
 
 :func:`dslc.cost.deadlock.verify` proves deadlock-freedom under the strictest p2p semantics
 (rendezvous: a send completes only once its receive is posted; a batch completes when all its
-operations have). :func:`simulate` times the lists with eager sends: a send occupies its rank
-for ``t_comm``, a receive blocks until the matching send has completed.
+operations have; each batch waited for before the next compute). :func:`simulate` times the
+lists as the runtime waits: a send arrives ``t_comm`` after it is posted without holding its
+rank, a receive waits for its message and for the sends of its own batch (one request on
+NCCL), a B for the sends posted before it.
 """
 
 from __future__ import annotations
@@ -273,8 +279,10 @@ def simulate(actions: Actions, t_f: Cost, t_b: Cost, t_w: Cost = 0.0,
     chunk or one per global chunk (chunk · pp + rank) (for zb_h1, t_b is
     backward-for-inputs and t_w the weight part; for the other schedules B covers both: pass t_b
     as the full backward). t_comm: p2p time per send. A rank runs its list in order; a send
-    occupies it for t_comm; a receive starts when the rank reaches it and ends when the matching
-    send has completed. The timeline holds every action, rank by rank in program order.
+    is posted and arrives t_comm later, the rank going on; a receive starts when the rank
+    reaches it and ends when its message has arrived and its batch's sends have completed (a
+    batch is one request on NCCL); a B starts once the sends posted before it have completed
+    (ordering contract 4). The timeline holds every action, rank by rank in program order.
 
     ``peak_inflight[r]``: the most (micro-batch, local chunk) pairs whose F has run and whose
     backward has not finished on rank r; the backward finishes at W when the schedule has W
@@ -289,6 +297,7 @@ def simulate(actions: Actions, t_f: Cost, t_b: Cost, t_w: Cost = 0.0,
     tables = tuple([t] * chunks if isinstance(t, (int, float)) else list(t) for t in (t_f, t_b, t_w))
     busy = 0.0
     clock, pos = [0.0] * p, [0] * p
+    batch_done, sends_done = [0.0] * p, [0.0] * p  # when the sends of this batch, and since the last B, complete
     sent: dict[tuple, float] = {}
     waiting: dict[tuple, list[int]] = defaultdict(list)
     rows: list[list[tuple[int, Action, float, float]]] | None = [[] for _ in range(p)] if timeline else None
@@ -300,12 +309,18 @@ def simulate(actions: Actions, t_f: Cost, t_b: Cost, t_w: Cost = 0.0,
         while i < n:
             what, key = todo[i]
             if what < _SEND:  # F, B or W: key is the global chunk
+                if what == 1 and sends_done[r] > start:  # B waits for the sends before it
+                    start = sends_done[r]
                 end = start + tables[what][key]
                 busy += end - start
+                batch_done[r] = 0.0
+                if what == 1:
+                    sends_done[r] = 0.0
             elif what == _SEND:
-                end = start + t_comm
+                end, done = start, start + t_comm
                 if key not in sent:
-                    sent[key] = end
+                    sent[key] = done
+                batch_done[r], sends_done[r] = max(batch_done[r], done), max(sends_done[r], done)
                 woken = waiting.pop(key, None)
                 if woken:
                     ready.extend(woken)
@@ -314,7 +329,7 @@ def simulate(actions: Actions, t_f: Cost, t_b: Cost, t_w: Cost = 0.0,
                 if done is None:
                     waiting[key].append(r)
                     break
-                end = done if done > start else start
+                end = max(start, done, batch_done[r])
             else:
                 raise ScheduleError(f"{locate(r, i, acts[i])}: unknown kind {key!r}")
             if row is not None:
@@ -325,7 +340,7 @@ def simulate(actions: Actions, t_f: Cost, t_b: Cost, t_w: Cost = 0.0,
                  for r in range(p) if pos[r] < len(actions[r])]:
         raise ScheduleError("deadlock in simulation: " + "; ".join(stuck), tuple(stuck))
     timeline = tuple(row for rank_rows in rows for row in rank_rows) if rows is not None else ()
-    makespan = max(clock, default=0.0)  # a rank's clock is where its last action ended
+    makespan = max(max(clock, default=0.0), max(sends_done, default=0.0))  # the last action's end, or the last send's
     bubble = (p * makespan - busy) / busy if busy > 0 else 0.0
     return Simulation(bubble, makespan, peaks_of, timeline)
 

@@ -7,7 +7,8 @@ Chunk g of the layers runs on pp rank g % PP as its local chunk g // PP. run_sch
 executes this rank's action list, as dslc computed it and proved it free of deadlock
 (schedule.json): F and B (forward and backward) of one micro-batch and chunk, each after
 the sends and receives before it, posted as one batch; messages pair up between two
-ranks in posting order."""
+ranks in posting order. A compute waits only for what it reads, so messages overlap
+computes."""
 
 import hashlib
 import json
@@ -46,20 +47,37 @@ def pp_peer(q):
     return dist.get_global_rank(GROUPS["pp"], q)
 
 
-def p2p(ops):
-    """Posts [("send" | "recv", tensor, pp rank)] as one batch, and waits for it."""
+def p2p(ops, arriving, sending):
+    """Posts [("send" | "recv", tensor, pp rank, label)] as one batch and returns at once:
+    a receive's work handles go to arriving[label], a send's join `sending` (each
+    message's own on gloo; on NCCL the batch's one, which all of them wait for)."""
     begin, batch = time.perf_counter(), []
     CALLING[0] = "send/recv over pp"
-    for kind, tensor, peer in ops:
+    for kind, tensor, peer, _ in ops:
         if kind == "send":
             if METER.on:
                 METER.count("pp", "send", tensor.nbytes)
             batch.append(dist.P2POp(dist.isend, tensor, pp_peer(peer), GROUPS["pp"]))
         else:
             batch.append(dist.P2POp(dist.irecv, tensor, pp_peer(peer), GROUPS["pp"]))
-    for work in dist.batch_isend_irecv(batch):
-        work.wait()
+    works = dist.batch_isend_irecv(batch)
+    for i, (kind, _, _, label) in enumerate(ops):
+        handles = [works[i]] if len(works) == len(ops) else works
+        if kind == "send":
+            sending += handles
+        else:
+            arriving[label] = handles
     TIMELINE.span("send/recv", begin, messages=len(ops))
+
+
+def wait_for(works, what):
+    """Waits for messages' work handles (those done return at once)."""
+    if works:
+        begin = time.perf_counter()
+        CALLING[0] = f"{what} over pp"
+        for work in works:
+            work.wait()
+        TIMELINE.span("wait", begin, what=what)
 
 
 def run_schedule(model, actions, x, y, scale, buckets):
@@ -72,23 +90,33 @@ def run_schedule(model, actions, x, y, scale, buckets):
     grads = {}  # -> received gradient of the output
     input_grads = {}  # -> gradient of the input, to send back
     pending = []  # the batch of sends and receives being collected
+    arriving = {}  # (RECV_F | RECV_B, micro-batch, chunk) -> its work handles
+    sending = []  # the work handles of the sends posted since the last B
     loss = torch.zeros((), device=x.device)
     for kind, mb, chunk, *peer in actions:
         key = (mb, chunk)
         if kind in ("RECV_F", "RECV_B"):
             buf = torch.empty(ACTIVATION_SHAPE, dtype=ACTIVATION_DTYPE, device=x.device)
             (inputs if kind == "RECV_F" else grads)[key] = buf
-            pending.append(("recv", buf, peer[0]))
+            pending.append(("recv", buf, peer[0], (kind, *key)))
         elif kind == "SEND_F":
-            pending.append(("send", outputs[key].detach(), peer[0]))
+            pending.append(("send", outputs[key].detach(), peer[0], None))
         elif kind == "SEND_B":
-            pending.append(("send", input_grads.pop(key), peer[0]))
+            pending.append(("send", input_grads.pop(key), peer[0], None))
         else:
             if pending:
-                p2p(pending)
+                p2p(pending, arriving, sending)
                 pending = []
             # the dp reduction of a chunk's gradients starts in its last backward
             buckets.sync = mb == MICRO_STEPS - 1
+            # messages overlap the computes (Megatron-Core's overlap_p2p_comm): a receive
+            # is waited by the compute that reads it, the sends by the next B (an F's
+            # output is kept for its B anyway; an input gradient is held one B longer)
+            if kind != "W":
+                wait_for(arriving.pop(("RECV_" + kind, *key), None), "receive")
+            if kind == "B":
+                wait_for(sending, "send")
+                sending.clear()
             begin = time.perf_counter()
             if kind == "F":
                 if key in inputs:  # received: its gradient is what B sends back
@@ -104,6 +132,7 @@ def run_schedule(model, actions, x, y, scale, buckets):
                 if key in inputs:
                     input_grads[key] = inputs.pop(key).grad
             TIMELINE.span(f"{kind} {mb}", begin, kind=kind, microbatch=mb, chunk=chunk)
-    if pending:
-        p2p(pending)
+    if pending:  # the last sends
+        p2p(pending, arriving, sending)
+    wait_for(sending, "send")
     return loss
