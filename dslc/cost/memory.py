@@ -21,6 +21,7 @@ from .. import arch, catalog
 from ..groups import DP_SHARD, axes_of, group_mesh
 from ..ir import Plan
 from ..units import DTYPE_BYTES
+from . import loss as ls
 from . import recompute as rc
 from . import schedule as sched
 from .params import StageParams, chunk_layers, stage_params  # noqa: F401 (mem.stage_params for the other stages)
@@ -306,14 +307,13 @@ def layer_activation_bytes(plan: Plan, settings: Settings = DEFAULT, layer: int 
 
 def edge_activation_bytes(plan: Plan, settings: Settings = DEFAULT) -> tuple[int, int]:
     """(embedding, head) activations per micro-batch: the embedding dropout mask T·h·r; the
-    final norm input T·h·e·r, the head input T·h·e·r' (see layer_activation_bytes) and the
-    fp32 logits of the loss 4·T·V/t (Korthikanti et al. §4.3: 4sbh/t·(1 + v/h) for the output layer)."""
+    final norm input T·h·e·r and what the chunked loss saves, dx and dW
+    (:func:`dslc.cost.loss.saved_bytes`: never the logits, where Korthikanti et al. §4.3
+    count 4sbh/t·(1 + v/h) for the output layer, fp32 logits included)."""
     m, e, T = plan.model, dtype_bytes(plan), local_tokens(plan)
     r = plan.tp if plan.tensor_parallel.sequence_parallel else 1
     mask = settings.dropout if settings.dropout is not None else m.dropout > 0
-    r_in = r if settings.sp_inputs == "shard" else 1
-    head = T * m.hidden * e // r + T * m.hidden * e // r_in + 4 * T * arch.vocab_per_rank(m, plan.tp)
-    return (T * m.hidden // r if mask else 0), head
+    return (T * m.hidden // r if mask else 0), T * m.hidden * e // r + ls.saved_bytes(plan)
 
 
 @dataclass(frozen=True)
@@ -334,7 +334,7 @@ class StageMemory:
     inflight: int  # (micro-batch, chunk) activations held at the peak
     layers: int
     transient: int = 0  # unsharded weights and gradients of ZeRO-2/3 (transient_bytes)
-    buffers: int = 0  # the loss's logits gradient (fp32 and 16-bit), last stage
+    buffers: int = 0  # the loss's chunk of logits (dslc.cost.loss.buffer_bytes), last stage
     step_temp: int = 0  # the optimizer step's temporaries (foreach Adam: one fp32 tensor per parameter)
     allocator: float = 0.0
     context: int = 0
@@ -392,8 +392,7 @@ def memory(plan: Plan, settings: Settings = DEFAULT, peaks: tuple[int, ...] | No
             act += ceil(held / v) * emb
         if s == plan.last_stage:
             act += ceil(held / v) * head
-        last = s == plan.last_stage
-        buffers = (4 + dtype_bytes(plan)) * local_tokens(plan) * arch.vocab_per_rank(plan.model, plan.tp) if last else 0
+        buffers = ls.buffer_bytes(plan) if s == plan.last_stage else 0
         step_temp = (dense[2] + expert[2]) * 4 // k if k else 0  # the optimizer's shard, one fp32 temporary each
         out.append(StageMemory(s, dense[0] + expert[0], dense[1] + expert[1], dense[2] + expert[2], act, held, sum(chunks),
                                transient_bytes(plan, s), buffers, step_temp, allow.allocator, allow.context))
