@@ -75,6 +75,7 @@ from ..groups import axes_of, group_mesh, replica_group
 from ..ir import Plan
 from . import recompute as rc
 from .collectives import Comm
+from .loss import chunk_rows, chunks
 from .memory import (
     StageParams,
     actions,
@@ -87,7 +88,6 @@ from .memory import (
     stage_params,
     zero3_units,
 )
-from .loss import chunk_rows, chunks
 from .schedule import build
 
 
