@@ -54,9 +54,10 @@ def saved_bytes(plan: Plan) -> int:
 
 def buffer_bytes(plan: Plan) -> int:
     """The most bytes the loss holds beyond what it saves: a chunk's fp32 logits 4·R·V and,
-    16-bit, their gradient R·V·e beside them, or beside the chunk's product into dW V·h·e
-    (backward's dW cast to the weights' dtype is smaller: V·h·e); fp32, the logits alone,
-    turned into their gradient in place."""
+    16-bit, their 16-bit copy (and then gradient) R·V·e beside them; then the gradient
+    beside the chunk's product into dx, R·h·e, or into dW, V·h·e (backward's dW cast to
+    the weights' dtype is no more: V·h·e). fp32: the logits, turned into their gradient in
+    place, beside the product into dx (dW sums in place)."""
     _, h, V, e = _sizes(plan)
     R = chunk_rows(plan)
-    return 4 * R * V if e == 4 else max((4 + e) * R * V, e * (R * V + V * h))
+    return 4 * R * V + R * h * e if e == 4 else max((4 + e) * R * V, e * (R * V + max(R, V) * h))
