@@ -45,6 +45,7 @@ class Settings:
     dropout: bool | None = None
     sp_inputs: str = "gathered"
     imbalance: float = 1.0
+    loss: str = "chunked"  # "whole": a script that holds the logits whole (torchtitan's)
 
 
 DEFAULT = Settings()
@@ -306,14 +307,15 @@ def layer_activation_bytes(plan: Plan, settings: Settings = DEFAULT, layer: int 
 
 
 def edge_activation_bytes(plan: Plan, settings: Settings = DEFAULT) -> tuple[int, int]:
-    """(embedding, head) activations per micro-batch: the embedding dropout mask T·h·r; the
-    final norm input T·h·e·r and what the chunked loss saves, dx and dW
-    (:func:`dslc.cost.loss.saved_bytes`: never the logits, where Korthikanti et al. §4.3
-    count 4sbh/t·(1 + v/h) for the output layer, fp32 logits included)."""
+    """(embedding, head) per micro-batch: the embedding dropout mask T·h·r; the final norm
+    input T·h·e·r and what the chunked loss saves (:func:`dslc.cost.loss.saved_bytes`), or
+    with ``loss="whole"`` the head input T·h·e and fp32 logits 4·T·V/t (Korthikanti §4.3)."""
     m, e, T = plan.model, dtype_bytes(plan), local_tokens(plan)
     r = plan.tp if plan.tensor_parallel.sequence_parallel else 1
     mask = settings.dropout if settings.dropout is not None else m.dropout > 0
-    return (T * m.hidden // r if mask else 0), T * m.hidden * e // r + ls.saved_bytes(plan)
+    V = arch.vocab_per_rank(m, plan.tp)  # "whole": the head's input and the fp32 logits
+    head = T * m.hidden * e // r + 4 * T * V if settings.loss == "whole" else ls.saved_bytes(plan)
+    return (T * m.hidden // r if mask else 0), T * m.hidden * e // r + head
 
 
 @dataclass(frozen=True)
@@ -392,7 +394,8 @@ def memory(plan: Plan, settings: Settings = DEFAULT, peaks: tuple[int, ...] | No
             act += ceil(held / v) * emb
         if s == plan.last_stage:
             act += ceil(held / v) * head
-        buffers = ls.buffer_bytes(plan) if s == plan.last_stage else 0
+        whole = (4 + dtype_bytes(plan)) * local_tokens(plan) * arch.vocab_per_rank(plan.model, plan.tp)  # their gradient
+        buffers = (whole if settings.loss == "whole" else ls.buffer_bytes(plan)) if s == plan.last_stage else 0
         step_temp = (dense[2] + expert[2]) * 4 // k if k else 0  # the optimizer's shard, one fp32 temporary each
         out.append(StageMemory(s, dense[0] + expert[0], dense[1] + expert[1], dense[2] + expert[2], act, held, sum(chunks),
                                transient_bytes(plan, s), buffers, step_temp, allow.allocator, allow.context))
