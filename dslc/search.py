@@ -138,7 +138,7 @@ def fit_diagnostics(plan: Plan, settings: mem.Settings = mem.DEFAULT,
            f"{gib(worst.params)}, grads {gib(worst.grads)}, optimizer {gib(worst.optimizer)}, activations "
            f"{gib(worst.activations)} ({in_flight(plan, worst)})"
            + (f", unsharded {gib(worst.transient)}" if worst.transient else "")
-           + (f", loss grads {gib(worst.buffers)}" if worst.buffers else "")
+           + (f", loss chunk {gib(worst.buffers)}" if worst.buffers else "")
            + (f" (the optimizer step's {gib(worst.step_temp)} of temporaries come after the activations are freed)" if worst.step_temp else "")
            + (f"; + {worst.allocator:.0%} for the caching allocator and {gib(worst.context)} of CUDA context"
               if worst.allocator or worst.context else ""))

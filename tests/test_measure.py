@@ -134,6 +134,12 @@ PLANS = {
 # Pipeline plans, written out here. zb_h1 with tp: its W pass must not run the tp
 # collectives of the backward a second time.
 PIPELINE_SOURCE = """
+cluster cpu1 {
+    nodes = 1
+    gpus_per_node = 1
+    device = cpu
+    link shm { scope = node; bandwidth = 10 GB/s; latency = 10 us }
+}
 cluster cpu2 {
     nodes = 1
     gpus_per_node = 2
@@ -153,6 +159,16 @@ cluster cpu8 {
     link shm { scope = node; bandwidth = 10 GB/s; latency = 10 us }
 }
 model gpt2_tiny { arch = gpt2; layers = 4; hidden = 64; heads = 4; vocab = 256; seq_len = 32 }
+model llama_vocab { arch = llama; layers = 2; hidden = 32; heads = 4; kv_heads = 2; vocab = 8192; seq_len = 256 }
+plan loss_large_vocab {
+    model = llama_vocab
+    cluster = cpu1
+    train {
+        steps = 1; micro_batch = 4; global_batch = 4; precision = bf16; seed = 7
+        optimizer adamw { lr = 1e-3 }
+        data = synthetic
+    }
+}
 plan pp2_1f1b {
     model = gpt2_tiny
     cluster = cpu2
@@ -262,7 +278,9 @@ def _stage(plan, rank):
     return plan.mesh.coords(rank)["pp"] if plan.pp > 1 else 0
 
 
-ALL = [*PLANS, "pp2_1f1b", "pp2_tp2_zb_h1", "dp2_pp2_tp2"]
+# loss_large_vocab: the logits (1024 tokens × 8192) dwarf the blocks' activations; the loss
+# saves dx and dW, not them, and holds one chunk of them at once
+ALL = [*PLANS, "pp2_1f1b", "pp2_tp2_zb_h1", "dp2_pp2_tp2", "loss_large_vocab"]
 
 
 @pytest.fixture(params=ALL)
@@ -379,6 +397,18 @@ def test_saved_activation_bytes_are_within_10_percent(case):
         # explain does not count (all a first chunk of no layers saves)
         ids = 8 * plan.microbatches * plan.train.micro_batch * (plan.model.seq_len + 1) if stage == 0 else 0
         assert abs(got - want) <= ACTIVATION_RTOL * want + ids, f"{plan.name} rank {rank}: {got} vs {want}"
+
+
+def test_loss_chunk_bytes_are_within_10_percent(case):
+    """The most bytes the chunked loss held at once beyond what it kept (dx, dW, the
+    loss), counted storage by storage in its forward, against the memory model's buffers
+    of the last stage (dslc.cost.loss.buffer_bytes)."""
+    plan, records = case
+    want = est.memory(plan)[plan.last_stage].buffers
+    for rank, record in enumerate(records):
+        if _stage(plan, rank) == plan.last_stage:
+            got = record["peaks"]["loss"]
+            assert abs(got - want) <= ACTIVATION_RTOL * want, f"{plan.name} rank {rank}: {got} vs {want}"
 
 
 def test_params_total_is_the_generated_models_parameter_count(case):

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from .. import arch, tokenfiles
 from ..check import check_plan
+from ..cost import loss
 from ..cost import memory as mem
 from ..cost.flops import peak_flops
 from ..cost.memory import expert_capacity, grad_group
@@ -192,6 +193,7 @@ def _model(plan: Plan) -> dict:
         "vocab": m.vocab,
         "vocab_per_rank": per_rank,
         "vocab_padding": per_rank * tp != m.vocab,
+        "loss_chunk_rows": loss.chunk_rows(plan), "loss_chunks": loss.chunks(plan),  # dslc.cost.loss
         "seq_len": m.seq_len,
         # learned positions: the table's rows, the model's seq_len (N_POSITIONS when the plan
         # trains at a shorter one, train.seq_len)

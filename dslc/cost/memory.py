@@ -21,6 +21,7 @@ from .. import arch, catalog
 from ..groups import DP_SHARD, axes_of, group_mesh
 from ..ir import Plan
 from ..units import DTYPE_BYTES
+from . import loss as ls
 from . import recompute as rc
 from . import schedule as sched
 from .params import StageParams, chunk_layers, stage_params  # noqa: F401 (mem.stage_params for the other stages)
@@ -44,6 +45,7 @@ class Settings:
     dropout: bool | None = None
     sp_inputs: str = "gathered"
     imbalance: float = 1.0
+    loss: str = "chunked"  # "whole": a script that holds the logits whole (torchtitan's)
 
 
 DEFAULT = Settings()
@@ -305,15 +307,15 @@ def layer_activation_bytes(plan: Plan, settings: Settings = DEFAULT, layer: int 
 
 
 def edge_activation_bytes(plan: Plan, settings: Settings = DEFAULT) -> tuple[int, int]:
-    """(embedding, head) activations per micro-batch: the embedding dropout mask T·h·r; the
-    final norm input T·h·e·r, the head input T·h·e·r' (see layer_activation_bytes) and the
-    fp32 logits of the loss 4·T·V/t (Korthikanti et al. §4.3: 4sbh/t·(1 + v/h) for the output layer)."""
+    """(embedding, head) per micro-batch: the embedding dropout mask T·h·r; the final norm
+    input T·h·e·r and what the chunked loss saves (:func:`dslc.cost.loss.saved_bytes`), or
+    with ``loss="whole"`` the head input T·h·e and fp32 logits 4·T·V/t (Korthikanti §4.3)."""
     m, e, T = plan.model, dtype_bytes(plan), local_tokens(plan)
     r = plan.tp if plan.tensor_parallel.sequence_parallel else 1
     mask = settings.dropout if settings.dropout is not None else m.dropout > 0
-    r_in = r if settings.sp_inputs == "shard" else 1
-    head = T * m.hidden * e // r + T * m.hidden * e // r_in + 4 * T * arch.vocab_per_rank(m, plan.tp)
-    return (T * m.hidden // r if mask else 0), head
+    V = arch.vocab_per_rank(m, plan.tp)  # "whole": the head's input and the fp32 logits
+    head = T * m.hidden * e // r + 4 * T * V if settings.loss == "whole" else ls.saved_bytes(plan)
+    return (T * m.hidden // r if mask else 0), T * m.hidden * e // r + head
 
 
 @dataclass(frozen=True)
@@ -334,7 +336,7 @@ class StageMemory:
     inflight: int  # (micro-batch, chunk) activations held at the peak
     layers: int
     transient: int = 0  # unsharded weights and gradients of ZeRO-2/3 (transient_bytes)
-    buffers: int = 0  # the loss's logits gradient (fp32 and 16-bit), last stage
+    buffers: int = 0  # the loss's chunk of logits (dslc.cost.loss.buffer_bytes), last stage
     step_temp: int = 0  # the optimizer step's temporaries (foreach Adam: one fp32 tensor per parameter)
     allocator: float = 0.0
     context: int = 0
@@ -392,8 +394,8 @@ def memory(plan: Plan, settings: Settings = DEFAULT, peaks: tuple[int, ...] | No
             act += ceil(held / v) * emb
         if s == plan.last_stage:
             act += ceil(held / v) * head
-        last = s == plan.last_stage
-        buffers = (4 + dtype_bytes(plan)) * local_tokens(plan) * arch.vocab_per_rank(plan.model, plan.tp) if last else 0
+        whole = (4 + dtype_bytes(plan)) * local_tokens(plan) * arch.vocab_per_rank(plan.model, plan.tp)  # their gradient
+        buffers = (whole if settings.loss == "whole" else ls.buffer_bytes(plan)) if s == plan.last_stage else 0
         step_temp = (dense[2] + expert[2]) * 4 // k if k else 0  # the optimizer's shard, one fp32 temporary each
         out.append(StageMemory(s, dense[0] + expert[0], dense[1] + expert[1], dense[2] + expert[2], act, held, sum(chunks),
                                transient_bytes(plan, s), buffers, step_temp, allow.allocator, allow.context))

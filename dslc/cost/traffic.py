@@ -27,7 +27,7 @@ all-to-all (n−1)/n·S, send S. Calls per step:
   layer (:mod:`dslc.cost.recompute`). Vocab-parallel embedding: all-reduce of its
   output (SP: reduce-scatter forward, all-gather backward); head: all-reduce of its input
   gradient (SP: all-gather forward, reduce-scatter backward); vocab-parallel cross-entropy:
-  3 fp32 all-reduces of T elements (max, sum-exp, target logit). With SP the grads of
+  3 fp32 all-reduces of R elements per chunk of R rows (max, sum-exp, target logit). With SP the grads of
   tp-replicated weights (norms, row-parallel biases, router; experts when there is no
   data-parallel group to reduce them in) are all-reduced once per step.
 * pp, per micro-batch: one send of the activation (T·h·e, /t under SP) per chunk
@@ -75,6 +75,7 @@ from ..groups import axes_of, group_mesh, replica_group
 from ..ir import Plan
 from . import recompute as rc
 from .collectives import Comm
+from .loss import chunk_rows, chunks
 from .memory import (
     StageParams,
     actions,
@@ -142,7 +143,7 @@ def edge_specs(plan: Plan, first: bool, last: bool) -> list[_Spec]:
     if last:
         out += ([_Spec(("tp",), "all_gather", "head input", S, 1), _Spec(("tp",), "reduce_scatter", "head input", S, 0, 1)]
                 if sp else [_Spec(("tp",), "all_reduce", "head input grad", S, 0, 1)])
-        out.append(_Spec(("tp",), "all_reduce", "cross-entropy max, sum-exp, target (fp32)", local_tokens(plan) * 4, 3))
+        out.append(_Spec(("tp",), "all_reduce", "cross-entropy max, sum-exp, target (fp32)", chunk_rows(plan) * 4, 3 * chunks(plan)))
     return out
 
 

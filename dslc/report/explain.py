@@ -183,14 +183,14 @@ def render_text(ex: Explanation) -> str:
             + [size(s.buffers), size(s.step_temp), f"{s.inflight}", size(s.allocated), size(s.reserved), size(s.total),
                "yes" if s.total <= dev.memory else "NO"] for s in ex.memory]
     heads = (["stage", "layers", "params", "grads", "optimizer", "activations"] + ["unsharded"] * unsharded
-             + ["loss grads", "step temps", "in flight", "allocated", "reserved", "process", "fits"])
+             + ["loss chunk", "step temps", "in flight", "allocated", "reserved", "process", "fits"])
     out += _table(heads, rows, set(range(1, len(heads) - 1)))
     w, g, k = mem.state_bytes_per_param(p)
     s0 = ex.memory[0]
     out.append(f"  bytes per parameter {w}+{g}+{k} (weights+grads+optimizer) before ZeRO; activations with "
                + ("the paper's stored attention scores" if ex.settings.attention == "paper" else "fused attention (no s² scores)"))
     out.append("  allocated: the larger of the backward's peak (states + activations" + (" + unsharded" if unsharded else "")
-               + " + loss grads) and the optimizer step's (states + step temps);"
+               + " + loss chunk) and the optimizer step's (states + step temps);"
                + (f" reserved: +{s0.allocator:.0%} for the caching allocator; process: + {size(s0.context)} of CUDA context, "
                   "cuBLAS and NCCL buffers" if s0.context or s0.allocator else " no allocator or context allowance on this device"))
     if unsharded:
@@ -277,7 +277,7 @@ def to_json(ex: Explanation) -> dict:
                    "dense_layers": pr.dense_layers, "per_dense_layer": pr.dense_layer},  # a dense prefix (per_layer: the MoE ones)
         "device_memory": p.cluster.device.memory,
         "memory": [{"stage": s.stage, "params": s.params, "grads": s.grads, "optimizer": s.optimizer, "activations": s.activations,
-                    "unsharded": s.transient, "loss_grad_buffers": s.buffers, "optimizer_temporaries": s.step_temp,
+                    "unsharded": s.transient, "loss_chunk": s.buffers, "optimizer_temporaries": s.step_temp,
                     "allocated": s.allocated, "reserved": s.reserved, "total": s.total, "layers": s.layers, "inflight": s.inflight, "fits": s.total <= p.cluster.device.memory} for s in ex.memory],
         "flops_per_step": ex.flops.model,
         "hardware_flops_per_step": ex.flops.hardware,

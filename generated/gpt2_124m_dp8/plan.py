@@ -20,6 +20,7 @@ HEAD_DIM = 64
 FFN = 3072  # MLP inner size
 VOCAB = 50304
 SEQ_LEN = 1024
+LOSS_CHUNK_ROWS = 2048  # tokens the loss takes at once: 8 chunks a micro-batch
 NORM_EPS = 1e-5
 BIAS = True  # in the linear layers
 PROJ_STD = 0.02 / math.sqrt(2 * N_LAYER)  # init of the residual projections (GPT-2)

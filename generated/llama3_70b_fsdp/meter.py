@@ -8,8 +8,11 @@ The collectives count through METER; while it is off, each hook is one test.
 import contextlib
 import json
 import os
+import weakref
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from plan import GLOBAL_BATCH, LAYOUT, SEQ_LEN, WORLD_SIZE
 from utils import fail
@@ -21,6 +24,9 @@ class Meter:  # what this rank sends, holds and saves: what `dslc explain` predi
         self.step = None  # the step being measured; None outside the steps
         self.comm, self.scalar_comm = {}, {}  # step -> {(group, kind): (calls, bytes)}
         self.saved, self.state = [], None  # per micro-batch; after the first step
+        self.peaks = (
+            {}
+        )  # name -> the most bytes a part (the loss) held beyond what it kept
 
     def start(self, path, model, params):
         """Counts from now on, into `path` (one file per rank: .rank<R> before its
@@ -55,6 +61,15 @@ class Meter:  # what this rank sends, holds and saves: what `dslc explain` predi
             yield
         self.saved.append(sum(seen.values()))
 
+    @contextlib.contextmanager
+    def peak_bytes(self, name):
+        """The most bytes of storages allocated inside, alive at once, less those alive at
+        the end (what it keeps: autograd's saved tensors, its output), into peaks[name].
+        """
+        with LiveBytes() as live:
+            yield
+        self.peaks[name] = max(self.peaks.get(name, 0), live.peak - live.now)
+
     def model_state(self, optimizer, params, grads, masters=(), transient=0):
         """Bytes of the weights, gradients, optimizer state and counters this rank holds
         (masters: fp32 master weights, counted with the optimizer's state)."""
@@ -79,10 +94,36 @@ class Meter:  # what this rank sends, holds and saves: what `dslc explain` predi
 
         record = dict(rank=rank, coords=coords, param_count=n_params, state=self.state)
         record.update(comm=rows(self.comm), scalar_comm=rows(self.scalar_comm))
-        record.update(saved_per_microbatch=self.saved)
+        record.update(saved_per_microbatch=self.saved, peaks=self.peaks)
         root, ext = os.path.splitext(self.path)
         with open(f"{root}.rank{rank}{ext}", "w") as f:
             json.dump(record, f, indent=1, allow_nan=False)
+
+
+class LiveBytes(TorchDispatchMode):
+    """Counts the storages the ops inside allocate (not views, not in place), until each
+    is freed: the bytes alive now, and at most."""
+
+    def __init__(self):
+        super().__init__()
+        self.live, self.now, self.peak = {}, 0, 0
+
+    def free(self, key):
+        self.now -= self.live.pop(key)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        old = {t.untyped_storage().data_ptr() for t in inputs}
+        for t in tree_leaves(out):
+            storage = t.untyped_storage() if isinstance(t, torch.Tensor) else None
+            key = storage.data_ptr() if storage is not None else 0
+            if key and key not in old and key not in self.live:
+                self.live[key] = storage.nbytes()
+                self.now += storage.nbytes()
+                self.peak = max(self.peak, self.now)
+                weakref.finalize(storage, self.free, key)
+        return out
 
 
 METER = Meter()

@@ -21,6 +21,7 @@ FFN = 28672  # MLP inner size
 VOCAB = 128256
 VOCAB_PER_RANK = 64128  # rows of the embedding and head per tp rank
 SEQ_LEN = 8192
+LOSS_CHUNK_ROWS = 2048  # tokens the loss takes at once: 8 chunks a micro-batch
 NORM_EPS = 1e-5
 ROPE_THETA = 5e5
 BIAS = False  # in the linear layers

@@ -21,6 +21,7 @@ FFN = 14336  # MLP inner size
 VOCAB = 128256
 VOCAB_PER_RANK = 32064  # rows of the embedding and head per tp rank
 SEQ_LEN = 8192
+LOSS_CHUNK_ROWS = 4096  # tokens the loss takes at once: 2 chunks a micro-batch
 NORM_EPS = 1e-5
 ROPE_THETA = 5e5
 BIAS = False  # in the linear layers

@@ -11,7 +11,6 @@ all-reduce without replicated activations. Weights used there see only this rank
 tokens, so their gradients are summed over tp after backward."""
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -52,43 +51,6 @@ class VocabParallelEmbedding(nn.Module):  # rows split by vocabulary range
         outside = (local < 0) | (local >= VOCAB_PER_RANK)
         x = F.embedding(local.masked_fill(outside, 0), self.weight)
         return tp_exit(x.masked_fill(outside.unsqueeze(-1), 0.0))
-
-
-class VocabParallelCrossEntropy(torch.autograd.Function):
-    """Per-token cross-entropy of logits split by vocabulary, never gathered: the max,
-    sum of exponentials and target logit are all-reduced (Megatron's vocab_parallel)."""
-
-    @staticmethod
-    def forward(ctx, logits, targets):  # logits (B, T, VOCAB_PER_RANK), targets (B, T)
-        ctx.input_dtype = logits.dtype
-        logits = logits.float()
-        logits_max = logits.max(dim=-1).values
-        all_reduce(logits_max, "tp", op=dist.ReduceOp.MAX)
-        logits = logits - logits_max.unsqueeze(-1)
-        local = targets - COORDS["tp"] * VOCAB_PER_RANK
-        outside = (local < 0) | (local >= VOCAB_PER_RANK)
-        local = local.masked_fill(outside, 0)
-        target_logit = logits.gather(-1, local.unsqueeze(-1)).squeeze(-1)
-        target_logit = target_logit.masked_fill(outside, 0.0)
-        all_reduce(target_logit, "tp")
-        exp = logits.exp_()
-        sum_exp = exp.sum(dim=-1)
-        all_reduce(sum_exp, "tp")
-        ctx.save_for_backward(exp.div_(sum_exp.unsqueeze(-1)), local, outside)
-        return sum_exp.log() - target_logit
-
-    @staticmethod
-    def backward(ctx, grad_loss):  # d loss / d logits = softmax - one_hot(target)
-        grad, local, outside = ctx.saved_tensors  # the softmax, updated in place
-        minus_one = (outside.to(grad.dtype) - 1.0).unsqueeze(-1)  # at the targets
-        grad.scatter_add_(-1, local.unsqueeze(-1), minus_one)
-        grad.mul_(grad_loss.unsqueeze(-1))
-        return grad.to(ctx.input_dtype), None
-
-
-vocab_parallel_cross_entropy = torch.compiler.disable(
-    VocabParallelCrossEntropy.apply
-)  # eager
 
 
 class GatherFromSequenceParallel(torch.autograd.Function):  # the region's entry

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from context_parallel import context_attention, positions
-from layers import RMSNorm, param
+from layers import RMSNorm, linear_cross_entropy, param
 from mesh import COORDS
 from plan import (
     BIAS,
@@ -33,7 +33,6 @@ from tensor_parallel import (
     RowParallelLinear,
     VocabParallelEmbedding,
     tp_enter,
-    vocab_parallel_cross_entropy,
 )
 from utils import fill_normal, seed_key
 
@@ -124,8 +123,8 @@ class Transformer(nn.Module):
 
     def head_loss(self, x, targets):  # mean cross-entropy over the micro-batch's tokens
         x = self.norm(x)
-        logits = F.linear(tp_enter(x), self.lm_head)  # (B, T, VOCAB_PER_RANK)
-        return vocab_parallel_cross_entropy(logits, targets).mean()
+        # the logits in chunks, never whole (layers.py)
+        return linear_cross_entropy(tp_enter(x), self.lm_head, targets)
 
     def forward(self, idx, targets):
         x = self.embed(idx)

@@ -21,6 +21,7 @@ FFN = 14336  # MLP inner size
 VOCAB = 128256
 VOCAB_PER_RANK = 16032  # rows of the embedding and head per tp rank
 SEQ_LEN = 131072
+LOSS_CHUNK_ROWS = 8192  # tokens the loss takes at once: 4 chunks a micro-batch
 NORM_EPS = 1e-5
 ROPE_THETA = 5e5
 BIAS = False  # in the linear layers

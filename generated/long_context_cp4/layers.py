@@ -9,7 +9,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from plan import N_EMBD, NORM_EPS
+from meter import METER
+from plan import LOSS_CHUNK_ROWS, N_EMBD, NORM_EPS
 
 
 def param(*shape, tp_dim=None, init="normal", std=0.02, vocab_rows=False):
@@ -71,3 +72,56 @@ class RMSNorm(nn.Module):
 
     def forward(self, x):
         return RMSNormFunction.apply(x, self.weight)
+
+
+class LinearCrossEntropy(torch.autograd.Function):
+    """The mean cross-entropy of the logits x W^T, run over
+    chunks of LOSS_CHUNK_ROWS rows of x so that one chunk's logits and their fp32 copy are
+    alive at a time, never the micro-batch's (Liger-Kernel's fused linear cross-entropy,
+    Hsu et al. 2024). While a chunk's softmax is at hand, forward also takes its gradient
+    and sums dx and dW; backward only scales them. (Checkpointing each chunk instead
+    would run the head's GEMM a second time: a third more of its FLOPs.)"""
+
+    @staticmethod
+    def forward(ctx, x, weight, targets, grads):
+        # x (N, C), weight (V, C), targets (N,); grads: also dx and dW
+        loss = torch.zeros((), device=x.device)
+        dx = torch.empty_like(x) if grads else None
+        # dW summed in fp32 and kept so: unscaled (the loss scale comes in backward)
+        dw = torch.zeros(weight.shape, device=x.device) if grads else None
+        for i in range(0, x.size(0), LOSS_CHUNK_ROWS):
+            xc, tc = x[i : i + LOSS_CHUNK_ROWS], targets[i : i + LOSS_CHUNK_ROWS]
+            z = F.linear(xc, weight).float()  # (R, V) this chunk's logits, in fp32
+            z -= z.amax(dim=-1, keepdim=True)
+            target = z.gather(-1, tc.unsqueeze(-1)).squeeze(-1)
+            sum_exp = z.exp_().sum(dim=-1)
+            loss += (sum_exp.log() - target).sum()
+            if not grads:
+                continue
+            z /= sum_exp.unsqueeze(-1)  # the softmax, then minus one at the targets
+            z[torch.arange(len(tc), device=z.device), tc] -= 1.0
+            dz = z.to(x.dtype)  # d (sum of the chunk's losses) / d logits
+            del z
+            dx[i : i + LOSS_CHUNK_ROWS] = dz @ weight
+            dw.addmm_(dz.t(), xc)
+        ctx.save_for_backward(dx, dw)
+        ctx.weight_dtype, ctx.rows = weight.dtype, x.size(0)
+        return loss / x.size(0)
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        dx, dw = ctx.saved_tensors
+        scale = grad_loss / ctx.rows  # of the mean
+        return dx.mul_(scale), dw.mul_(scale).to(ctx.weight_dtype), None, None
+
+
+def linear_cross_entropy(x, weight, targets):
+    """The mean cross-entropy over the tokens of logits = x weight^T, in chunks;
+    x (B, T, C), targets (B, T)."""
+    x, targets = x.flatten(0, -2), targets.flatten()
+    grads = torch.is_grad_enabled()  # not in validation
+    args = (x, weight, targets, grads)
+    if METER.on:  # --measure: the most bytes the loss holds at once
+        with METER.peak_bytes("loss"):
+            return LinearCrossEntropy.apply(*args)
+    return LinearCrossEntropy.apply(*args)

@@ -18,6 +18,7 @@ HEAD_DIM = 16
 FFN = 256  # MLP inner size
 VOCAB = 256
 SEQ_LEN = 2048
+LOSS_CHUNK_ROWS = 512  # tokens the loss takes at once: 1 chunk a micro-batch
 NORM_EPS = 1e-5
 ROPE_THETA = 1e4
 BIAS = False  # in the linear layers

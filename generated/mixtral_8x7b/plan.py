@@ -20,6 +20,7 @@ HEAD_DIM = 128
 FFN = 14336  # MLP inner size
 VOCAB = 32000
 SEQ_LEN = 4096
+LOSS_CHUNK_ROWS = 4096  # tokens the loss takes at once: 1 chunk a micro-batch
 NORM_EPS = 1e-5
 ROPE_THETA = 1e6
 BIAS = False  # in the linear layers

@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from layers import Embedding, LayerNorm
+from layers import Embedding, LayerNorm, linear_cross_entropy
 from mesh import COORDS
 from plan import (
     BIAS,
@@ -28,7 +28,6 @@ from tensor_parallel import (
     RowParallelLinear,
     VocabParallelEmbedding,
     tp_enter,
-    vocab_parallel_cross_entropy,
 )
 from utils import fill_normal, seed_key
 
@@ -102,8 +101,8 @@ class Transformer(nn.Module):
 
     def head_loss(self, x, targets):  # mean cross-entropy over the micro-batch's tokens
         x = self.norm(x)
-        logits = F.linear(tp_enter(x), self.wte.weight)  # (B, T, VOCAB_PER_RANK)
-        return vocab_parallel_cross_entropy(logits, targets).mean()
+        # the logits in chunks, never whole (layers.py)
+        return linear_cross_entropy(tp_enter(x), self.wte.weight, targets)
 
     def forward(self, idx, targets):
         x = self.embed(idx)

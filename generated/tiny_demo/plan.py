@@ -19,6 +19,7 @@ FFN = 512  # MLP inner size
 VOCAB = 256
 VOCAB_PER_RANK = 128  # rows of the embedding and head per tp rank
 SEQ_LEN = 64
+LOSS_CHUNK_ROWS = 512  # tokens the loss takes at once: 1 chunk a micro-batch
 NORM_EPS = 1e-5
 BIAS = True  # in the linear layers
 PROJ_STD = 0.02 / math.sqrt(2 * N_LAYER)  # init of the residual projections (GPT-2)

@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from layers import Embedding, Linear, RMSNorm, param
+from layers import Embedding, Linear, RMSNorm, linear_cross_entropy, param
 from mesh import COORDS
 from moe import MoE
 from plan import (
@@ -100,8 +100,8 @@ class Transformer(nn.Module):
 
     def head_loss(self, x, targets):  # mean cross-entropy over the micro-batch's tokens
         x = self.norm(x)
-        logits = F.linear(x, self.lm_head)  # (B, T, VOCAB)
-        return F.cross_entropy(logits.float().view(-1, VOCAB), targets.reshape(-1))
+        # the logits in chunks, never whole (layers.py)
+        return linear_cross_entropy(x, self.lm_head, targets)
 
     def forward(self, idx, targets):
         x = self.embed(idx)

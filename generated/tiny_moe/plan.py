@@ -18,6 +18,7 @@ HEAD_DIM = 24
 FFN = 192  # MLP inner size
 VOCAB = 256
 SEQ_LEN = 64
+LOSS_CHUNK_ROWS = 256  # tokens the loss takes at once: 1 chunk a micro-batch
 NORM_EPS = 1e-5
 ROPE_THETA = 1e4
 BIAS = False  # in the linear layers
