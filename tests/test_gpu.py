@@ -224,7 +224,7 @@ def test_ring_blocks_on_cuda_merge_to_attention_over_the_whole_sequence(dtype, t
     q, k, v = (t.to("cuda", getattr(torch, dtype)).requires_grad_() for t in full)
     w = torch.randn(B, nh, n * C, hs, generator=g).to("cuda", q.dtype)
     (F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True) * w).sum().backward()
-    tol = {"atol": 3e-2, "rtol": 3e-2} if dtype == "bfloat16" else {"atol": 1e-4, "rtol": 1e-4}
+    tol = {"atol": 3e-2, "rtol": 3e-2} if dtype == "bfloat16" else {"atol": 5e-4, "rtol": 5e-4}
     dq, dk, dv = (torch.zeros_like(t, dtype=torch.float32) for t in (q, k, v))
     with torch.no_grad():
         for i in range(n):
