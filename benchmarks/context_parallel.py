@@ -5,7 +5,8 @@
 The same Llama (GQA), fp32, AdamW, and the same global batch of N sequences of --seq
 tokens on N processes on every side, so every side trains the same tokens per step:
 - ring: the script dslc emits for `mesh { cp = N }`, `context_parallel { method = ring }`
-  (load-balanced chunks, K/V passed around the ring while the block in hand is attended);
+  (load-balanced chunks, K/V passed around the ring while the block in hand is attended,
+  each block one fused attention call that returns its log-sum-exp, as torch's own);
 - ulysses: the same with `method = ulysses` (all-to-all to whole sequences of N / cp heads);
 - all-gather KV: the ring script with its attention replaced by the context parallelism
   of the Llama 3 paper (§3.3.2): every rank all-gathers the whole K and V (reduce-scatters
@@ -18,8 +19,10 @@ ring / all-gather KV has the target <= 1.0. The activation bytes are what autogr
 per micro-batch on the busiest rank (`train.py --measure`, one step, in the first
 repeat only: they do not change between runs): cp's point is that they fall as 1/N.
 PyTorch's own context parallel
-(torch.distributed.tensor.experimental.context_parallel) refuses CPU attention, so it
-is not a side here.
+(torch.distributed.tensor.experimental.context_parallel) shards only the CUDA attention
+kernels (flash, memory-efficient, cuDNN; its ring has no entry for the CPU flash kernel,
+torch 2.13), so it is not a side here: the comparison with it waits for a machine with a
+GPU per cp rank (NCCL refuses two ranks on one GPU).
 """
 
 from __future__ import annotations

@@ -5,7 +5,9 @@ it is, with the process groups its mesh.py builds, run under torchrun (CPU, gloo
 random q, k, v, and each rank's output and gradients compared with
 ``scaled_dot_product_attention`` over the whole sequence at that rank's positions: forward
 and backward, grouped-query attention, the load-balanced and the contiguous layout (where
-rank 0 attends only to its own diagonal block and the last rank to every block).
+rank 0 attends only to its own diagonal block and the last rank to every block). A larger
+ring measures, with torch.profiler, the most bytes its backward holds at once beyond its
+inputs and saved tensors: what ``dslc explain`` counts as ``ring`` (dslc/cost/ring.py).
 """
 
 from __future__ import annotations
@@ -25,11 +27,11 @@ PLAN = """
 cluster c {{ nodes = 1; gpus_per_node = {cp}; device = cpu
             link shm {{ scope = node; bandwidth = 10 GB/s; latency = 10 us }} }}
 plan p {{
-    model llama {{ layers = 1; hidden = 64; heads = {heads}; kv_heads = {kv}; vocab = 64; seq_len = {seq} }}
+    model llama {{ layers = 1; hidden = {hidden}; heads = {heads}; kv_heads = {kv}; vocab = 64; seq_len = {seq} }}
     cluster = c
     mesh {{ cp = {cp} on shm }}
     context_parallel {{ method = {method}; load_balance = {balance} }}
-    train {{ micro_batch = 1; global_batch = 1; data = synthetic }}
+    train {{ micro_batch = 2; global_batch = 2; data = synthetic }}
 }}
 """
 
@@ -39,6 +41,7 @@ DRIVER = textwrap.dedent(
     """
     import datetime, json, sys, traceback
     import torch, torch.distributed as dist, torch.nn.functional as F
+    from torch.profiler import ProfilerActivity, profile
 
     dist.init_process_group("gloo")
     CP, CP_RANK = dist.get_world_size(), dist.get_rank()
@@ -69,6 +72,16 @@ DRIVER = textwrap.dedent(
             print(f"case {case} rank {CP_RANK} ok: positions {at.tolist()}", flush=True)
         except AssertionError:
             print(f"case {case} rank {CP_RANK} differs:", traceback.format_exc(), flush=True)
+        if seq >= 1024:  # the ring's backward working set: the peak of its allocations
+            got = context_parallel.context_attention(*mine)
+            dy = w[:, :, at].transpose(1, 2).contiguous().transpose(1, 2)  # laid out as the model's
+            with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+                got.backward(dy)
+            events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
+            held = [0]
+            for _, nbytes in events:
+                held.append(held[-1] + nbytes)
+            print(f"case {case} rank {CP_RANK} ring bytes {max(held)}", flush=True)
         mesh.GROUPS.clear()
     dist.destroy_process_group()
     """
@@ -79,6 +92,7 @@ CASES = [  # method, load_balance, cp, heads, kv heads, sequence
     ("ring", "false", 4, 4, 4, 24),  # contiguous: rank 0 one block, rank 3 four
     ("ring", "true", 2, 2, 1, 16),  # one kv head shared by both query heads
     ("ulysses", "false", 2, 4, 2, 24),  # heads and kv heads split over cp; GQA
+    ("ring", "true", 2, 8, 2, 2048),  # large enough to measure the ring's working set
 ]
 
 
@@ -87,23 +101,38 @@ def runs(run_script, tmp_path_factory):
     """The driver's output for every case, one torchrun job per cp size."""
     tmp = tmp_path_factory.mktemp("cp_kernels")
     (tmp / "driver.py").write_text(DRIVER)
-    out = {}
+    out, plans = {}, {}
     for cp in sorted({c[2] for c in CASES}):
         cases = [c for c in CASES if c[2] == cp]
         jobs = []
         for method, balance, _, heads, kv, seq in cases:
-            text = PLAN.format(cp=cp, heads=heads, kv=kv, seq=seq, method=method, balance=balance)
+            text = PLAN.format(cp=cp, heads=heads, kv=kv, seq=seq, method=method, balance=balance, hidden=16 * heads)
             plan = load_text(text).program.plans[0]
             folder = codegen.write(plan, tmp / f"{method}_{balance}_{cp}_{heads}_{kv}_{seq}")
             jobs.append([str(folder), heads, kv, seq])
+            plans[cases[len(jobs) - 1]] = plan
         run = run_script(tmp / "driver.py", cp, json.dumps(jobs))
         assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
         for k, case in enumerate(cases):  # (the ranks' lines may interleave)
-            out[case] = ({int(r) for r in re.findall(rf"case {k} rank (\d+) ok: positions ", run.stdout)}, run.stdout)
+            ranks = {int(r) for r in re.findall(rf"case {k} rank (\d+) ok: positions ", run.stdout)}
+            held = [int(b) for b in re.findall(rf"case {k} rank \d+ ring bytes (\d+)", run.stdout)]
+            out[case] = (ranks, run.stdout, held, plans[case])
     return out
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
 def test_context_attention_equals_sdpa_on_the_whole_sequence(case, runs):
-    ranks, stdout = runs[case]
+    ranks, stdout, _, _ = runs[case]
     assert ranks == set(range(case[2])), stdout[-4000:]
+
+
+def test_the_rings_working_set_is_what_explain_counts(runs):
+    """Each rank's backward peak (fp32; the driver's head size, 16, is the plan's) within
+    10 % of memory's ring term: no score tile, only accumulators and blocks in flight."""
+    from dslc.cost import ring
+
+    _, stdout, held, plan = runs[CASES[-1]]
+    want = ring.working_bytes(plan)
+    assert len(held) == plan.cp, stdout[-4000:]
+    print(f"ring working set: measured {held}, explain {want}")
+    assert all(abs(got - want) <= 0.1 * want for got in held), (held, want)

@@ -183,3 +183,68 @@ def test_a_step_that_does_not_log_never_waits_for_the_gpu(compiled, golden_plans
     args = ["--steps", "6", "--log-every", "100", "--device", "cuda", compiled]
     out = subprocess.run([sys.executable, "-c", NO_SYNC, str(script), *args], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]
+
+
+RING = """
+cluster c { nodes = 1; gpus_per_node = 2; device = cpu
+            link shm { scope = node; bandwidth = 10 GB/s; latency = 10 us } }
+plan p {
+    model llama { layers = 1; hidden = 256; heads = 4; kv_heads = 2; vocab = 64; seq_len = 512 }
+    cluster = c
+    mesh { cp = 2 on shm }
+    context_parallel { method = ring }
+    train { micro_batch = 1; global_batch = 1; data = synthetic }
+}
+"""
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])  # flash attention, the memory-efficient kernel
+def test_ring_blocks_on_cuda_merge_to_attention_over_the_whole_sequence(dtype, tmp_path):
+    """The ring's per-block CUDA calls (context_parallel.attend and attend_backward, GQA:
+    4 query heads on 2 kv heads), in one process over a sequence cut into 4 chunks: each
+    query chunk's diagonal block (causal) and the block of every chunk before it (unmasked),
+    merged by log-sum-exp as the ring merges them, and each block's backward from the
+    merged output and log-sum-exp, summed; against F.scaled_dot_product_attention over the
+    whole sequence, forward and gradients."""
+    import sys
+
+    import torch.nn.functional as F
+
+    folder = codegen.write(load_text(RING).program.plans[0], tmp_path)
+    for name in ("mesh", "context_parallel", "plan", "meter", "utils"):
+        sys.modules.pop(name, None)
+    sys.path.insert(0, str(folder))
+    try:
+        import context_parallel as cp
+    finally:
+        sys.path.remove(str(folder))
+    B, nh, nkv, hs, C, n = 2, 4, 2, 64, 128, 4
+    g = torch.Generator().manual_seed(0)
+    full = [torch.randn(B, n * C, h, hs, generator=g).transpose(1, 2) for h in (nh, nkv, nkv)]
+    q, k, v = (t.to("cuda", getattr(torch, dtype)).requires_grad_() for t in full)
+    w = torch.randn(B, nh, n * C, hs, generator=g).to("cuda", q.dtype)
+    (F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True) * w).sum().backward()
+    tol = {"atol": 3e-2, "rtol": 3e-2} if dtype == "bfloat16" else {"atol": 5e-4, "rtol": 5e-4}
+    dq, dk, dv = (torch.zeros_like(t, dtype=torch.float32) for t in (q, k, v))
+    with torch.no_grad():
+        for i in range(n):
+            rows, diagonal, before = (slice(i * C, (i + 1) * C), slice(i * C, (i + 1) * C), slice(0, i * C))
+            blocks = [(diagonal, True)] + [(before, False)] * (i > 0)
+            parts = [cp.attend(q[:, :, rows], k[:, :, keys], v[:, :, keys], causal) for keys, causal in blocks]
+            y, lse = parts[0][0].float(), parts[0][1].float()
+            for block_y, block_lse, _ in parts[1:]:
+                merged = torch.logaddexp(lse, block_lse)
+                y = y * (lse - merged).exp()[..., None] + block_y.float() * (block_lse - merged).exp()[..., None]
+                lse = merged
+            torch.testing.assert_close(y.to(q.dtype), F.scaled_dot_product_attention(
+                q[:, :, : (i + 1) * C], k[:, :, : (i + 1) * C], v[:, :, : (i + 1) * C], is_causal=True, enable_gqa=True
+            )[:, :, rows], **tol)
+            y = y.to(q.dtype)
+            for (keys, causal), (_, _, kernel) in zip(blocks, parts):
+                grads = cp.attend_backward(w[:, :, rows], q[:, :, rows], k[:, :, keys], v[:, :, keys], y, lse.contiguous(),
+                                           causal, kernel)
+                dq[:, :, rows] += grads[0]
+                dk[:, :, keys] += grads[1]
+                dv[:, :, keys] += grads[2]
+    for name, got, want in zip("qkv", (dq, dk, dv), (q.grad, k.grad, v.grad)):
+        torch.testing.assert_close(got, want.float(), **tol, msg=lambda m: f"d{name}: {m}")

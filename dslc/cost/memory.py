@@ -23,6 +23,7 @@ from ..ir import Plan
 from ..units import DTYPE_BYTES
 from . import loss as ls
 from . import recompute as rc
+from . import ring
 from . import schedule as sched
 from .params import StageParams, chunk_layers, stage_params  # noqa: F401 (mem.stage_params for the other stages)
 
@@ -73,9 +74,7 @@ def expert_capacity(plan: Plan) -> int | None:
     slots past C are dropped and the token skips the MoE through the residual. Computed on
     the decimal written in the plan (1.1 is 11/10), so the script should take C from here."""
     m = plan.model
-    if not m.capacity_factor:
-        return None
-    return ceil(Fraction(repr(m.capacity_factor)) * m.top_k * m.seq_len / m.experts)
+    return ceil(Fraction(repr(m.capacity_factor)) * m.top_k * m.seq_len / m.experts) if m.capacity_factor else None
 
 
 def routed_slots(plan: Plan, imbalance: float = 1.0) -> int:
@@ -112,8 +111,7 @@ def grad_group(plan: Plan, expert: bool) -> tuple[str, ...]:
 
 
 def group_size(plan: Plan, axes: tuple[str, ...]) -> int:
-    mesh = group_mesh(plan)
-    return prod(mesh.size(a) for a in axes)
+    return prod(group_mesh(plan).size(a) for a in axes)
 
 
 # ---------------------------------------------------------------------------- memory
@@ -313,8 +311,7 @@ def edge_activation_bytes(plan: Plan, settings: Settings = DEFAULT) -> tuple[int
     m, e, T = plan.model, dtype_bytes(plan), local_tokens(plan)
     r = plan.tp if plan.tensor_parallel.sequence_parallel else 1
     mask = settings.dropout if settings.dropout is not None else m.dropout > 0
-    V = arch.vocab_per_rank(m, plan.tp)  # "whole": the head's input and the fp32 logits
-    head = T * m.hidden * e // r + 4 * T * V if settings.loss == "whole" else ls.saved_bytes(plan)
+    head = T * m.hidden * e // r + 4 * T * arch.vocab_per_rank(m, plan.tp) if settings.loss == "whole" else ls.saved_bytes(plan)
     return (T * m.hidden // r if mask else 0), T * m.hidden * e // r + head
 
 
@@ -322,11 +319,11 @@ def edge_activation_bytes(plan: Plan, settings: Settings = DEFAULT) -> tuple[int
 class StageMemory:
     """Bytes held by the worst rank of one pipeline stage at its peak.
 
-    The peak is the larger of two moments: the backward of the last forward (model states,
-    the activations in flight, ZeRO's unsharded weights and gradients, the loss's
-    gradient buffers) and the optimizer step (model states and its temporaries; the
-    activations are gone). PyTorch's caching allocator reserves ``allocator`` more than it
-    hands out, and the process holds ``context`` outside it (:data:`dslc.catalog.ALLOWANCES`)."""
+    The peak is the larger of two moments: the backward of the last forward (model states, the
+    activations in flight, ZeRO's unsharded weights and gradients, the loss's gradient buffers,
+    ring attention's blocks: :func:`dslc.cost.ring.working_bytes`) and the optimizer step (model
+    states and its temporaries; the activations are gone). PyTorch's caching allocator reserves
+    ``allocator`` more than it hands out, and the process holds ``context`` outside it."""
 
     stage: int
     params: int
@@ -340,6 +337,7 @@ class StageMemory:
     step_temp: int = 0  # the optimizer step's temporaries (foreach Adam: one fp32 tensor per parameter)
     allocator: float = 0.0
     context: int = 0
+    ring: int = 0  # ring attention's accumulators and blocks in flight (ring.working_bytes)
 
     @property
     def states(self) -> int:
@@ -348,7 +346,7 @@ class StageMemory:
     @property
     def allocated(self) -> int:
         """What tensors hold at the peak: PyTorch's max_memory_allocated."""
-        return self.states + max(self.activations + self.transient + self.buffers, self.step_temp)
+        return self.states + max(self.activations + self.transient + self.buffers + self.ring, self.step_temp)
 
     @property
     def reserved(self) -> int:
@@ -394,9 +392,9 @@ def memory(plan: Plan, settings: Settings = DEFAULT, peaks: tuple[int, ...] | No
             act += ceil(held / v) * emb
         if s == plan.last_stage:
             act += ceil(held / v) * head
-        whole = (4 + dtype_bytes(plan)) * local_tokens(plan) * arch.vocab_per_rank(plan.model, plan.tp)  # their gradient
+        whole = (4 + dtype_bytes(plan)) * local_tokens(plan) * arch.vocab_per_rank(plan.model, plan.tp)  # the logits' gradient
         buffers = (whole if settings.loss == "whole" else ls.buffer_bytes(plan)) if s == plan.last_stage else 0
         step_temp = (dense[2] + expert[2]) * 4 // k if k else 0  # the optimizer's shard, one fp32 temporary each
         out.append(StageMemory(s, dense[0] + expert[0], dense[1] + expert[1], dense[2] + expert[2], act, held, sum(chunks),
-                               transient_bytes(plan, s), buffers, step_temp, allow.allocator, allow.context))
+                               transient_bytes(plan, s), buffers, step_temp, allow.allocator, allow.context, ring.working_bytes(plan)))
     return tuple(out)

@@ -178,24 +178,28 @@ def render_text(ex: Explanation) -> str:
     pipe = p.pipeline
     out = [f"plan {p.name} ({p.file})", *overview(ex), "", f"Memory per GPU, worst rank of each pipeline stage (device: {size(dev.memory)})"]
     unsharded = any(s.transient for s in ex.memory)  # ZeRO-2/3: gathered weights, unsharded grads
+    ring = any(s.ring for s in ex.memory)  # ring attention's accumulators and blocks in flight
     rows = [[str(s.stage), str(s.layers), size(s.params), size(s.grads), size(s.optimizer), size(s.activations)]
-            + [size(s.transient)] * unsharded
+            + [size(s.transient)] * unsharded + [size(s.ring)] * ring
             + [size(s.buffers), size(s.step_temp), f"{s.inflight}", size(s.allocated), size(s.reserved), size(s.total),
                "yes" if s.total <= dev.memory else "NO"] for s in ex.memory]
-    heads = (["stage", "layers", "params", "grads", "optimizer", "activations"] + ["unsharded"] * unsharded
+    heads = (["stage", "layers", "params", "grads", "optimizer", "activations"] + ["unsharded"] * unsharded + ["ring"] * ring
              + ["loss chunk", "step temps", "in flight", "allocated", "reserved", "process", "fits"])
     out += _table(heads, rows, set(range(1, len(heads) - 1)))
     w, g, k = mem.state_bytes_per_param(p)
     s0 = ex.memory[0]
     out.append(f"  bytes per parameter {w}+{g}+{k} (weights+grads+optimizer) before ZeRO; activations with "
                + ("the paper's stored attention scores" if ex.settings.attention == "paper" else "fused attention (no s² scores)"))
-    out.append("  allocated: the larger of the backward's peak (states + activations" + (" + unsharded" if unsharded else "")
+    out.append("  allocated: the larger of the backward's peak (states + activations" + (" + unsharded" if unsharded else "") + (" + ring" if ring else "")
                + " + loss chunk) and the optimizer step's (states + step temps);"
                + (f" reserved: +{s0.allocator:.0%} for the caching allocator; process: + {size(s0.context)} of CUDA context, "
                   "cuBLAS and NCCL buffers" if s0.context or s0.allocator else " no allocator or context allowance on this device"))
     if unsharded:
         out.append("  unsharded: the most " + ("gathered weights and " if p.data_parallel.zero == 3 else "")
                    + "unsharded gradients held at once" + (" (accumulated over the micro-batches)" if p.microbatches > 1 else ""))
+    if ring:
+        out.append("  ring: ring attention's fp32 accumulators and the K, V blocks in flight, one layer at a time "
+                   "(each block a fused attention call: no score tile)")
     for d in ex.diagnostics:
         out += [f"  error[{d.code}]: {d.message}", f"  help: {d.hint}"]
     out += ["", "Traffic per GPU per step (the busiest stage's ranks; payload = tensor bytes, wire = NCCL ring bytes)"]
@@ -277,7 +281,7 @@ def to_json(ex: Explanation) -> dict:
                    "dense_layers": pr.dense_layers, "per_dense_layer": pr.dense_layer},  # a dense prefix (per_layer: the MoE ones)
         "device_memory": p.cluster.device.memory,
         "memory": [{"stage": s.stage, "params": s.params, "grads": s.grads, "optimizer": s.optimizer, "activations": s.activations,
-                    "unsharded": s.transient, "loss_chunk": s.buffers, "optimizer_temporaries": s.step_temp,
+                    "unsharded": s.transient, "loss_chunk": s.buffers, "ring_attention": s.ring, "optimizer_temporaries": s.step_temp,
                     "allocated": s.allocated, "reserved": s.reserved, "total": s.total, "layers": s.layers, "inflight": s.inflight, "fits": s.total <= p.cluster.device.memory} for s in ex.memory],
         "flops_per_step": ex.flops.model,
         "hardware_flops_per_step": ex.flops.hardware,

@@ -12,10 +12,10 @@ attention work.
 The model reaches this module through context_attention(q, k, v)."""
 
 import functools
-import math
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from mesh import CALLING, COORDS, GROUPS
 from meter import METER
@@ -61,133 +61,129 @@ def wait(works):
 
 
 def visible_keys(source):
-    """(query chunk slot a, m, causal) for each of this rank's query chunks that sees keys
-    of cp rank `source`: a key chunk before the query chunk is seen whole, the same chunk
-    through the causal mask, a later one not at all (skipped). A rank holds its chunks in
-    ascending order, so the seen ones are its first m; the last is masked if `causal`.
-    """
+    """(query chunk slot a, m) for each of this rank's query chunks that sees keys of
+    another cp rank `source`: the block's first m chunks, each wholly before the query
+    chunk (the two ranks share no chunk, and a rank holds its chunks in ascending
+    order); the later ones it does not see."""
     mine, theirs = cp_chunks(COORDS["cp"]), cp_chunks(source)
-    seen = [
-        (a, sum(ck <= cq for ck in theirs), cq in theirs) for a, cq in enumerate(mine)
-    ]
-    return [(a, m, causal) for a, m, causal in seen if m]
+    seen = [(a, sum(ck < cq for ck in theirs)) for a, cq in enumerate(mine)]
+    return [(a, m) for a, m in seen if m]
 
 
 @functools.cache
-def key_masks(device):
-    """A query chunk against its first m key chunks, the last its own (True: masked), by
-    m: built once per device, not in the hot path."""
-    causal = (
-        torch.ones(CHUNK, CHUNK, dtype=torch.bool).triu(1).to(device)
-    )  # a chunk against itself
-    return {
-        m: torch.cat(
-            [
-                torch.zeros(CHUNK, (m - 1) * CHUNK, dtype=torch.bool, device=device),
-                causal,
-            ],
-            1,
+def ring_blocks(source):
+    """The fused attention calls for cp rank `source`'s K, V block: (this rank's query
+    positions, the block's key positions, causal). Its own block is one causal call (its
+    chunks ascend, so the causal mask of their local order is the global one); another
+    rank's chunks are wholly visible or not at all, so no call needs a mask, and query
+    chunks that see the same keys share one."""
+    if source == COORDS["cp"]:
+        return [(slice(None), slice(None), True)]
+    calls = []  # [first query slot, query slots, key chunks]
+    for a, m in visible_keys(source):
+        if calls and calls[-1][2] == m and sum(calls[-1][:2]) == a:
+            calls[-1][1] += 1
+        else:
+            calls.append([a, 1, m])
+    return [
+        (slice(a * CHUNK, (a + n) * CHUNK), slice(0, m * CHUNK), False)
+        for a, n, m in calls
+    ]
+
+
+aten = torch.ops.aten  # the fused attention kernels that return the log-sum-exp
+
+
+def expand_heads(x, nh):
+    """(B, nkv, L, hs) -> (B, nh, L, hs): each kv head once for each of its query heads."""
+    B, nkv, L, hs = x.shape
+    return x[:, :, None].expand(B, nkv, nh // nkv, L, hs).reshape(B, nh, L, hs)
+
+
+def attend(q, k, v, causal):
+    """One block through a fused attention kernel that returns its log-sum-exp, as
+    torch's own context_parallel calls them: (output (B, nh, Tq, hs), log-sum-exp
+    (B, nh, Tq) fp32, what its backward needs). No score tile is held. CPU and flash
+    attention (CUDA, 16-bit) take the kv heads as they are; the memory-efficient kernel
+    (CUDA, fp32) needs one per query head (a copy of the block's K and V) and pads its
+    log-sum-exp to 32 rows."""
+    if not q.is_cuda:
+        y, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal)
+        return y, lse, None
+    if q.dtype != torch.float32:
+        y, lse, *kernel = aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal)
+        # its backward's cum_seq_q, cum_seq_k, philox seed and offset (the rng state)
+        return y, lse, [kernel[i] for i in (0, 1, 4, 5)]
+    k, v = expand_heads(k, q.size(1)), expand_heads(v, q.size(1))
+    y, lse, *kernel = aten._scaled_dot_product_efficient_attention(
+        q, k, v, None, True, 0.0, causal
+    )
+    return y, lse[..., : q.size(2)], kernel  # kernel: the philox seed and offset
+
+
+def attend_backward(dy, q, k, v, y, lse, causal, kernel):
+    """dq, dk, dv of one block from the merged output y and log-sum-exp (the standard
+    ring backward: the kernel recomputes the block's probabilities from them)."""
+    if not q.is_cuda:
+        return aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            dy, q, k, v, y, lse, 0.0, causal
         )
-        for m in range(1, len(cp_chunks(0)) + 1)
-    }
-
-
-def mask_(
-    scores, m, g
-):  # scores (B, nkv, CHUNK * g, m * CHUNK): g rows per query token
-    B, nkv = scores.shape[:2]
-    scores.view(B, nkv, CHUNK, g, m * CHUNK).masked_fill_(
-        key_masks(scores.device)[m][:, None], -math.inf
+    if q.dtype != torch.float32:
+        (cum_q, cum_k, seed, offset), lengths = kernel, (q.size(2), k.size(2))
+        return aten._scaled_dot_product_flash_attention_backward(
+            dy, q, k, v, y, lse, cum_q, cum_k, *lengths, 0.0, causal, seed, offset
+        )
+    B, nkv, L, hs = k.shape
+    lse = F.pad(lse, (0, -lse.size(-1) % 32))  # the kernel's own padding
+    k, v = expand_heads(k, q.size(1)), expand_heads(v, q.size(1))
+    grads = aten._scaled_dot_product_efficient_attention_backward(
+        dy, q, k, v, None, y, lse, *kernel, 0.0, [True] * 3 + [False], causal
     )
-
-
-def to_rows(x, nkv):  # (B, nh, T, hs) -> fp32 (B, nkv, T * g, hs), row t * g + i
-    B, nh, T, hs = (
-        x.shape
-    )  # the g = nh / nkv query heads that share a kv head, token-major
-    return (
-        x.float()
-        .reshape(B, nkv, nh // nkv, T, hs)
-        .transpose(2, 3)
-        .reshape(B, nkv, -1, hs)
-    )
-
-
-def from_rows(x, nh):  # the inverse: (B, nkv, T * g, hs) -> (B, T, nh, hs)
-    B, nkv, n, hs = x.shape
-    return (
-        x.view(B, nkv, n * nkv // nh, nh // nkv, hs)
-        .permute(0, 2, 1, 3, 4)
-        .reshape(B, -1, nh, hs)
-    )
-
-
-def chunk(
-    x, i, per=1
-):  # chunk slot i along dim -2 of (..., T * per, hs): per rows a token
-    return x[..., i * CHUNK * per : (i + 1) * CHUNK * per, :]
-
-
-def rows(x, i, per):  # the same for one value per row: (..., T * per)
-    return x[..., i * CHUNK * per : (i + 1) * CHUNK * per]
+    dq, dk, dv = grads[:3]  # each kv head's gradient: summed over its query heads
+    return dq, *(d.reshape(B, nkv, -1, L, hs).sum(2) for d in (dk, dv))
 
 
 class RingAttention(torch.autograd.Function):
     """Causal attention of this rank's queries over the whole sequence, whose K and V
     blocks travel around the cp ring: the next block's transfer runs while the block in
-    hand is attended. Blocks merge by their log-sum-exp (the online softmax of flash
-    attention), so the result is softmax(q k^T / sqrt(hs)) v over every key before each
-    query. Only the kv heads travel: the query heads that share one (GQA) are rows of one
-    product with it. Saved: q, k, v, the output and its log-sum-exp, as a fused attention
-    kernel saves; backward passes K, V around again, the other way, with the dK, dV
-    accumulators."""
+    hand is attended. Each block is a fused attention call (attend) that returns its
+    log-sum-exp; blocks merge by it (the online softmax of flash attention) into an fp32
+    output, so the result is softmax(q k^T / sqrt(hs)) v over every key before each
+    query. Saved: q, k, v, the output and its log-sum-exp, as a fused attention kernel
+    saves; backward passes K, V around again, the other way, with the fp32 dK, dV
+    accumulators, and calls each block's backward kernel with the merged output and
+    log-sum-exp."""
 
     @staticmethod
-    def forward(
-        ctx, q, k, v
-    ):  # q (B, nh, T, hs), k and v (B, nkv, T, hs), T this rank's
-        B, nh, T, hs = q.shape
-        nkv = k.size(1)
-        g = nh // nkv
-        qr = to_rows(q, nkv) * hs**-0.5
-        out = torch.zeros_like(qr)
-        lse = torch.full(
-            qr.shape[:-1], -math.inf, device=q.device
-        )  # of each row's scores
+    def forward(ctx, q, k, v):
+        B, nh, T, hs = q.shape  # k and v (B, nkv, T, hs); T: this rank's tokens
         kv = [k.contiguous(), v.contiguous()]
         for step in range(CP):
             source = (COORDS["cp"] - step) % CP  # whose block is in hand
-            if step < CP - 1:
-                incoming, works = ring_pass(
-                    kv, +1
-                )  # the next block, while this one computes
-            for a, m, causal in visible_keys(source):
-                kb, vb = (t[..., : m * CHUNK, :].float() for t in kv)
-                scores = chunk(qr, a, g) @ kb.transpose(
-                    -1, -2
-                )  # (B, nkv, CHUNK * g, m * CHUNK)
-                if causal:
-                    mask_(scores, m, g)
-                top = scores.amax(dim=-1, keepdim=True)  # finite: every row sees a key
-                weights = scores.sub_(
-                    top
-                ).exp_()  # in place: the tile is the big tensor
-                total = weights.sum(dim=-1, keepdim=True)
-                block_out = (weights @ vb).div_(total)
-                block_lse = (top + total.log()).squeeze(-1)
+            if step < CP - 1:  # the next block travels while this one computes
+                incoming, works = ring_pass(kv, +1)
+            for queries, keys, causal in ring_blocks(source):
+                kb = [t[:, :, keys] for t in kv]
+                block_y, block_lse, ctx.kernel = attend(q[:, :, queries], *kb, causal)
+                # its own block, seen by every query: fp32, laid out (B, T, nh, hs)
+                if step == 0:
+                    out = q.new_empty(B, T, nh, hs, dtype=torch.float32).transpose(1, 2)
+                    out.copy_(block_y)
+                    lse = block_lse.contiguous()
+                    continue
                 # online softmax: both parts reweighted to the merged log-sum-exp
-                merged = torch.logaddexp(rows(lse, a, g), block_lse)
-                chunk(out, a, g).mul_(torch.exp(rows(lse, a, g) - merged).unsqueeze(-1))
-                chunk(out, a, g).add_(
-                    block_out * torch.exp(block_lse - merged).unsqueeze(-1)
-                )
-                rows(lse, a, g).copy_(merged)
+                before = lse[:, :, queries]
+                merged = torch.logaddexp(before, block_lse)
+                out[:, :, queries].mul_(torch.exp(before - merged).unsqueeze(-1))
+                weight = torch.exp(block_lse - merged).unsqueeze(-1)
+                out[:, :, queries].add_(block_y * weight)
+                before.copy_(merged)
             if step < CP - 1:
                 wait(works)
                 kv = incoming
         # laid out (B, T, nh, hs), as a fused kernel returns it: the output projection's
         # input is then a view of it, not a second copy
-        y = from_rows(out, nh).to(q.dtype).transpose(1, 2)
+        y = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, y, lse)
         return y
 
@@ -195,64 +191,38 @@ class RingAttention(torch.autograd.Function):
     def backward(ctx, grad_y):
         q, k, v, y, lse = ctx.saved_tensors
         B, nh, T, hs = q.shape
-        nkv, scale = k.size(1), hs**-0.5
-        g = nh // nkv
-        qr, dy = to_rows(q, nkv), to_rows(grad_y, nkv)
-        delta = (dy * to_rows(y, nkv)).sum(dim=-1)  # rowsum(dy * y)
-        dq = torch.zeros_like(qr)
+        dq = q.new_zeros(B, T, nh, hs, dtype=torch.float32).transpose(1, 2)
         kv, travelling = [k.contiguous(), v.contiguous()], None
         for step in range(CP):
             source = (COORDS["cp"] + step) % CP  # the other way round
             if step < CP - 1:
                 incoming, works = ring_pass(kv, -1)
-            kf, vf = kv[0].float(), kv[1].float()
-            dk, dv = torch.zeros_like(kf), torch.zeros_like(
-                vf
-            )  # from this rank's queries
-            for a, m, causal in visible_keys(source):
-                seen = slice(0, m * CHUNK)  # the block's first m chunks
-                kb, vb, qa, dya = (
-                    kf[..., seen, :],
-                    vf[..., seen, :],
-                    chunk(qr, a, g),
-                    chunk(dy, a, g),
+            # the block's dK, dV from this rank's queries
+            dk, dv = (torch.zeros_like(t, dtype=torch.float32) for t in kv)
+            for queries, keys, causal in ring_blocks(source):
+                mine = (t[:, :, queries] for t in (grad_y, q))
+                theirs = (t[:, :, keys] for t in kv)
+                # the log-sum-exp of these queries, a whole tensor for the kernel
+                block_lse = lse[:, :, queries].contiguous()
+                grads = attend_backward(
+                    *mine, *theirs, y[:, :, queries], block_lse, causal, ctx.kernel
                 )
-                scores = qa @ kb.transpose(-1, -2) * scale
-                if causal:
-                    mask_(scores, m, g)
-                p = scores.sub_(
-                    rows(lse, a, g).unsqueeze(-1)
-                ).exp_()  # the forward's softmax
-                ds = (
-                    (dya @ vb.transpose(-1, -2))
-                    .sub_(rows(delta, a, g).unsqueeze(-1))
-                    .mul_(p)
-                )
-                chunk(dq, a, g).add_(ds @ kb * scale)
-                dk[..., seen, :] += (
-                    ds.transpose(-1, -2) @ qa * scale
-                )  # summed over the rows
-                dv[..., seen, :] += p.transpose(-1, -2) @ dya
-            if (
-                travelling is not None
-            ):  # the block's dK, dV from the ranks it visited before
+                dq[:, :, queries] += grads[0]
+                dk[:, :, keys] += grads[1]
+                dv[:, :, keys] += grads[2]
+            # the block's dK, dV from the ranks it visited before
+            if travelling is not None:
                 (dk_before, dv_before), sent = travelling
                 wait(sent)
                 dk.add_(dk_before)
                 dv.add_(dv_before)
-            travelling = ring_pass(
-                [dk, dv], -1
-            )  # on with the block: home after CP passes
+            travelling = ring_pass([dk, dv], -1)  # on with the block: home after CP
             if step < CP - 1:
                 wait(works)
                 kv = incoming
         (dk, dv), sent = travelling
         wait(sent)  # this rank's own block's dK, dV, from every rank's queries (fp32)
-        return (
-            from_rows(dq, nh).transpose(1, 2).to(q.dtype),
-            dk.to(k.dtype),
-            dv.to(v.dtype),
-        )
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
 @torch.compiler.disable  # a compiled block's graph breaks here: the collectives run eagerly
