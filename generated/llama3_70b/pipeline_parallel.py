@@ -17,7 +17,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from mesh import CALLING, GROUPS
+from mesh import CALLING, GROUPS, batch_isend_irecv
 from meter import METER, Timeline, measure_block
 from plan import MICRO_BATCH, MICRO_STEPS, N_EMBD, SEQ_LEN, TP
 from utils import fail
@@ -57,7 +57,7 @@ def p2p(ops):
             batch.append(dist.P2POp(dist.isend, tensor, pp_peer(peer), GROUPS["pp"]))
         else:
             batch.append(dist.P2POp(dist.irecv, tensor, pp_peer(peer), GROUPS["pp"]))
-    for work in dist.batch_isend_irecv(batch):
+    for work in batch_isend_irecv(batch):
         work.wait()
     TIMELINE.span("send/recv", begin, messages=len(ops))
 
