@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from meter import METER
+from utils import fail
 
 GROUPS = {}  # "tp", "dp+cp", ...: this rank's process group over those axes
 COORDS = {}  # "tp": this rank's coordinate on that axis
@@ -32,8 +33,22 @@ CALLING = ["the process groups' set-up"]
 STAGED = [False]  # --share-gpu: every collective and message through host memory
 
 
-def init_process_group(backend, rank, world_size, timeout):
-    """Joins the job's processes, as torchrun's environment describes them."""
+def rank_gpu(local_rank, share_gpu):
+    """This rank's GPU, made the current device: GPU local_rank, as NCCL takes one rank a
+    GPU, or with --share-gpu one that several ranks share (local_rank % the GPUs)."""
+    visible = torch.cuda.device_count()
+    if visible <= (0 if share_gpu else local_rank):
+        need = "--share-gpu needs one" if share_gpu else "NCCL needs one per rank"
+        fail(f"local rank {local_rank} sees {visible} GPUs: {need}")
+    torch.cuda.set_device(local_rank % visible)
+    return torch.device("cuda", local_rank % visible)
+
+
+def init_process_group(rank, world_size, timeout, device, share_gpu):
+    """Joins the job's processes, as torchrun's environment describes them: over NCCL on
+    GPUs, gloo on CPUs and with --share-gpu, which stages every collective (STAGED)."""
+    backend = "nccl" if device == "cuda" and not share_gpu else "gloo"
+    STAGED[0] = share_gpu
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     if attempt == "0":
         dist.init_process_group(backend, timeout=timeout)

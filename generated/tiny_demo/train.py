@@ -29,10 +29,10 @@ from mesh import (
     CALLING,
     COORDS,
     GROUPS,
-    STAGED,
     all_reduce,
     build_process_groups,
     init_process_group,
+    rank_gpu,
 )
 from meter import METER, METRICS, measure_block
 from model import Transformer, compile_model, init_weights, materialize
@@ -77,9 +77,7 @@ parser.add_argument("--steps", type=int, default=STEPS)
 parser.add_argument("--seed", type=int, default=SEED)
 parser.add_argument("--log-every", type=int, default=1, metavar="N")
 parser.add_argument("--device", choices=["cpu", "cuda"], help="cuda if present")
-parser.add_argument(
-    "--share-gpu", action="store_true", help="every rank on one GPU (gloo, host-staged)"
-)
+parser.add_argument("--share-gpu", action="store_true", help="all ranks on one GPU")
 parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=COMPILE)
 parser.add_argument(
     "--data", metavar="FILE", type=file_name, help="instead of the plan's training data"
@@ -121,18 +119,9 @@ if rank == "0":  # the rank that logs: its packages and files, before the run st
 RANK, LOCAL_RANK = int(rank), int(local_rank)
 device = torch.device("cpu")
 if args.device == "cuda":
-    visible = torch.cuda.device_count()
-    need = "--share-gpu needs one" if args.share_gpu else "NCCL needs one per rank"
-    if visible <= (0 if args.share_gpu else LOCAL_RANK):
-        fail(f"local rank {LOCAL_RANK} sees {visible} GPUs: {need}")
-    gpu = LOCAL_RANK % visible  # --share-gpu: LOCAL_RANK may exceed the GPUs
-    torch.cuda.set_device(gpu)
+    device = rank_gpu(LOCAL_RANK, args.share_gpu)  # this rank's GPU, made current
     torch.set_float32_matmul_precision("high")  # tf32 matmuls for fp32 work
-    device = torch.device("cuda", gpu)
-# --share-gpu: gloo (NCCL takes one rank a GPU); mesh.py stages through host memory
-backend = "nccl" if args.device == "cuda" and not args.share_gpu else "gloo"
-STAGED[0] = args.share_gpu
-init_process_group(backend, RANK, WORLD_SIZE, TIMEOUT)
+init_process_group(RANK, WORLD_SIZE, TIMEOUT, args.device, args.share_gpu)
 build_process_groups(RANK, MESH, GROUP_AXES, TIMEOUT)
 master = RANK == 0  # logs and writes files
 TRAIN = open_data(DATA, here, seed=args.seed, override=args.data)
