@@ -138,14 +138,8 @@ def all_to_all(out, x, axis, out_splits=None, in_splits=None, scalar=False):
     CALLING[0] = f"all_to_all over {axis}"
     if METER.on:  # the payload is what this rank sends
         METER.count(axis, "all_to_all", x.nbytes, scalar)
-    staged(
-        dist.all_to_all_single,
-        [out],
-        [x],
-        output_split_sizes=out_splits,
-        input_split_sizes=in_splits,
-        group=GROUPS[axis],
-    )
+    sizes = {"output_split_sizes": out_splits, "input_split_sizes": in_splits}
+    staged(dist.all_to_all_single, [out], [x], group=GROUPS[axis], **sizes)
     return out
 
 
