@@ -213,17 +213,20 @@ def trained(run_script, run_programs, golden_plans, tmp_path_factory):
     The first time a plan of the golden table (or one a test module announced with
     trained.expect(plan, ...)) is asked for without flags, every such plan of its world
     size that has not run yet runs with it, in one job (run_programs); a plan that did
-    not finish there runs again on its own, so a failure is its own."""
+    not finish there runs again on its own, so a failure is its own. A plan announced
+    with trained.expect(plan, ..., flags=[...]) always runs with those flags too (a
+    variant of a table's plan under another name, such as --share-gpu's)."""
     torch = pytest.importorskip("torch")
     from dslc import codegen
 
     root = tmp_path_factory.mktemp("golden")
     cache = {}
     pool = dict(golden_plans)  # the plans a job may train before a test asks for them
+    always = {}  # plan name -> flags it always runs with (expect(..., flags=...))
 
     def flags(plan, args):
         losses, weights = root / f"{plan.name}.json", root / f"{plan.name}.pt"
-        return ["--dump-losses", losses, "--dump-weights", weights, *args]
+        return ["--dump-losses", losses, "--dump-weights", weights, *always.get(plan.name, ()), *args]
 
     def keep(plan, args, stdout):
         key = (plan.name, args)
@@ -255,8 +258,9 @@ def trained(run_script, run_programs, golden_plans, tmp_path_factory):
             keep(plan, args, out.stdout)
         return cache[key]
 
-    def expect(*plans):
+    def expect(*plans, flags=()):
         pool.update((p.name, p) for p in plans)
+        always.update((p.name, tuple(flags)) for p in plans)
 
     train.logs, train.validation, train.expect = {}, {}, expect
     return train

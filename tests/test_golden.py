@@ -251,15 +251,43 @@ def compiled_variant(golden_plans, name):
     return dataclasses.replace(plan, name=f"{name}_compiled", train=dataclasses.replace(plan.train, compile=True))
 
 
+# --share-gpu: every collective and message staged through host memory (mesh.py) on gloo,
+# as ranks sharing one GPU run; on CPU the same staging code: a plan per axis here, in the
+# two-process job (ZeRO-3's prefetch and its async reduce-scatters, which ZeRO-2's buckets
+# use too), and on one GPU in tests/test_gpu.py
+SHARED = ("llama_tp2_sp", "gpt2pp_pp2_1f1b", "llama_cp2", "llama_cp2_ulysses", "mixtral_ep2", "gpt2_dp2_zero3")
+
+
+def shared_variant(golden_plans, name):
+    return dataclasses.replace(golden_plans[name], name=f"{name}_shared")
+
+
 @pytest.fixture(scope="module", autouse=True)
 def variants(golden_plans, trained):
     """The plans of the tests below that are not in the table train in its jobs too."""
     trained.expect(*(recompute_variant(golden_plans, name) for name in RECOMPUTE))
     trained.expect(*(compiled_variant(golden_plans, name) for name in COMPILED))
+    trained.expect(*(shared_variant(golden_plans, name) for name in SHARED), flags=["--share-gpu"])
     trained.expect(*(
         precision_variant(golden_plans, name, precision)
         for family, parallel in MIXED.items() for name in (f"{family}_serial", *parallel) for precision in ("bf16", "fp16")
     ))
+
+
+@pytest.mark.parametrize("name", SHARED)
+def test_collectives_staged_through_host_memory_match_serial(name, golden_plans, trained):
+    """--share-gpu's staging (host copies, results copied back when a handle is waited
+    for: ZeRO's prefetch and bucket reductions, p2p receives) computes what the serial
+    plan computes, within RTOL."""
+    import torch
+
+    plan, ref = shared_variant(golden_plans, name), golden_plans[serial_of(name)]
+    (losses, weights), (ref_losses, ref_weights) = trained(plan), trained(ref)
+    assert len(losses) == len(ref_losses) == plan.train.steps
+    for step, (got, want) in enumerate(zip(losses, ref_losses), 1):
+        assert abs(got - want) <= RTOL * abs(want), f"step {step}: {got} != {want} (serial)"
+    for key, want in ref_weights.items():
+        torch.testing.assert_close(weights[key], want, rtol=RTOL, atol=RTOL, msg=f"{plan.name}: {key}")
 
 
 @pytest.mark.parametrize("name", sorted(COMPILED))

@@ -3,7 +3,9 @@
 The serial plans run on the GPU in fp32 (tf32 matmuls) and bf16 and must track
 the CPU fp32 reference within the tolerance of that precision; a bf16 run of a
 GPT-2 124M-sized model prints its MFU. A tensor-parallel plan needs one GPU per
-NCCL rank, so it runs only where two or more GPUs are visible."""
+NCCL rank, so it runs only where two or more GPUs are visible; with --share-gpu the
+ranks of a parallel plan share one GPU (gloo, collectives staged through host memory),
+so a plan per axis and a 3D one run on a single GPU against the CPU fp32 serial run."""
 
 from __future__ import annotations
 
@@ -23,8 +25,9 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
 ]
 
-# rtol on the per-step losses: tf32 rounds matmul inputs to 10 mantissa bits, bf16 to 7
-TOLERANCE = {"fp32": 2e-3, "bf16": 2e-2}
+# rtol on the per-step losses: tf32 rounds matmul inputs to 10 mantissa bits, bf16 to 7,
+# fp16 to 10 (and scales the loss)
+TOLERANCE = {"fp32": 2e-3, "bf16": 2e-2, "fp16": 2e-2}
 
 
 def run(plan, run_script, root, device, *flags):
@@ -67,6 +70,38 @@ def test_tensor_parallel_plan_on_cuda_matches_serial(golden_plans, run_script, t
     losses = run(golden_plans["llama_tp2_sp"], run_script, tmp_path, "cuda")[0]
     for got, want in zip(losses, ref_losses):
         assert abs(got - want) <= TOLERANCE["fp32"] * want
+
+
+# --share-gpu: the plan's ranks on one GPU, each collective and message staged through
+# host memory; (golden plan, precision): a plan per axis, in bf16 (fp16 once), a 3D one,
+# and fp32 (tf32 matmuls) where the tolerance is tighter
+SHARED = [
+    ("llama_tp2_sp", "bf16"), ("llama_tp2_sp", "fp32"),  # tp + sp collectives in the blocks and the loss
+    ("gpt2pp_pp2_1f1b", "bf16"),  # pipeline p2p (batched isend/irecv), tied embeddings
+    ("llama_cp2", "bf16"), ("llama_cp2_ulysses", "bf16"),  # cp ring passes; Ulysses's all-to-alls
+    ("mixtral_ep2", "bf16"),  # ep dispatch; the local experts as torch._grouped_mm
+    ("gpt2_dp2_zero2", "bf16"), ("gpt2_dp2_zero3", "bf16"),  # bucket reduce-scatters; ZeRO-3 prefetch
+    ("llama_dp2_zero3_full", "fp16"),  # fp16 with ZeRO-3 gathers under full recompute
+    ("llamapp_dp2_pp2_tp2", "bf16"), ("llamapp_dp2_pp2_tp2", "fp32"),  # 3D: 8 ranks on one GPU
+]
+
+
+@pytest.mark.parametrize(("name", "precision"), SHARED)
+def test_parallel_plan_sharing_one_gpu_tracks_cpu_fp32(name, precision, golden_plans, run_script, tmp_path):
+    """Eager (--no-compile: the axes' CUDA paths, not dynamo's), the losses of every step
+    and the final weights as the serial plans' test above has them."""
+    ref_plan, plan = golden_plans[name.split("_")[0] + "_serial"], golden_plans[name]
+    plan = dataclasses.replace(plan, train=dataclasses.replace(plan.train, precision=precision))
+    ref_losses, ref_weights, _ = run(ref_plan, run_script, tmp_path, "cpu")
+    losses, weights, out = run(plan, run_script, tmp_path, "cuda", "--share-gpu", "--no-compile")
+    assert f"{precision}, cuda" in out  # the start-up line: the plan's precision, on the GPU
+    rtol = TOLERANCE[precision]
+    assert len(losses) == len(ref_losses)
+    for got, want in zip(losses, ref_losses):
+        assert abs(got - want) <= rtol * want, (losses, ref_losses)
+    assert sorted(weights) == sorted(ref_weights)
+    for key, want in ref_weights.items():  # Adam moves every weight by about lr a step
+        torch.testing.assert_close(weights[key], want, rtol=0, atol=10 * plan.train.optimizer.lr)
 
 
 GPT2_124M = """

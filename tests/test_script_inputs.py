@@ -210,6 +210,9 @@ def test_device_cuda_without_cuda_is_one_line(tmp_path, run_script):
     out = run_script(script, 1, "--device", "cuda", env={"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"})
     assert out.returncode == 1 and out.stdout == ""
     assert error_line(out) == "local rank 0 sees 0 GPUs: NCCL needs one per rank"
+    out = run_script(script, 1, "--device", "cuda", "--share-gpu", env={"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"})
+    assert out.returncode == 1 and out.stdout == ""
+    assert error_line(out) == "local rank 0 sees 0 GPUs: --share-gpu needs one"
 
 
 def test_launch_sh_ignores_the_callers_shell(tmp_path):

@@ -18,7 +18,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from mesh import CALLING, GROUPS
+from mesh import CALLING, GROUPS, batch_isend_irecv
 from meter import METER, Timeline, measure_block
 from plan import MICRO_BATCH, MICRO_STEPS, N_EMBD, SEQ_LEN, TP
 from utils import fail
@@ -60,7 +60,7 @@ def p2p(ops, arriving, sending):
             batch.append(dist.P2POp(dist.isend, tensor, pp_peer(peer), GROUPS["pp"]))
         else:
             batch.append(dist.P2POp(dist.irecv, tensor, pp_peer(peer), GROUPS["pp"]))
-    works = dist.batch_isend_irecv(batch)
+    works = batch_isend_irecv(batch)
     for i, (kind, _, _, label) in enumerate(ops):
         handles = [works[i]] if len(works) == len(ops) else works
         if kind == "send":

@@ -33,6 +33,7 @@ from mesh import (
     all_reduce,
     build_process_groups,
     init_process_group,
+    rank_gpu,
 )
 from meter import METER, METRICS, measure_block
 from model import Transformer, compile_model, init_weights, materialize
@@ -79,6 +80,7 @@ parser.add_argument("--steps", type=int, default=STEPS)
 parser.add_argument("--seed", type=int, default=SEED)
 parser.add_argument("--log-every", type=int, default=1, metavar="N")
 parser.add_argument("--device", choices=["cpu", "cuda"], help="cuda if present")
+parser.add_argument("--share-gpu", action="store_true", help="all ranks on one GPU")
 parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=COMPILE)
 parser.add_argument(
     "--data", metavar="FILE", type=file_name, help="instead of the plan's training data"
@@ -120,14 +122,9 @@ if rank == "0":  # the rank that logs: its packages and files, before the run st
 RANK, LOCAL_RANK = int(rank), int(local_rank)
 device = torch.device("cpu")
 if args.device == "cuda":
-    visible = torch.cuda.device_count()
-    if visible <= LOCAL_RANK:
-        fail(f"local rank {LOCAL_RANK} sees {visible} GPUs: NCCL needs one per rank")
-    torch.cuda.set_device(LOCAL_RANK)
+    device = rank_gpu(LOCAL_RANK, args.share_gpu)  # this rank's GPU, made current
     torch.set_float32_matmul_precision("high")  # tf32 matmuls for fp32 work
-    device = torch.device("cuda", LOCAL_RANK)
-backend = "nccl" if args.device == "cuda" else "gloo"
-init_process_group(backend, RANK, WORLD_SIZE, TIMEOUT)
+init_process_group(RANK, WORLD_SIZE, TIMEOUT, args.device, args.share_gpu)
 build_process_groups(RANK, MESH, GROUP_AXES, TIMEOUT)
 master = RANK == 0  # logs and writes files
 TRAIN = open_data(DATA, here, seed=args.seed, override=args.data)

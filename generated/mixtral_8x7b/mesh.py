@@ -11,7 +11,12 @@ GROUPS, this rank's process group over each set of axes that something is reduce
 Every collective of the parallel modules goes through the functions below, so that
 --measure counts what is sent by group and kind in one place (scalar=True: the logged
 loss and grad norm, and bookkeeping, which dslc explain does not predict), and a failed
-one is named: CALLING holds what this rank last entered."""
+one is named: CALLING holds what this rank last entered.
+
+With --share-gpu (STAGED[0]) the ranks share a GPU, which NCCL refuses: the groups are
+gloo's, and every collective and message runs on host copies of its tensors, the results
+copied back into the caller's tensors as it completes (staged, below). It is for
+correctness runs of a parallel plan on one GPU, not for speed."""
 
 import math
 import os
@@ -20,14 +25,30 @@ import torch
 import torch.distributed as dist
 
 from meter import METER
+from utils import fail
 
 GROUPS = {}  # "tp", "dp+cp", ...: this rank's process group over those axes
 COORDS = {}  # "tp": this rank's coordinate on that axis
 CALLING = ["the process groups' set-up"]
+STAGED = [False]  # --share-gpu: every collective and message through host memory
 
 
-def init_process_group(backend, rank, world_size, timeout):
-    """Joins the job's processes, as torchrun's environment describes them."""
+def rank_gpu(local_rank, share_gpu):
+    """This rank's GPU, made the current device: GPU local_rank, as NCCL takes one rank a
+    GPU, or with --share-gpu one that several ranks share (local_rank % the GPUs)."""
+    visible = torch.cuda.device_count()
+    if visible <= (0 if share_gpu else local_rank):
+        need = "--share-gpu needs one" if share_gpu else "NCCL needs one per rank"
+        fail(f"local rank {local_rank} sees {visible} GPUs: {need}")
+    torch.cuda.set_device(local_rank % visible)
+    return torch.device("cuda", local_rank % visible)
+
+
+def init_process_group(rank, world_size, timeout, device, share_gpu):
+    """Joins the job's processes, as torchrun's environment describes them: over NCCL on
+    GPUs, gloo on CPUs and with --share-gpu, which stages every collective (STAGED)."""
+    backend = "nccl" if device == "cuda" and not share_gpu else "gloo"
+    STAGED[0] = share_gpu
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     if attempt == "0":
         dist.init_process_group(backend, timeout=timeout)
@@ -76,7 +97,7 @@ def all_reduce(x, axis, op=dist.ReduceOp.SUM, async_op=False, scalar=False):
     CALLING[0] = f"all_reduce over {axis}"
     if METER.on:
         METER.count(axis, "all_reduce", x.nbytes, scalar)
-    return dist.all_reduce(x, op=op, group=GROUPS[axis], async_op=async_op)
+    return staged(dist.all_reduce, [x], [], async_op, op=op, group=GROUPS[axis])
 
 
 def all_gather(x, axis, dim, out=None, async_op=False, scalar=False):
@@ -88,10 +109,10 @@ def all_gather(x, axis, dim, out=None, async_op=False, scalar=False):
     if METER.on:  # the payload is the gathered output
         METER.count(axis, "all_gather", x.nbytes * n, scalar)
     if out is not None:
-        work = dist.all_gather_into_tensor(out, x, group=group, async_op=async_op)
+        work = staged(dist.all_gather_into_tensor, [out], [x], async_op, group=group)
         return work if async_op else out
     parts = [torch.empty_like(x) for _ in range(n)]
-    dist.all_gather(parts, x.contiguous(), group=group)
+    staged(dist.all_gather, [parts], [x.contiguous()], group=group)
     return torch.cat(parts, dim=dim)
 
 
@@ -103,11 +124,11 @@ def reduce_scatter(x, axis, dim, out=None, async_op=False):
         METER.count(axis, "reduce_scatter", x.nbytes)
     group = GROUPS[axis]
     if out is not None:  # one call, no copy
-        work = dist.reduce_scatter_tensor(out, x, group=group, async_op=async_op)
+        work = staged(dist.reduce_scatter_tensor, [out], [x], async_op, group=group)
         return work if async_op else out
     parts = [p.contiguous() for p in x.chunk(dist.get_world_size(group), dim=dim)]
     out = torch.empty_like(parts[0])
-    work = dist.reduce_scatter(out, parts, group=group, async_op=async_op)
+    work = staged(dist.reduce_scatter, [out], [parts], async_op, group=group)
     return work if async_op else out
 
 
@@ -117,5 +138,85 @@ def all_to_all(out, x, axis, out_splits=None, in_splits=None, scalar=False):
     CALLING[0] = f"all_to_all over {axis}"
     if METER.on:  # the payload is what this rank sends
         METER.count(axis, "all_to_all", x.nbytes, scalar)
-    dist.all_to_all_single(out, x, out_splits, in_splits, group=GROUPS[axis])
+    sizes = {"output_split_sizes": out_splits, "input_split_sizes": in_splits}
+    staged(dist.all_to_all_single, [out], [x], group=GROUPS[axis], **sizes)
     return out
+
+
+def isend(x, peer, group):
+    """Starts sending x to global rank peer (dist.isend; staged: a host copy of x)."""
+    if not STAGED[0]:
+        return dist.isend(x, peer, group)
+    copy = to_host(x)
+    return Staged(dist.isend(copy, peer, group), [], copy)
+
+
+def irecv(x, peer, group):
+    """Starts receiving x from global rank peer (dist.irecv; staged: into a host buffer,
+    copied into x by the handle's wait())."""
+    if not STAGED[0]:
+        return dist.irecv(x, peer, group)
+    copy = to_host(x)
+    return Staged(dist.irecv(copy, peer, group), [(x, copy)])
+
+
+def recv(x, peer, group):
+    """Receives x from global rank peer (dist.recv)."""
+    irecv(x, peer, group).wait()
+
+
+def batch_isend_irecv(ops):
+    """dist.batch_isend_irecv of [dist.P2POp]: their handles. Staged, each op is posted on
+    its own, as gloo posts a batch (it does not coalesce), on host copies."""
+    if not STAGED[0]:
+        return dist.batch_isend_irecv(ops)
+    return [
+        (isend if op.op is dist.isend else irecv)(op.tensor, op.peer, op.group)
+        for op in ops
+    ]
+
+
+def to_host(x):
+    """A copy of x (a tensor, or a list of them) in host memory, pinned when x is on a GPU."""
+    if isinstance(x, list):
+        return [to_host(t) for t in x]
+    return torch.empty(x.shape, dtype=x.dtype, pin_memory=x.is_cuda).copy_(x)
+
+
+def staged(collective, outs, ins, async_op=False, **kw):
+    """collective(*outs, *ins, async_op=async_op, **kw), one of torch.distributed's, writes
+    into outs (tensors, or lists of them); its work handle if async_op. Staged, it runs on
+    host copies of outs and ins, and the handle's wait() copies the results back into outs
+    (without async_op: before it returns), where torch's own handle would leave them."""
+    if not STAGED[0]:
+        return collective(*outs, *ins, async_op=async_op, **kw)
+    host_outs = [to_host(a) for a in outs]
+    results = []  # (the caller's tensor, its host copy)
+    for a, h in zip(outs, host_outs):
+        results += zip(a, h) if isinstance(a, list) else [(a, h)]
+    work = Staged(
+        collective(*host_outs, *[to_host(a) for a in ins], async_op=async_op, **kw),
+        results,
+    )
+    if async_op:
+        return work
+    work.wait()
+
+
+class Staged:
+    """The work handle of a staged collective or message: wait() waits for it, then
+    copies each host result into the caller's tensor, once."""
+
+    def __init__(self, work, results, *buffers):
+        self.work, self.results, self.buffers = (
+            work,
+            results,
+            buffers,
+        )  # buffers: a send's
+
+    def wait(self):
+        if self.work is not None:
+            self.work.wait()
+        for x, copy in self.results:
+            x.copy_(copy)
+        self.work, self.results, self.buffers = None, [], ()
