@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from .. import arch, catalog
 from ..ir import Plan
+from . import loss as ls
 from .flops import peak_flops
 from .memory import DEFAULT, Settings, dtype_bytes, local_tokens, routed_slots, routed_tokens
 
@@ -74,10 +75,11 @@ class Kernels:
     attention: float = 0.0  # the attention core, fused or not
     elementwise: float = 0.0
     attention_backward: float = 2.5  # its backward over its forward: 2.5 fused (QKᵀ again), 2 unfused
+    loss: float = 0.0  # the head and loss, whose gradients forward takes: no backward
 
     @property
     def forward(self) -> float:
-        return self.gemm + self.attention + self.elementwise
+        return self.gemm + self.attention + self.elementwise + self.loss
 
     @property
     def backward(self) -> float:
@@ -86,10 +88,10 @@ class Kernels:
 
     def __add__(self, other: Kernels) -> Kernels:
         return Kernels(self.gemm + other.gemm, self.attention + other.attention, self.elementwise + other.elementwise,
-                       self.attention_backward if self.attention else other.attention_backward)
+                       self.attention_backward if self.attention else other.attention_backward, self.loss + other.loss)
 
     def __mul__(self, n: float) -> Kernels:
-        return Kernels(self.gemm * n, self.attention * n, self.elementwise * n, self.attention_backward)
+        return Kernels(self.gemm * n, self.attention * n, self.elementwise * n, self.attention_backward, self.loss * n)
 
 
 def layer_kernels(plan: Plan, r: Rates, settings: Settings = DEFAULT) -> Kernels:
@@ -137,13 +139,15 @@ def layer_kernels(plan: Plan, r: Rates, settings: Settings = DEFAULT) -> Kernels
 
 def edge_kernels(plan: Plan, r: Rates, first: bool, last: bool) -> Kernels:
     """The first chunk's embedding (a gather writing T·h) and the last chunk's final
-    norm (2·h per token), head GEMM (T × h × V/t) and loss: the logits cast to fp32 and
-    their softmax, read and written (e + 3·4 bytes per logit)."""
+    norm (2·h per token) and the loss in chunks of R rows (:mod:`dslc.cost.loss`), all
+    in forward: the logits, dx and dW GEMMs (R × h × V/t each) and the elementwise passes
+    over the logits (:func:`dslc.cost.loss.elementwise_bytes` per logit)."""
     m, T, e = plan.model, local_tokens(plan), dtype_bytes(plan)
     sp = plan.tp if plan.tensor_parallel.sequence_parallel else 1
-    V = arch.vocab_per_rank(m, plan.tp)
+    V, R = arch.vocab_per_rank(m, plan.tp), ls.chunk_rows(plan)
     out = Kernels(elementwise=r.bytes_seconds(T // sp * m.hidden * e)) if first else Kernels()
     if last:
-        head = r.gemm_seconds(2 * T * m.hidden * V, T, m.hidden, V)
-        out += Kernels(head, 0.0, r.bytes_seconds(T // sp * 2 * m.hidden * e + T * V * (e + 12)))
+        head = 3 * (T // R) * r.gemm_seconds(2 * R * m.hidden * V, R, m.hidden, V)
+        out += Kernels(elementwise=r.bytes_seconds(T // sp * 2 * m.hidden * e),
+                       loss=head + r.bytes_seconds(T * V * ls.elementwise_bytes(plan)))
     return out
