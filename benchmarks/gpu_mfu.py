@@ -5,8 +5,10 @@
 
 The cases: GPT-2 124M at llm.c's sequence of 1024 (micro-batch 16), a Llama of 1.2B
 (Llama 3.2 1B's shape: 16 layers, hidden 2048, 32 heads / 8 kv, vocab 128256,
-sequence 2048, micro-batch 4) and the 8-expert top-2 MoE of tests/test_gpu.py, dropless
-and with a capacity of 1.25. Each generated script runs in its own process,
+sequence 2048, micro-batch 4), the 8-expert top-2 MoE of tests/test_gpu.py, dropless
+and with a capacity of 1.25, and a Llama 3D plan (dp2 × pp2 × tp2 with sp, 1F1B) run by
+8 ranks sharing the one GPU (`--share-gpu`: gloo, collectives staged through host
+memory), whose time is the staging's: its explain column is for 8 real GPUs. Each generated script runs in its own process,
 `--log-every` steps between the host's reads of the device; the step time is the
 mean over the steps after the first read past `--warmup` (compilation and the
 allocator's growth happen before), printed with the range (min-max) of the log
@@ -39,7 +41,7 @@ from common import ENV, ROOT, compile_plan, reference_gpt
 from dslc.catalog import device_of_cuda_name
 
 CLUSTER = """
-cluster gpu {{ nodes = 1; gpus_per_node = 1; device = {device}
+cluster gpu {{ nodes = 1; gpus_per_node = {ranks}; device = {device}
     link nvlink {{ scope = node }} }}
 """
 CASES = {
@@ -58,19 +60,35 @@ CASES = {
     ),
 }
 CASES["moe_capacity"] = (*CASES["moe_dropless"][:2], "experts { capacity_factor = 1.25; aux_loss_weight = 0.01 }")
+# 3D on one GPU: 8 ranks share it (--share-gpu: gloo, every collective and message staged
+# through host memory), a correctness path whose time is the staging's, not a GPU's
+CASES["llama_3d_shared"] = (
+    "llama { layers = 8; hidden = 1024; heads = 16; kv_heads = 8; ffn = 4096; vocab = 32000; seq_len = 1024 }",
+    2,
+    "mesh { dp = 2 on nvlink; pp = 2 on nvlink; tp = 2 on nvlink }\n    tensor_parallel { sequence_parallel = true }\n"
+    "    pipeline { schedule = 1f1b; microbatches = 4 }",
+)
+SHARED = {"llama_3d_shared": 8}  # the cases run on one GPU by that many ranks
 GPT2 = {"layers": 12, "hidden": 768, "heads": 12, "vocab": 50304, "seq_len": 1024, "micro_batch": 16}
 
 
 def plan_text(name: str, device: str, steps: int) -> str:
     model, micro_batch, more = CASES[name]
-    return CLUSTER.format(device=device) + f"""
+    ranks = SHARED.get(name, 1)
+    batch = micro_batch * (4 * 2 if ranks > 1 else 1)  # 3D: 4 micro-batches on each of dp 2
+    return CLUSTER.format(device=device, ranks=ranks) + f"""
 plan {name} {{
     model {model}
     cluster = gpu
     {more}
-    train {{ steps = {steps}; micro_batch = {micro_batch}; global_batch = {micro_batch}; precision = bf16; data = synthetic }}
+    train {{ steps = {steps}; micro_batch = {micro_batch}; global_batch = {batch}; precision = bf16; data = synthetic }}
 }}
 """
+
+
+def tokens_per_step(name: str) -> int:
+    text = plan_text(name, "h100_sxm", 1)
+    return int(re.search(r"global_batch = (\d+)", text).group(1)) * int(re.search(r"seq_len = (\d+)", text).group(1))
 
 
 def explain(text: str, folder: Path) -> dict:
@@ -94,9 +112,11 @@ def steady(lines: list[str], warmup: int) -> dict:
             "low": min(ms for _, ms in spans), "high": max(ms for _, ms in spans)}
 
 
-def run_generated(script: Path, steps: int, log_every: int, warmup: int, compiled: bool) -> dict:
+def run_generated(script: Path, steps: int, log_every: int, warmup: int, compiled: bool, ranks: int = 1) -> dict:
     flag = "--compile" if compiled else "--no-compile"
     cmd = [sys.executable, str(script), "--steps", str(steps), "--log-every", str(log_every), flag]
+    if ranks > 1:  # torchrun, every rank on this one GPU
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", *cmd[1:], "--share-gpu"]
     out = subprocess.run(cmd, capture_output=True, text=True, env=ENV)
     if out.returncode:
         return {"error": (out.stderr.strip().splitlines() or ["?"])[-1][:200]}
@@ -203,10 +223,10 @@ def main() -> None:
             text = plan_text(name, device, args.steps)
             predicted = explain(text, folder)
             script = compile_plan(text, folder / "out")
-            tokens = CASES[name][1] * int(re.search(r"seq_len = (\d+)", CASES[name][0]).group(1))
+            tokens = tokens_per_step(name)
             modes = args.modes.split(",")
-            runs = [(f"generated {m}", run_generated(script, args.steps, args.log_every, args.warmup, m == "compiled"))
-                    for m in modes]
+            runs = [(f"generated {m}", run_generated(script, args.steps, args.log_every, args.warmup, m == "compiled",
+                                                      SHARED.get(name, 1))) for m in modes]
             if name == "gpt2_124m":
                 for m in modes:
                     cmd = [sys.executable, __file__, "--baseline-worker", m, "--steps", str(args.steps),
