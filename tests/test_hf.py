@@ -96,7 +96,7 @@ def our_logits(ns: dict, weights: dict, x):
     model.load_state_dict(weights)
     model.eval()
     if "ROUTING" in ns:
-        ns["ROUTING"].begin(1.0, torch.device("cpu"))
+        ns["ROUTING"].begin(1.0, model, torch.device("cpu"))
     with torch.no_grad():
         h = model.embed(x)
         rope = (model.rope_cos, model.rope_sin) if hasattr(model, "rope_cos") else ()
