@@ -137,10 +137,10 @@ def measure_block():
 
 
 class Timeline:
-    """--trace FILE: when each compute of the last step, and each wait for a batch of
-    messages, ran on this rank, in microseconds from a barrier. dump() gathers every
-    rank's events into one Chrome trace (ui.perfetto.dev: a row per rank), to set
-    beside the simulated timeline of `dslc schedule`."""
+    """--trace FILE: when each compute of the last step, each batch of messages posted
+    and each wait for messages ran on this rank, in microseconds from a barrier. dump()
+    gathers every rank's events into one Chrome trace (ui.perfetto.dev: a row per
+    rank), to set beside the simulated timeline of `dslc schedule`."""
 
     def __init__(self):
         self.events, self.origin = None, 0.0  # records only while events is a list
