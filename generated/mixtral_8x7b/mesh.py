@@ -208,11 +208,8 @@ class Staged:
     copies each host result into the caller's tensor, once."""
 
     def __init__(self, work, results, *buffers):
-        self.work, self.results, self.buffers = (
-            work,
-            results,
-            buffers,
-        )  # buffers: a send's
+        # buffers: a send's host copy, kept until the send is done
+        self.work, self.results, self.buffers = work, results, buffers
 
     def wait(self):
         if self.work is not None:
