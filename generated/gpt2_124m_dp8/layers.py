@@ -81,9 +81,8 @@ class LinearCrossEntropy(torch.autograd.Function):
             del z
             dx[i : i + LOSS_CHUNK_ROWS] = dz @ weight
             dw += dz.t() @ xc  # the chunk's 16-bit product, summed in fp32
-        dw = (
-            dw.to(weight.dtype) if grads else None
-        )  # kept in bf16 (fp16 could not hold the unscaled sum)
+        # kept in bf16 (fp16 could not hold the unscaled sum)
+        dw = dw.to(weight.dtype) if grads else None
         ctx.save_for_backward(dx, dw)
         ctx.weight_dtype, ctx.rows = weight.dtype, x.size(0)
         return loss / x.size(0)

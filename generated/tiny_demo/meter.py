@@ -24,9 +24,7 @@ class Meter:  # what this rank sends, holds and saves: what `dslc explain` predi
         self.step = None  # the step being measured; None outside the steps
         self.comm, self.scalar_comm = {}, {}  # step -> {(group, kind): (calls, bytes)}
         self.saved, self.state = [], None  # per micro-batch; after the first step
-        self.peaks = (
-            {}
-        )  # name -> the most bytes a part (the loss) held beyond what it kept
+        self.peaks = {}  # name -> the most bytes a part held beyond what it kept
 
     def start(self, path, model, params):
         """Counts from now on, into `path` (one file per rank: .rank<R> before its
