@@ -91,7 +91,7 @@ def run_schedule(model, actions, x, y, scale, buckets):
     input_grads = {}  # -> gradient of the input, to send back
     pending = []  # the batch of sends and receives being collected
     arriving = {}  # (RECV_F | RECV_B, micro-batch, chunk) -> its work handles
-    sending = []  # the work handles of the sends posted since the last B
+    sending, sent = [], []  # the sends posted since the last B: work handles, tensors
     loss = torch.zeros((), device=x.device)
     for kind, mb, chunk, *peer in actions:
         key = (mb, chunk)
@@ -106,6 +106,8 @@ def run_schedule(model, actions, x, y, scale, buckets):
         else:
             if pending:
                 p2p(pending, arriving, sending)
+                # a sent tensor is kept until its send is waited for
+                sent += [t for op, t, _, _ in pending if op == "send"]
                 pending = []
             # the dp reduction of a chunk's gradients starts in its last backward
             buckets.sync = mb == MICRO_STEPS - 1
@@ -117,6 +119,7 @@ def run_schedule(model, actions, x, y, scale, buckets):
             if kind == "B":
                 wait_for(sending, "send")
                 sending.clear()
+                sent.clear()
             begin = time.perf_counter()
             if kind == "F":
                 if key in inputs:  # received: its gradient is what B sends back
