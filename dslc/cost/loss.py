@@ -19,7 +19,7 @@ from math import ceil
 from .. import arch
 from ..front.recompute import EAGER_POLICIES
 from ..ir import Plan
-from ..units import DTYPE_BYTES
+from .params import dtype_bytes, local_tokens
 from .schedule import SPLIT_BACKWARD
 
 # the most bytes of one chunk's fp32 logits: 512 MiB keeps a chunk's GEMM large (2,668
@@ -30,8 +30,7 @@ LOSS_CHUNK_BYTES = 512 * 2**20
 
 def _sizes(plan: Plan) -> tuple[int, int, int, int]:
     """(T, h, V, e)."""
-    T = plan.train.micro_batch * plan.model.seq_len // plan.cp
-    return T, plan.model.hidden, arch.vocab_per_rank(plan.model, plan.tp), DTYPE_BYTES[plan.train.precision]
+    return local_tokens(plan), plan.model.hidden, arch.vocab_per_rank(plan.model, plan.tp), dtype_bytes(plan)
 
 
 def chunk_rows(plan: Plan) -> int:
@@ -88,5 +87,5 @@ def elementwise_bytes(plan: Plan) -> int:
     (max, sum of exp) read them twice, the gradient kernel reads them and writes dz;
     eager, 3·e + 40 — the fp32 copy, max, shift, exp, sum, division, one-hot step and cast,
     each a pass over the chunk in fp32."""
-    e = DTYPE_BYTES[plan.train.precision]
+    e = dtype_bytes(plan)
     return 5 * e if compiled(plan) else 3 * e + 40

@@ -20,12 +20,11 @@ from math import ceil, prod
 from .. import arch, catalog
 from ..groups import DP_SHARD, axes_of, group_mesh
 from ..ir import Plan
-from ..units import DTYPE_BYTES
 from . import loss as ls
 from . import recompute as rc
 from . import ring
 from . import schedule as sched
-from .params import StageParams, chunk_layers, stage_params  # noqa: F401 (mem.stage_params for the other stages)
+from .params import StageParams, chunk_layers, dtype_bytes, local_tokens, stage_params  # noqa: F401 (mem.stage_params for the other stages)
 
 
 @dataclass(frozen=True)
@@ -51,15 +50,6 @@ class Settings:
 
 DEFAULT = Settings()
 PAPER = Settings(attention="paper", dropout=True, sp_inputs="shard")
-
-
-def dtype_bytes(plan: Plan) -> int:
-    """e: bytes per element of the plan's precision."""
-    return DTYPE_BYTES[plan.train.precision]
-
-
-def local_tokens(plan: Plan) -> int:
-    return plan.train.micro_batch * plan.model.seq_len // plan.cp
 
 
 def routed_tokens(plan: Plan) -> int:

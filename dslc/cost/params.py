@@ -11,7 +11,18 @@ from dataclasses import dataclass
 from .. import arch
 from ..chunks import chunk_ids
 from ..ir import Model, Plan
+from ..units import DTYPE_BYTES
 from . import recompute as rc
+
+
+def dtype_bytes(plan: Plan) -> int:
+    """e: bytes per element of the plan's precision."""
+    return DTYPE_BYTES[plan.train.precision]
+
+
+def local_tokens(plan: Plan) -> int:
+    """T: the tokens of one rank's micro-batch (its cp share of the sequences)."""
+    return plan.train.micro_batch * plan.model.seq_len // plan.cp
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from .. import arch
 from ..ir import Plan
-from ..units import DTYPE_BYTES
+from .params import dtype_bytes, local_tokens
 
 
 def working_bytes(plan: Plan) -> int:
@@ -34,8 +34,7 @@ def working_bytes(plan: Plan) -> int:
     """
     if plan.cp == 1 or plan.context_parallel.method != "ring":
         return 0
-    e = DTYPE_BYTES[plan.train.precision]
-    T = plan.train.micro_batch * plan.model.seq_len // plan.cp
+    e, T = dtype_bytes(plan), local_tokens(plan)
     q, kv, _ = arch.widths(plan.model, plan.tp)
     forward = 4 * T * q * (e < 4) + 4 * T * kv * e + (e + 4) * T * q
     backward = 4 * T * q + 4 * T * kv * e + 24 * T * kv + e * T * (q + 2 * kv) + (4 + e) * T * q
