@@ -178,7 +178,8 @@ def unit_fit(plan: Plan) -> list[Diagnostic]:
     for stage in range(plan.pp):
         units = mem.zero3_units(plan, stage)
         block, outer = units.largest_block, units.outer
-        rest = ("the embeddings" if stage == 0 else "") + (" and " if plan.pp == 1 else "") + ("the final norm and head" if stage == plan.pp - 1 else "")
+        ends = (("the embeddings", stage == 0), ("the final norm and head", stage == plan.last_stage))  # both on rank 0 in a V
+        rest = " and ".join(what for what, here in ends if here)
         name, numel = max((("a block", block), (rest, outer)), key=lambda u: u[1])
         if 2 * numel * e > cap:
             return [error("E092", plan.where("data_parallel.zero"),

@@ -51,7 +51,6 @@ def pipeline_view(plan: Plan) -> dict:
         "chunk_ids": repr(ids),
         "chunk_ranks": repr(tuple(chunk_rank(pp, g, plan.v_shape) for g in range(pp * v))),
         "v_shape": plan.v_shape,
-        "last_stage": plan.last_stage,
         "schedule_json": text,
         "schedule_sha256": hashlib.sha256(text.encode()).hexdigest(),
         "tied_pp": tied,

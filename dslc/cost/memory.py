@@ -371,10 +371,11 @@ def memory(plan: Plan, settings: Settings = DEFAULT, peaks: tuple[int, ...] | No
     emb, head = edge_activation_bytes(plan, settings)
     out = []
     for s, (sp, chunks) in enumerate(zip(stage_params(plan), chunk_layers(plan))):
-        dense = zero_state(sp.dense, group_size(plan, grad_group(plan, False)), zero, w, g, k)
-        expert = zero_state(sp.expert, group_size(plan, grad_group(plan, True)), zero, w, g, k)
         if zero == 3 and group_size(plan, grad_group(plan, False)) > 1:  # padded per unit, experts' too
             dense, expert = zero3_state(plan, s, w, g, k), (0, 0, 0)
+        else:
+            dense = zero_state(sp.dense, group_size(plan, grad_group(plan, False)), zero, w, g, k)
+            expert = zero_state(sp.expert, group_size(plan, grad_group(plan, True)), zero, w, g, k)
         held = peaks[s]
         per_layer = layer_activation_bytes(plan, settings, rc.stage_layer_ids(plan, s))  # full every N: per stage
         act = round(held * sum(chunks) / v * per_layer)

@@ -199,14 +199,14 @@ def _zb_h1(p: int, m: int, v: int, r: int) -> Steps:
     return out + [(Action("W", i, 0),) for i in range(m - r, m)]
 
 
-def _with_comm(steps: Steps, rank: int, p: int, v: int, vs: bool = False) -> tuple[Action, ...]:
+def _with_comm(steps: Steps, rank: int, p: int, v: int) -> tuple[Action, ...]:
     """Between two steps: the sends of the step before, then the receives of the step after."""
 
     def comm(prefix: str, step: tuple[Action, ...]) -> list[Action]:
         out = []
         for a in step:
             kind = prefix + a.kind
-            peer = expected_peer(kind, a.chunk, rank, p, v, vs) if a.kind in ("F", "B") else None
+            peer = expected_peer(kind, a.chunk, rank, p, v) if a.kind in ("F", "B") else None
             if peer is not None:
                 out.append(Action(kind, a.microbatch, a.chunk, peer))
         return out

@@ -66,7 +66,7 @@ def dualpipe_v(p: int, m: int, r: int) -> list[Step]:
     """ScheduleDualPipeV's order for rank r (needs m ≥ 2p). A full backward is B then W in
     the same step; an overlapped pair is the step (F, B, W)."""
     count: dict[tuple[str, int], int] = {}
-    queue: list[tuple[str, int, int]] = []  # deferred W, oldest first
+    queue: deque[tuple[str, int, int]] = deque()  # deferred W, oldest first
     out: list[Step] = []
 
     def act(kind: str, c: int, full: bool = False) -> Step:
@@ -82,7 +82,7 @@ def dualpipe_v(p: int, m: int, r: int) -> list[Step]:
 
     def weight() -> None:
         if queue:
-            out.append((queue.pop(0),))
+            out.append((queue.popleft(),))
 
     for _ in range(2 * (p - r - 1)):
         out.append(act("F", 0))
