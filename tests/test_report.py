@@ -90,8 +90,8 @@ def test_v_schedules_explain_is_the_simulation_of_their_lists(schedule, p, m):
     assert sim.peak_inflight == again.peak_inflight and max(again.peak_inflight) == 2 * p + (schedule == "dualpipe_v")
     zb = timing(_free_links(WIDE, ("pp", p, "ib"), m=m, schedule="zb_h1"), Topology.of(pl))[0]
     assert t.bubble_fraction <= zb.bubble_fraction * 1.02
-    states = memory(pl, peaks=sim.peak_inflight)
-    assert [s.inflight for s in states] == list(sim.peak_inflight)
+    # the memory model finds the same chunks in flight from the schedule's shape alone
+    assert [s.inflight for s in memory(pl)] == list(again.peak_inflight)
 
 
 def test_zero_bubble_h1_idles_p_minus_1_times_tf_plus_tb_minus_tw():
