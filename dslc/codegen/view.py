@@ -27,6 +27,7 @@ from ..front.recompute import EAGER_POLICIES
 from ..groups import axes_of, group_mesh, replica_group
 from ..ir import Plan
 from .errors import Unsupported
+from .grads import grads_view, kinds, norm_groups, zero_stage
 from .hf import hf_view
 from .launchers import launcher_view
 from .literals import comment_safe, identifier, number
@@ -115,15 +116,17 @@ def _parallel(plan: Plan) -> dict:
     parallel = [a for a, s in axes if s > 1]
     world, dp, tp = plan.world_size, plan.dp, plan.tp
     grad_axes = grad_group(plan, expert=False)  # () without data parallelism
-    zero_stage = plan.data_parallel.zero if grad_axes else 0  # nothing to shard over: 0
-    shard_optimizer = zero_stage >= 1
+    zero = zero_stage(plan)
+    shard_optimizer = zero >= 1
     sp = bool(plan.tensor_parallel.sequence_parallel) and tp > 1
     # one process group over each parallel axis, and one over the gradients' axes; HSDP:
-    # the ZeRO shard group (grad_axes), the replicas and every data rank (the loss)
+    # the ZeRO shard group (grad_axes), the replicas and every data rank (the loss); and
+    # each group a gradient norm is summed over (these already)
     data_axes, replicas = axes_of(plan.mesh, ("dp", "cp", "ep")), replica_group(plan)
     expert_axes = grad_group(plan, expert=True) if plan.model.is_moe else ()
+    norms = [tuple(g.split("+")) for k in kinds(plan) for g in norm_groups(plan, k)]
     group_axes = [(a,) for a in parallel]
-    for g in (grad_axes, expert_axes, replicas, data_axes):
+    for g in (grad_axes, expert_axes, replicas, data_axes, *norms):
         if g and g not in group_axes:
             group_axes.append(g)
     moe_stats = plan.model.is_moe and len(parallel) > 1  # the router's log: summed over all
@@ -132,7 +135,7 @@ def _parallel(plan: Plan) -> dict:
     # ep ranks take their own rows of the batch, as dp ranks do (dp-major)
     data = tuple(a for a in ("dp", "ep") if plan.mesh.size(a) > 1)
     layout = " x ".join(f"{a}{s}" for a, s in axes if s > 1) or "serial, one process"
-    layout += " with sequence parallel" * sp + f", ZeRO-{zero_stage}" * shard_optimizer
+    layout += " with sequence parallel" * sp + f", ZeRO-{zero}" * shard_optimizer
     layout += f" sharded over {plan.data_parallel.shard} dp ranks (HSDP)" * bool(replicas)
     layout += f", {plan.context_parallel.method} attention" * (plan.cp > 1)
     nnodes = max(1, world // plan.cluster.gpus_per_node)  # whole nodes (_missing_features)
@@ -144,13 +147,12 @@ def _parallel(plan: Plan) -> dict:
         "dp": dp,
         "tp": tp,
         "data_parallel": bool(grad_axes),
-        "grad_group": "+".join(grad_axes),
         "data_group": "+".join(data_axes),  # the loss's mean: every data rank
         "hsdp": bool(replicas),
         "dp_shard": plan.data_parallel.shard,
         "replica_group": "+".join(replicas),
         "group_mesh": repr(tuple((a.name, a.size) for a in group_mesh(plan).axes)),
-        **_expert_grad_group(plan),
+        **grads_view(plan),
         "world_group": "+".join(parallel),
         "data_ranks": _data_ranks(plan),
         "loss_ranks": _loss_ranks(plan),
@@ -162,8 +164,8 @@ def _parallel(plan: Plan) -> dict:
         "nnodes": nnodes,
         "multi_node": nnodes > 1,
         "nproc_per_node": world // nnodes,
-        "zero_stage": zero_stage,
-        "zero3": zero_stage == 3,
+        "zero_stage": zero,
+        "zero3": zero == 3,
         "reshard_after_forward": plan.data_parallel.reshard_after_forward,
         "shard_optimizer": shard_optimizer,
         "column_linear": "ColumnParallelLinear" if tp > 1 else "Linear",
@@ -240,20 +242,6 @@ def _context(plan: Plan) -> dict:
         # ring: 2·cp chunks, rank r holding r and 2·cp − 1 − r (every rank the same causal work)
         "load_balance": ring and c.load_balance,
     }
-
-
-def _expert_grad_group(plan: Plan) -> dict:
-    """The experts' gradient group as a literal for the script, and why it is that."""
-    axes = grad_group(plan, expert=True)
-    if not axes and plan.tp > 1:
-        why = "not here: their tp partial sums are added as the tp-replicated weights' are"
-    elif not axes:
-        why = "not reduced: no other rank holds these experts"
-    else:
-        why = "summed over " + " and ".join(axes)
-        why += ": each ep rank holds other experts" if plan.ep > 1 else ", as the dense ones" if "tp" not in axes else ""
-        why += "; tp adds each tp rank's tokens' partial sums" if "tp" in axes else ""
-    return {"expert_grad_group_literal": repr("+".join(axes) or None), "expert_grad_group_why": why}
 
 
 def _experts(plan: Plan) -> dict:

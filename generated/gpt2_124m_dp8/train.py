@@ -42,15 +42,17 @@ from optimizer import build_optimizer, get_lr, grad_norm
 from plan import (
     DP,
     GLOBAL_BATCH,
+    GROUP_AXES,
     LAYOUT,
+    MESH,
     MICRO_BATCH,
     MICRO_STEPS,
     PARAM_DTYPE,
     SEQ_LEN,
     TIMEOUT,
-    TP,
     VOCAB,
     WORLD_SIZE,
+    kind_of,
 )
 from utils import copy_all, fail, file_name, generator, to_device
 
@@ -60,21 +62,17 @@ STEPS = 5000
 SEED = 1337
 PRECISION = "bf16"
 GRAD_CLIP = 1.0  # max global gradient norm
-MESH = (("dp", 8),)  # outermost first; the last axis has stride 1
-GROUP_AXES = (("dp",),)  # a process group over each
 CHECKPOINT_EVERY = 1000  # steps (checkpoint.py: where, how many kept)
 COMPILE = None  # torch.compile each block; None: on CUDA, not on CPU
-MODEL_FLOPS_PER_TOKEN = (
-    798_031_872  # forward and backward, attention causal, as dslc explain counts
-)
+# forward and backward, attention causal, as dslc explain counts
+MODEL_FLOPS_PER_TOKEN = 798_031_872
 PEAK_FLOPS = 989e12  # per device (h100_sxm, bf16), for MFU
 
 # -----------------------------------------------------------------------------
 # Start-up: flags, device, processes
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-parser.print_usage = (
-    lambda file=None: None
-)  # a bad flag: one line (train.py: error: ...), exit 2
+# a bad flag: one line (train.py: error: ...), exit 2
+parser.print_usage = lambda file=None: None
 parser.add_argument("--steps", type=int, default=STEPS)
 parser.add_argument("--seed", type=int, default=SEED)
 parser.add_argument("--log-every", type=int, default=1, metavar="N")
@@ -226,7 +224,8 @@ def train_step(step):
 
 
 def main():
-    n_params = sum(p.numel() * (TP if p.tp_dim is not None else 1) for p in params)
+    # the whole model's size: each parameter's parts on the other ranks counted
+    n_params = sum(p.numel() * kind_of(p).parts for p in params)
     # torchrun restarted the job after a failure: resume from the newest checkpoint
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
     start = checkpoints.load() if args.resume or restarted else 0
@@ -276,9 +275,8 @@ def main():
         full_weights = gather_weights(model)
         if master:
             torch.save(full_weights, args.dump_weights)
-    if (
-        args.export_hf
-    ):  # every rank writes its own tensors: the model is gathered nowhere
+    # every rank writes its own tensors: the model is gathered nowhere
+    if args.export_hf:
         export_hf(model, args.export_hf, args.export_dtype, args.export_shard_size)
     if master and args.dump_losses:
         with open(args.dump_losses, "w") as f:

@@ -11,42 +11,78 @@ all-gather of the weights brings every rank the update: an all-reduce's bytes, 1
 the state.
 """
 
+import torch
 import torch.distributed as dist
 
 from mesh import GROUPS, all_gather, reduce_scatter
+from plan import kind_of
 from tensor_parallel import reduce_sequence_parallel_grads
 
-GRAD_GROUP = "dp"  # the gradients are summed over these mesh axes
 BUCKET_BYTES = 25 * 2**20  # gradient bucket size, as DDP's
 
 
-class Bucket:
+class Flat:
+    """Parameters whose gradients are views into one flat buffer, `grad`, reduced
+    over their group: plan.kind_of(p).grad_group, the same for all of them. Their
+    weights are views into another, `full`, padded to split into `shards` equal
+    shards: this rank's, number `index`, is `shard` (the weights the optimizer
+    steps), and `shard_grad` its reduced gradient."""
+
     def __init__(self, params):
-        self.params, group = params, GROUPS[GRAD_GROUP]
-        self.shards = dist.get_world_size(group)
-        self.shard = dist.get_rank(group)  # this rank's shard
+        self.params, self.group = params, kind_of(params[0]).grad_group
         numel = sum(p.numel() for p in params)
+        self.shards = dist.get_world_size(GROUPS[self.group])
+        self.index = dist.get_rank(GROUPS[self.group])
         # padded to split into equal shards
         numel = -(-numel // self.shards) * self.shards
+        self.full = params[0].new_zeros(numel)
         self.grad = params[0].new_zeros(numel)
-        self.param = params[0].new_zeros(numel)
-        self.shard_grad = params[0].new_zeros(numel // self.shards)
         self.offsets, offset = [], 0
-        for p in params:  # backward accumulates into these views in place
+        for p in params:
             self.offsets.append(offset)
+            self.full[offset : offset + p.numel()].copy_(p.data.view(-1))
+            p.data = self.full[offset : offset + p.numel()].view_as(p)
+            # backward accumulates into these views in place
             p.grad = self.grad[offset : offset + p.numel()].view_as(p)
-            self.param[offset : offset + p.numel()].copy_(p.data.view(-1))
-            p.data = self.param[offset : offset + p.numel()].view_as(p)
             offset += p.numel()
-        self.replicated_grads = [p.grad for p in params if p.tp_dim is None]
+        self.tp_partial = [p.grad for p in params if kind_of(p).tp_partial_sums]
+        # a view of full
+        self.shard = self.full.chunk(self.shards)[self.index]
+        self.shard_grad = torch.zeros_like(self.shard)
 
     def reduce(self):
-        """Starts the reduce-scatter of the gradient into `shard_grad`; returns the work."""
+        """Starts the reduce-scatter of the gradient into `shard_grad`; returns the
+        work."""
         # complete the partial sums over tp first: every rank then sends the same bytes
-        reduce_sequence_parallel_grads(self.replicated_grads)
+        reduce_sequence_parallel_grads(self.tp_partial)
         return reduce_scatter(
-            self.grad, GRAD_GROUP, dim=0, out=self.shard_grad, async_op=True
+            self.grad, self.group, dim=0, out=self.shard_grad, async_op=True
         )
+
+    def release(self, work):
+        """Waits for the reduction `work`."""
+        if work is not None:
+            work.wait()
+
+    def pieces(self):
+        """(param, its weights, its reduced gradient, their start in param) of each
+        parameter with elements in this rank's shard."""
+        n = self.shard.numel()
+        lo = self.index * n
+        for p, start in zip(self.params, self.offsets):
+            a, z = max(start, lo), min(start + p.numel(), lo + n)
+            if a < z:
+                piece = slice(a - lo, z - lo)
+                yield p, self.shard[piece], self.shard_grad[piece], a - start
+
+
+class Bucket(Flat):
+    """About BUCKET_BYTES of gradients, reduced as soon as backward has filled them; the
+    weights stay whole, `shard` a view of them."""
+
+    def gather(self):
+        """All-gathers the updated shards into every rank's weights."""
+        all_gather(self.shard, self.group, dim=0, out=self.full)
 
 
 class GradientBuckets:
@@ -54,15 +90,16 @@ class GradientBuckets:
     as backward has filled it, in order (the same calls on every rank)."""
 
     def __init__(self, params, bucket_bytes=BUCKET_BYTES):
-        self.buckets, current, size = [], [], 0
+        self.buckets, current, size = [], {}, {}
         for p in reversed(params):
-            current.append(p)
-            size += p.numel() * p.element_size()
-            if size >= bucket_bytes:
-                self.buckets.append(Bucket(current))
-                current, size = [], 0
-        if current:
-            self.buckets.append(Bucket(current))
+            # a bucket's parameters share their group
+            key = kind_of(p).grad_group
+            current.setdefault(key, []).append(p)
+            size[key] = size.get(key, 0) + p.numel() * p.element_size()
+            if size[key] >= bucket_bytes:
+                self.buckets.append(Bucket(current.pop(key)))
+                size[key] = 0
+        self.buckets += [Bucket(ps) for ps in current.values()]
         self.bucket_of = {p: i for i, b in enumerate(self.buckets) for p in b.params}
         self.sync = False  # set for the last micro-batch of a step only
         self.ready, self.handles = [0] * len(self.buckets), []
@@ -83,26 +120,15 @@ class GradientBuckets:
         """Launch the buckets whose parameters got no gradient, then wait for all."""
         for bucket in self.buckets[len(self.handles) :]:
             self.handles.append(bucket.reduce())
-        for work in self.handles:
-            work.wait()
+        for bucket, work in zip(self.buckets, self.handles):
+            bucket.release(work)
         self.ready, self.handles = [0] * len(self.buckets), []
 
-    def shard_pieces(
-        self,
-    ):  # (param, its weights, its reduced grad, their start in param) in this shard
-        pieces = []
-        for b in self.buckets:
-            n = b.shard_grad.numel()
-            lo, hi = b.shard * n, (b.shard + 1) * n
-            for p, start in zip(b.params, b.offsets):
-                a, z = max(start, lo), min(start + p.numel(), hi)
-                if a < z:
-                    pieces.append(
-                        (p, b.param[a:z], b.shard_grad[a - lo : z - lo], a - start)
-                    )
-        return pieces
+    def shard_pieces(self):
+        """Every bucket's pieces in this rank's shard (Flat.pieces), in order."""
+        return [piece for b in self.buckets for piece in b.pieces()]
 
     def gather_params(self):
         """All-gathers the updated shards into every rank's weight buckets."""
         for b in self.buckets:
-            all_gather(b.param.chunk(b.shards)[b.shard], GRAD_GROUP, dim=0, out=b.param)
+            b.gather()

@@ -24,16 +24,14 @@ import torch.distributed as dist
 
 from mesh import GROUPS, all_gather, reduce_scatter
 from model import materialize
-from plan import N_LAYER, PARAM_DTYPE
+from plan import N_LAYER, PARAM_DTYPE, kind_of
 from tensor_parallel import reduce_sequence_parallel_grads
-
-GRAD_GROUP = "dp"  # the gradients are summed over these mesh axes
 
 
 def hold(t, on, zeroed=False):
-    """Allocates (on; zeroed: filled with zeros) or frees the storage under the flat buffer
-    t, unless it already is, as FSDP does: its views (parameters, their .grad) stay valid.
-    """
+    """Allocates (on; zeroed: filled with zeros) or frees the storage under the flat
+    buffer t, unless it already is, as FSDP does: its views (parameters, their .grad)
+    stay valid."""
     nbytes = t.numel() * t.element_size()
     if (t.untyped_storage().nbytes() > 0) == on:
         return
@@ -44,40 +42,89 @@ def hold(t, on, zeroed=False):
     HELD["peak"] = max(HELD["peak"], HELD["now"])
 
 
-HELD = {"now": 0, "peak": 0}  # bytes of unsharded weights and gradients allocated
+# bytes of unsharded weights and gradients allocated
+HELD = {"now": 0, "peak": 0}
 
-RESHARD_AFTER_FORWARD = True
 
+class Flat:
+    """Parameters whose gradients are views into one flat buffer, `grad`, reduced
+    over their group: plan.kind_of(p).grad_group, the same for all of them. Their
+    weights are views into another, `full`, padded to split into `shards` equal
+    shards: this rank's, number `index`, is `shard` (the weights the optimizer
+    steps), and `shard_grad` its reduced gradient."""
 
-class Unit:
-    """The flat, padded buffers of some parameters over one group: `shard` (this rank's
-    weights, which the optimizer steps) and `shard_grad` (its reduced gradient) hold memory
-    always; `full` (the gathered weights, which the parameters view) and `grad` (their
-    unsharded gradient, which the parameters' .grad view) only while in use."""
-
-    def __init__(self, params, group=GRAD_GROUP):
-        self.params, self.group = params, group
+    def __init__(self, params):
+        self.params, self.group = params, kind_of(params[0]).grad_group
         numel = sum(p.numel() for p in params)
-        self.shards = dist.get_world_size(GROUPS[group])
-        self.index = dist.get_rank(GROUPS[group])  # this rank's shard
+        self.shards = dist.get_world_size(GROUPS[self.group])
+        self.index = dist.get_rank(GROUPS[self.group])
         # padded to split into equal shards
         numel = -(-numel // self.shards) * self.shards
-        self.full, self.grad = params[0].new_zeros(numel), params[0].new_zeros(numel)
+        self.full = params[0].new_zeros(numel)
+        self.grad = params[0].new_zeros(numel)
         self.offsets, offset = [], 0
         for p in params:
             self.offsets.append(offset)
             self.full[offset : offset + p.numel()].copy_(p.data.view(-1))
             p.data = self.full[offset : offset + p.numel()].view_as(p)
+            # backward accumulates into these views in place
             p.grad = self.grad[offset : offset + p.numel()].view_as(p)
             # a tensor hook runs before autograd accumulates into .grad
             p.register_hook(self.grad_arriving)
             offset += p.numel()
-        self.replicated_grads = [p.grad for p in params if p.tp_dim is None]
+        self.tp_partial = [p.grad for p in params if kind_of(p).tp_partial_sums]
+        # a view of full (a Unit keeps a copy of its own)
+        self.shard = self.full.chunk(self.shards)[self.index]
+        self.shard_grad = torch.zeros_like(self.shard)
+        hold(self.grad, False)  # until the first gradient arrives
+
+    def grad_arriving(self, grad):
+        """Allocates the unsharded gradient (zeroed) unless it is: a tensor hook before
+        the step's first gradient accumulates, or a reduction that found none."""
+        hold(self.grad, True, zeroed=True)
+
+    def reduce(self):
+        """Starts the reduce-scatter of the gradient into `shard_grad`; returns the
+        work."""
+        # (one that got no gradient reduces zeros)
+        self.grad_arriving(None)
+        # complete the partial sums over tp first: every rank then sends the same bytes
+        reduce_sequence_parallel_grads(self.tp_partial)
+        return reduce_scatter(
+            self.grad, self.group, dim=0, out=self.shard_grad, async_op=True
+        )
+
+    def release(self, work):
+        """Waits for the reduction `work`, then frees the unsharded gradient."""
+        if work is not None:
+            work.wait()
+            hold(self.grad, False)
+
+    def pieces(self):
+        """(param, its weights, its reduced gradient, their start in param) of each
+        parameter with elements in this rank's shard."""
+        n = self.shard.numel()
+        lo = self.index * n
+        for p, start in zip(self.params, self.offsets):
+            a, z = max(start, lo), min(start + p.numel(), lo + n)
+            if a < z:
+                piece = slice(a - lo, z - lo)
+                yield p, self.shard[piece], self.shard_grad[piece], a - start
+
+
+RESHARD_AFTER_FORWARD = True
+
+
+class Unit(Flat):
+    """A unit of FSDP: `shard` and `shard_grad` hold memory always; `full` (the gathered
+    weights, which the parameters view) and `grad` (their unsharded gradient) only while
+    in use."""
+
+    def __init__(self, params):
+        super().__init__(params)
         self.gathering = None  # the all-gather in flight
-        self.shard = self.full.chunk(self.shards)[self.index].clone()
-        self.shard_grad = self.full.new_zeros(numel // self.shards)
+        self.shard = self.shard.clone()  # its own memory: `full` is freed
         hold(self.full, False)
-        hold(self.grad, False)
 
     @property
     def gathered(self):
@@ -99,23 +146,6 @@ class Unit:
             self.gathering.wait()
             self.gathering = None
         hold(self.full, False)
-
-    def grad_arriving(self, grad):
-        hold(self.grad, True, zeroed=True)
-
-    def reduce(self):
-        """Starts the reduce-scatter of the gradient into `shard_grad`; returns the work."""
-        self.grad_arriving(None)  # (a unit that got no gradient reduces zeros)
-        # complete the partial sums over tp first: every rank then sends the same bytes
-        reduce_sequence_parallel_grads(self.replicated_grads)
-        return reduce_scatter(
-            self.grad, self.group, dim=0, out=self.shard_grad, async_op=True
-        )
-
-    def release(self, work):
-        """Waits for the reduce-scatter `work` and frees the unsharded gradient."""
-        work.wait()
-        hold(self.grad, False)
 
 
 def gather(units, wait=True):
@@ -240,22 +270,6 @@ class FullyShardedUnits:
         for unit in self.all:
             unit.free()
 
-    def shard_pieces(
-        self,
-    ):  # (param, its weight shard, its reduced grad, their start in param) in this shard
-        pieces = []
-        for unit in self.all:
-            n = unit.shard.numel()
-            lo, hi = unit.index * n, (unit.index + 1) * n
-            for p, start in zip(unit.params, unit.offsets):
-                a, z = max(start, lo), min(start + p.numel(), hi)
-                if a < z:
-                    pieces.append(
-                        (
-                            p,
-                            unit.shard[a - lo : z - lo],
-                            unit.shard_grad[a - lo : z - lo],
-                            a - start,
-                        )
-                    )
-        return pieces
+    def shard_pieces(self):
+        """Every unit's pieces in this rank's shard (Flat.pieces), in order."""
+        return [piece for unit in self.all for piece in unit.pieces()]

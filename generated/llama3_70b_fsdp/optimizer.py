@@ -7,8 +7,8 @@ import math
 
 import torch
 
-from data_parallel import GRAD_GROUP
 from mesh import all_reduce
+from plan import PARAM_KINDS, kind_of
 
 LR = 1.5e-4
 BETAS = (0.9, 0.95)
@@ -43,17 +43,23 @@ def get_lr(step):
 
 
 def grad_norm(grads, owners, device):
-    """Global L2 norm of the whole model's gradient: the squares are summed over tp
-    (where replicated gradients count once) and GRAD_GROUP (the ZeRO shards)."""
-    sharded = [p.tp_dim is not None for p in owners]  # grads[i] is owners[i]'s gradient
+    """Global L2 norm of the whole model's gradient. Each kind of parameter's squares are
+    summed over its norm groups (plan.PARAM_KINDS) in turn, the longest list first; once
+    summed over the first group of its list, a sum joins that of the list's rest, so
+    that each group is all-reduced once."""
     norms = torch._foreach_norm(grads) if grads else []
     zero = torch.zeros((), device=device)
-    sharded_sq = sum_sq([n for n, s in zip(norms, sharded) if s], zero)
-    replicated_sq = sum_sq([n for n, s in zip(norms, sharded) if not s], zero)
-    all_reduce(sharded_sq, "tp", scalar=True)
-    total_sq = sharded_sq + replicated_sq
-    all_reduce(total_sq, GRAD_GROUP, scalar=True)
-    return total_sq.sqrt()
+    # every kind's sum, whether this rank holds any or not: every rank makes the same calls
+    squares = {kind.norm_groups: [] for kind in PARAM_KINDS.values()}
+    for n, p in zip(norms, owners):
+        squares[kind_of(p).norm_groups].append(n)
+    sums = {groups: sum_sq(ns, zero) for groups, ns in squares.items()}
+    while any(sums):  # a sum has groups to go
+        groups = max(sums, key=len)
+        total_sq = sums.pop(groups)
+        all_reduce(total_sq, groups[0], scalar=True)
+        sums[groups[1:]] = sums.get(groups[1:], zero) + total_sq
+    return sums[()].sqrt()
 
 
 def sum_sq(norms, zero):

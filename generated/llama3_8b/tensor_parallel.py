@@ -80,7 +80,7 @@ tp_exit = torch.compiler.disable(ReduceScatterToSequenceParallel.apply)
 
 def reduce_sequence_parallel_grads(grads):
     """Sums the tp-replicated weights' gradients over tp, in one flat all-reduce."""
-    if not grads:  # (a ZeRO bucket may hold none; then neither do its tp peers)
+    if not grads:  # (a bucket may hold none; then neither do its tp peers)
         return
     flat = torch.cat([g.reshape(-1) for g in grads])
     all_reduce(flat, "tp")

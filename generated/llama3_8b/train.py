@@ -44,15 +44,17 @@ from pipeline_parallel import TIMELINE, load_schedule, run_schedule
 from plan import (
     DP,
     GLOBAL_BATCH,
+    GROUP_AXES,
     LAYOUT,
+    MESH,
     MICRO_BATCH,
     MICRO_STEPS,
     PARAM_DTYPE,
     SEQ_LEN,
     TIMEOUT,
-    TP,
     VOCAB,
     WORLD_SIZE,
+    kind_of,
 )
 from utils import copy_all, fail, file_name, generator, to_device
 
@@ -62,21 +64,17 @@ STEPS = 1000
 SEED = 1234
 PRECISION = "bf16"
 GRAD_CLIP = 1.0  # max global gradient norm
-MESH = (("dp", 2), ("pp", 2), ("tp", 4))  # outermost first; the last axis has stride 1
-GROUP_AXES = (("dp",), ("pp",), ("tp",))  # a process group over each
 CHECKPOINT_EVERY = 200  # steps (checkpoint.py: where, how many kept)
 COMPILE = None  # torch.compile each block; None: on CUDA, not on CPU
-MODEL_FLOPS_PER_TOKEN = (
-    51_470_401_536  # forward and backward, attention causal, as dslc explain counts
-)
+# forward and backward, attention causal, as dslc explain counts
+MODEL_FLOPS_PER_TOKEN = 51_470_401_536
 PEAK_FLOPS = 989e12  # per device (h100_sxm, bf16), for MFU
 
 # -----------------------------------------------------------------------------
 # Start-up: flags, device, processes
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-parser.print_usage = (
-    lambda file=None: None
-)  # a bad flag: one line (train.py: error: ...), exit 2
+# a bad flag: one line (train.py: error: ...), exit 2
+parser.print_usage = lambda file=None: None
 parser.add_argument("--steps", type=int, default=STEPS)
 parser.add_argument("--seed", type=int, default=SEED)
 parser.add_argument("--log-every", type=int, default=1, metavar="N")
@@ -232,8 +230,9 @@ def main():
         dist.barrier(group=GROUPS["pp"])
     # the whole model's size: this stage's parameters, summed over the pipeline
     own = [p for p in params if not getattr(p, "tied_copy", False)]
-    sizes = [p.numel() * (TP if p.tp_dim is not None else 1) for p in own]
-    n_params = torch.tensor(float(sum(sizes)), device=device)
+    n_params = torch.tensor(
+        float(sum(p.numel() * kind_of(p).parts for p in own)), device=device
+    )
     all_reduce(n_params, "pp", scalar=True)
     n_params = int(n_params.item())
     # torchrun restarted the job after a failure: resume from the newest checkpoint
@@ -292,9 +291,8 @@ def main():
         full_weights = gather_weights(model)
         if master:
             torch.save(full_weights, args.dump_weights)
-    if (
-        args.export_hf
-    ):  # every rank writes its own tensors: the model is gathered nowhere
+    # every rank writes its own tensors: the model is gathered nowhere
+    if args.export_hf:
         export_hf(model, args.export_hf, args.export_dtype, args.export_shard_size)
     if master and args.dump_losses:
         with open(args.dump_losses, "w") as f:

@@ -42,17 +42,18 @@ from plan import (
     CP,
     DP,
     GLOBAL_BATCH,
+    GROUP_AXES,
     LAYOUT,
+    MESH,
     MICRO_BATCH,
     MICRO_STEPS,
     PARAM_DTYPE,
     SEQ_LEN,
     TIMEOUT,
-    TP,
     VOCAB,
     WORLD_SIZE,
+    kind_of,
 )
-from tensor_parallel import reduce_sequence_parallel_grads
 from utils import copy_all, fail, file_name, generator, to_device
 
 # -----------------------------------------------------------------------------
@@ -61,20 +62,16 @@ STEPS = 500
 SEED = 1234
 PRECISION = "bf16"
 GRAD_CLIP = 1.0  # max global gradient norm
-MESH = (("cp", 4), ("tp", 8))  # outermost first; the last axis has stride 1
-GROUP_AXES = (("cp",), ("tp",))  # a process group over each
 COMPILE = None  # torch.compile each block; None: on CUDA, not on CPU
-MODEL_FLOPS_PER_TOKEN = (
-    148_107_165_696  # forward and backward, attention causal, as dslc explain counts
-)
+# forward and backward, attention causal, as dslc explain counts
+MODEL_FLOPS_PER_TOKEN = 148_107_165_696
 PEAK_FLOPS = 989e12  # per device (h100_sxm, bf16), for MFU
 
 # -----------------------------------------------------------------------------
 # Start-up: flags, device, processes
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-parser.print_usage = (
-    lambda file=None: None
-)  # a bad flag: one line (train.py: error: ...), exit 2
+# a bad flag: one line (train.py: error: ...), exit 2
+parser.print_usage = lambda file=None: None
 parser.add_argument("--steps", type=int, default=STEPS)
 parser.add_argument("--seed", type=int, default=SEED)
 parser.add_argument("--log-every", type=int, default=1, metavar="N")
@@ -132,7 +129,6 @@ init_weights(model.named_parameters(), args.seed)  # this rank's parts only
 params = list(model.parameters())
 grad_buckets = GradientBuckets(params)
 owners = weights = params
-sharded = [p.tp_dim is not None for p in owners]
 # mixed precision as in the ZeRO paper: bf16 weights and gradients in the model
 # (2 + 2 bytes per parameter), fp32 master weights and moments in the optimizer
 master_params = [w.detach().float() for w in weights]
@@ -180,7 +176,6 @@ def train_step(step):
         loss += micro_loss.detach()
     grad_buckets.finish()  # wait for the bucketed all-reduces
     grads = [p.grad for p in params]  # one per entry of `owners`
-    reduce_sequence_parallel_grads([g for g, s in zip(grads, sharded) if not s])
     all_reduce(loss, "cp", scalar=True)  # the log's mean over the global batch
     loss /= MICRO_STEPS * DP * CP
     lr = get_lr(step)
@@ -215,7 +210,8 @@ def train_step(step):
 
 
 def main():
-    n_params = sum(p.numel() * (TP if p.tp_dim is not None else 1) for p in params)
+    # the whole model's size: each parameter's parts on the other ranks counted
+    n_params = sum(p.numel() * kind_of(p).parts for p in params)
     tokens_per_step, mfu, peak = GLOBAL_BATCH * SEQ_LEN, None, None  # mfu, peak: GPU
     if master:
         print(f"plan llama3_8b_128k: {n_params / 1e6:.2f}M parameters", end=", ")
@@ -259,9 +255,8 @@ def main():
         full_weights = gather_weights(model)
         if master:
             torch.save(full_weights, args.dump_weights)
-    if (
-        args.export_hf
-    ):  # every rank writes its own tensors: the model is gathered nowhere
+    # every rank writes its own tensors: the model is gathered nowhere
+    if args.export_hf:
         export_hf(model, args.export_hf, args.export_dtype, args.export_shard_size)
     if master and args.dump_losses:
         with open(args.dump_losses, "w") as f:

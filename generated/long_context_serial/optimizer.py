@@ -43,8 +43,7 @@ def grad_norm(grads, owners, device):
     """Global L2 norm of the whole model's gradient."""
     norms = torch._foreach_norm(grads) if grads else []
     zero = torch.zeros((), device=device)
-    total_sq = sum_sq(norms, zero)
-    return total_sq.sqrt()
+    return sum_sq(norms, zero).sqrt()
 
 
 def sum_sq(norms, zero):

@@ -25,16 +25,7 @@ from hf import add_export_flags, check_export_folder, export_hf, gather_weights
 from meter import METER, METRICS, measure_block
 from model import Transformer, compile_model, init_weights, materialize
 from optimizer import build_optimizer, get_lr, grad_norm
-from plan import (
-    DP,
-    GLOBAL_BATCH,
-    LAYOUT,
-    MICRO_BATCH,
-    MICRO_STEPS,
-    SEQ_LEN,
-    TP,
-    WORLD_SIZE,
-)
+from plan import DP, GLOBAL_BATCH, LAYOUT, MICRO_BATCH, MICRO_STEPS, SEQ_LEN, WORLD_SIZE
 from utils import fail, file_name, to_device
 
 # -----------------------------------------------------------------------------
@@ -48,17 +39,15 @@ DATA = [
     (1.0, "text", "../../data/verse.txt", "uint8"),
 ]
 COMPILE = None  # torch.compile each block; None: on CUDA, not on CPU
-MODEL_FLOPS_PER_TOKEN = (
-    2_408_448  # forward and backward, attention causal, as dslc explain counts
-)
+# forward and backward, attention causal, as dslc explain counts
+MODEL_FLOPS_PER_TOKEN = 2_408_448
 PEAK_FLOPS = 5e11  # per device (cpu, fp32), for MFU
 
 # -----------------------------------------------------------------------------
 # Start-up: flags, device
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-parser.print_usage = (
-    lambda file=None: None
-)  # a bad flag: one line (train.py: error: ...), exit 2
+# a bad flag: one line (train.py: error: ...), exit 2
+parser.print_usage = lambda file=None: None
 parser.add_argument("--steps", type=int, default=STEPS)
 parser.add_argument("--seed", type=int, default=SEED)
 parser.add_argument("--log-every", type=int, default=1, metavar="N")
@@ -170,7 +159,7 @@ def train_step(step):
 
 
 def main():
-    n_params = sum(p.numel() * (TP if p.tp_dim is not None else 1) for p in params)
+    n_params = sum(p.numel() for p in params)
     tokens_per_step, mfu, peak = GLOBAL_BATCH * SEQ_LEN, None, None  # mfu, peak: GPU
     if master:
         print(f"plan long_context_serial: {n_params / 1e6:.2f}M parameters", end=", ")
@@ -214,9 +203,8 @@ def main():
         full_weights = gather_weights(model)
         if master:
             torch.save(full_weights, args.dump_weights)
-    if (
-        args.export_hf
-    ):  # every rank writes its own tensors: the model is gathered nowhere
+    # every rank writes its own tensors: the model is gathered nowhere
+    if args.export_hf:
         export_hf(model, args.export_hf, args.export_dtype, args.export_shard_size)
     if master and args.dump_losses:
         with open(args.dump_losses, "w") as f:

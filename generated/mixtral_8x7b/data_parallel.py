@@ -13,38 +13,48 @@ Experts have their own group, EXPERT_GRAD_GROUP (each ep rank holds other expert
 buckets are reduced and sharded over it, the dense ones over GRAD_GROUP.
 """
 
+import torch
 import torch.distributed as dist
 
 from mesh import GROUPS, all_gather, reduce_scatter
+from plan import kind_of
 
-GRAD_GROUP = "ep"  # the gradients are summed over these mesh axes
 BUCKET_BYTES = 25 * 2**20  # gradient bucket size, as DDP's
-EXPERT_GRAD_GROUP = None  # not reduced: no other rank holds these experts
 
 
-class Bucket:
-    def __init__(self, params, group):
-        self.params, self.group = params, group  # group None: one rank holds these
-        self.shards = dist.get_world_size(GROUPS[group]) if group else 1
-        self.shard = dist.get_rank(GROUPS[group]) if group else 0  # this rank's shard
+class Flat:
+    """Parameters whose gradients are views into one flat buffer, `grad`, reduced
+    over their group: plan.kind_of(p).grad_group, the same for all of them (None:
+    no other rank holds them, never reduced). Their weights are views into
+    another, `full`, padded to split into `shards` equal shards: this rank's,
+    number `index`, is `shard` (the weights the optimizer steps), and `shard_grad`
+    its reduced gradient."""
+
+    def __init__(self, params):
+        self.params, self.group = params, kind_of(params[0]).grad_group
         numel = sum(p.numel() for p in params)
+        self.shards = dist.get_world_size(GROUPS[self.group]) if self.group else 1
+        self.index = dist.get_rank(GROUPS[self.group]) if self.group else 0
         # padded to split into equal shards
         numel = -(-numel // self.shards) * self.shards
+        self.full = params[0].new_zeros(numel)
         self.grad = params[0].new_zeros(numel)
-        self.param = params[0].new_zeros(numel)
-        self.shard_grad = (
-            params[0].new_zeros(numel // self.shards) if group else self.grad
-        )
         self.offsets, offset = [], 0
-        for p in params:  # backward accumulates into these views in place
+        for p in params:
             self.offsets.append(offset)
+            self.full[offset : offset + p.numel()].copy_(p.data.view(-1))
+            p.data = self.full[offset : offset + p.numel()].view_as(p)
+            # backward accumulates into these views in place
             p.grad = self.grad[offset : offset + p.numel()].view_as(p)
-            self.param[offset : offset + p.numel()].copy_(p.data.view(-1))
-            p.data = self.param[offset : offset + p.numel()].view_as(p)
             offset += p.numel()
+        # a view of full
+        self.shard = self.full.chunk(self.shards)[self.index]
+        # group None: the gradient is the shard's, held always
+        self.shard_grad = torch.zeros_like(self.shard) if self.group else self.grad
 
     def reduce(self):
-        """Starts the reduce-scatter of the gradient into `shard_grad`; returns the work (None: not reduced)."""
+        """Starts the reduce-scatter of the gradient into `shard_grad`; returns the
+        work (None: not reduced)."""
         if self.group is None:
             return None
         return reduce_scatter(
@@ -56,24 +66,43 @@ class Bucket:
         if work is not None:
             work.wait()
 
+    def pieces(self):
+        """(param, its weights, its reduced gradient, their start in param) of each
+        parameter with elements in this rank's shard."""
+        n = self.shard.numel()
+        lo = self.index * n
+        for p, start in zip(self.params, self.offsets):
+            a, z = max(start, lo), min(start + p.numel(), lo + n)
+            if a < z:
+                piece = slice(a - lo, z - lo)
+                yield p, self.shard[piece], self.shard_grad[piece], a - start
+
+
+class Bucket(Flat):
+    """About BUCKET_BYTES of gradients, reduced as soon as backward has filled them; the
+    weights stay whole, `shard` a view of them."""
+
+    def gather(self):
+        """All-gathers the updated shards into every rank's weights."""
+        if self.group is not None:
+            all_gather(self.shard, self.group, dim=0, out=self.full)
+
 
 class GradientBuckets:
     """Gradients as views into flat buffers of about BUCKET_BYTES, each reduced as soon
     as backward has filled it, in order (the same calls on every rank)."""
 
     def __init__(self, params, bucket_bytes=BUCKET_BYTES):
-        group = {
-            False: GRAD_GROUP,
-            True: EXPERT_GRAD_GROUP,
-        }  # dense, experts: their own buckets
         self.buckets, current, size = [], {}, {}
         for p in reversed(params):
-            current.setdefault(p.expert, []).append(p)
-            size[p.expert] = size.get(p.expert, 0) + p.numel() * p.element_size()
-            if size[p.expert] >= bucket_bytes:
-                self.buckets.append(Bucket(current.pop(p.expert), group[p.expert]))
-                size[p.expert] = 0
-        self.buckets += [Bucket(ps, group[expert]) for expert, ps in current.items()]
+            # a bucket's parameters share their group; the experts fill buckets of their own
+            key = kind_of(p).grad_group, p.expert
+            current.setdefault(key, []).append(p)
+            size[key] = size.get(key, 0) + p.numel() * p.element_size()
+            if size[key] >= bucket_bytes:
+                self.buckets.append(Bucket(current.pop(key)))
+                size[key] = 0
+        self.buckets += [Bucket(ps) for ps in current.values()]
         self.bucket_of = {p: i for i, b in enumerate(self.buckets) for p in b.params}
         self.sync = False  # set for the last micro-batch of a step only
         self.ready, self.handles = [0] * len(self.buckets), []
@@ -98,25 +127,11 @@ class GradientBuckets:
             bucket.release(work)
         self.ready, self.handles = [0] * len(self.buckets), []
 
-    def shard_pieces(
-        self,
-    ):  # (param, its weights, its reduced grad, their start in param) in this shard
-        pieces = []
-        for b in self.buckets:
-            n = b.shard_grad.numel()
-            lo, hi = b.shard * n, (b.shard + 1) * n
-            for p, start in zip(b.params, b.offsets):
-                a, z = max(start, lo), min(start + p.numel(), hi)
-                if a < z:
-                    pieces.append(
-                        (p, b.param[a:z], b.shard_grad[a - lo : z - lo], a - start)
-                    )
-        return pieces
+    def shard_pieces(self):
+        """Every bucket's pieces in this rank's shard (Flat.pieces), in order."""
+        return [piece for b in self.buckets for piece in b.pieces()]
 
     def gather_params(self):
         """All-gathers the updated shards into every rank's weight buckets."""
         for b in self.buckets:
-            if b.group is not None:
-                all_gather(
-                    b.param.chunk(b.shards)[b.shard], b.group, dim=0, out=b.param
-                )
+            b.gather()

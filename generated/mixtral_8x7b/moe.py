@@ -25,6 +25,7 @@ from plan import (
     PROJ_STD,
     SEQ_LEN,
     TOP_K,
+    WORLD_GROUP,
 )
 
 
@@ -61,7 +62,7 @@ class Routing:
         for layer in self.layers:  # the rows of the layers this rank holds
             load[layer.layer] = layer.routed
         stats = torch.cat([self.losses, load.view(-1)])
-        all_reduce(stats, "pp+ep", scalar=True)  # every rank's layers and tokens
+        all_reduce(stats, WORLD_GROUP, scalar=True)  # every rank's layers and tokens
         losses = stats[:2] / (N_LAYER * MICRO_STEPS * DATA_RANKS)
         load = stats[2:].view(N_LAYER, N_EXPERTS + 1)
         choices, dropped = load[:, :-1], load[:, -1]

@@ -8,24 +8,41 @@ is counted), and skipping the reduction for all but the last micro-batch is one 
 """
 
 from mesh import all_reduce
+from plan import kind_of
+from tensor_parallel import reduce_sequence_parallel_grads
 
-GRAD_GROUP = "dp"  # the gradients are summed over these mesh axes
 BUCKET_BYTES = 25 * 2**20  # gradient bucket size, as DDP's
 
 
-class Bucket:
+class Flat:
+    """Parameters whose gradients are views into one flat buffer, `grad`, reduced
+    over their group: plan.kind_of(p).grad_group, the same for all of them."""
+
     def __init__(self, params):
-        self.params = params
+        self.params, self.group = params, kind_of(params[0]).grad_group
         numel = sum(p.numel() for p in params)
         self.grad = params[0].new_zeros(numel)
         offset = 0
-        for p in params:  # backward accumulates into these views in place
+        for p in params:
+            # backward accumulates into these views in place
             p.grad = self.grad[offset : offset + p.numel()].view_as(p)
             offset += p.numel()
+        self.tp_partial = [p.grad for p in params if kind_of(p).tp_partial_sums]
 
     def reduce(self):
         """Starts the all-reduce of the gradient; returns the work."""
-        return all_reduce(self.grad, GRAD_GROUP, async_op=True)
+        # complete the partial sums over tp first: every rank then sends the same bytes
+        reduce_sequence_parallel_grads(self.tp_partial)
+        return all_reduce(self.grad, self.group, async_op=True)
+
+    def release(self, work):
+        """Waits for the reduction `work`."""
+        if work is not None:
+            work.wait()
+
+
+class Bucket(Flat):
+    """About BUCKET_BYTES of gradients, reduced as soon as backward has filled them."""
 
 
 class GradientBuckets:
@@ -33,15 +50,16 @@ class GradientBuckets:
     as backward has filled it, in order (the same calls on every rank)."""
 
     def __init__(self, params, bucket_bytes=BUCKET_BYTES):
-        self.buckets, current, size = [], [], 0
+        self.buckets, current, size = [], {}, {}
         for p in reversed(params):
-            current.append(p)
-            size += p.numel() * p.element_size()
-            if size >= bucket_bytes:
-                self.buckets.append(Bucket(current))
-                current, size = [], 0
-        if current:
-            self.buckets.append(Bucket(current))
+            # a bucket's parameters share their group
+            key = kind_of(p).grad_group
+            current.setdefault(key, []).append(p)
+            size[key] = size.get(key, 0) + p.numel() * p.element_size()
+            if size[key] >= bucket_bytes:
+                self.buckets.append(Bucket(current.pop(key)))
+                size[key] = 0
+        self.buckets += [Bucket(ps) for ps in current.values()]
         self.bucket_of = {p: i for i, b in enumerate(self.buckets) for p in b.params}
         self.sync = False  # set for the last micro-batch of a step only
         self.ready, self.handles = [0] * len(self.buckets), []
@@ -62,6 +80,6 @@ class GradientBuckets:
         """Launch the buckets whose parameters got no gradient, then wait for all."""
         for bucket in self.buckets[len(self.handles) :]:
             self.handles.append(bucket.reduce())
-        for work in self.handles:
-            work.wait()
+        for bucket, work in zip(self.buckets, self.handles):
+            bucket.release(work)
         self.ready, self.handles = [0] * len(self.buckets), []

@@ -10,24 +10,29 @@ buckets are reduced over it, the dense ones over GRAD_GROUP.
 """
 
 from mesh import all_reduce
+from plan import kind_of
 
-GRAD_GROUP = "dp+ep"  # the gradients are summed over these mesh axes
 BUCKET_BYTES = 25 * 2**20  # gradient bucket size, as DDP's
-EXPERT_GRAD_GROUP = "dp"  # summed over dp: each ep rank holds other experts
 
 
-class Bucket:
-    def __init__(self, params, group):
-        self.params, self.group = params, group  # group None: one rank holds these
+class Flat:
+    """Parameters whose gradients are views into one flat buffer, `grad`, reduced
+    over their group: plan.kind_of(p).grad_group, the same for all of them (None:
+    no other rank holds them, never reduced)."""
+
+    def __init__(self, params):
+        self.params, self.group = params, kind_of(params[0]).grad_group
         numel = sum(p.numel() for p in params)
         self.grad = params[0].new_zeros(numel)
         offset = 0
-        for p in params:  # backward accumulates into these views in place
+        for p in params:
+            # backward accumulates into these views in place
             p.grad = self.grad[offset : offset + p.numel()].view_as(p)
             offset += p.numel()
 
     def reduce(self):
-        """Starts the all-reduce of the gradient; returns the work (None: not reduced)."""
+        """Starts the all-reduce of the gradient; returns the work (None: not
+        reduced)."""
         if self.group is None:
             return None
         return all_reduce(self.grad, self.group, async_op=True)
@@ -38,23 +43,25 @@ class Bucket:
             work.wait()
 
 
+class Bucket(Flat):
+    """About BUCKET_BYTES of gradients, reduced as soon as backward has filled them."""
+
+
 class GradientBuckets:
     """Gradients as views into flat buffers of about BUCKET_BYTES, each reduced as soon
     as backward has filled it, in order (the same calls on every rank)."""
 
     def __init__(self, params, bucket_bytes=BUCKET_BYTES):
-        group = {
-            False: GRAD_GROUP,
-            True: EXPERT_GRAD_GROUP,
-        }  # dense, experts: their own buckets
         self.buckets, current, size = [], {}, {}
         for p in reversed(params):
-            current.setdefault(p.expert, []).append(p)
-            size[p.expert] = size.get(p.expert, 0) + p.numel() * p.element_size()
-            if size[p.expert] >= bucket_bytes:
-                self.buckets.append(Bucket(current.pop(p.expert), group[p.expert]))
-                size[p.expert] = 0
-        self.buckets += [Bucket(ps, group[expert]) for expert, ps in current.items()]
+            # a bucket's parameters share their group; the experts fill buckets of their own
+            key = kind_of(p).grad_group, p.expert
+            current.setdefault(key, []).append(p)
+            size[key] = size.get(key, 0) + p.numel() * p.element_size()
+            if size[key] >= bucket_bytes:
+                self.buckets.append(Bucket(current.pop(key)))
+                size[key] = 0
+        self.buckets += [Bucket(ps) for ps in current.values()]
         self.bucket_of = {p: i for i, b in enumerate(self.buckets) for p in b.params}
         self.sync = False  # set for the last micro-batch of a step only
         self.ready, self.handles = [0] * len(self.buckets), []

@@ -43,13 +43,15 @@ from plan import (
     DATA_RANKS,
     EP,
     GLOBAL_BATCH,
+    GROUP_AXES,
     LAYOUT,
+    MESH,
     MICRO_BATCH,
     MICRO_STEPS,
     SEQ_LEN,
     TIMEOUT,
-    TP,
     WORLD_SIZE,
+    kind_of,
 )
 from utils import fail, file_name, to_device
 
@@ -59,24 +61,20 @@ STEPS = 300
 SEED = 1234
 PRECISION = "fp32"
 GRAD_CLIP = 1.0  # max global gradient norm
-MESH = (("dp", 2), ("ep", 2))  # outermost first; the last axis has stride 1
-GROUP_AXES = (("dp",), ("ep",), ("dp", "ep"))  # a process group over each
 # (weight, format, path relative to this file, id type of a raw tokens file)
 DATA = [
     (1.0, "text", "../../data/verse.txt", "uint8"),
 ]
 COMPILE = None  # torch.compile each block; None: on CUDA, not on CPU
-MODEL_FLOPS_PER_TOKEN = (
-    1_884_672  # forward and backward, attention causal, as dslc explain counts
-)
+# forward and backward, attention causal, as dslc explain counts
+MODEL_FLOPS_PER_TOKEN = 1_884_672
 PEAK_FLOPS = 5e11  # per device (cpu, fp32), for MFU
 
 # -----------------------------------------------------------------------------
 # Start-up: flags, device, processes
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-parser.print_usage = (
-    lambda file=None: None
-)  # a bad flag: one line (train.py: error: ...), exit 2
+# a bad flag: one line (train.py: error: ...), exit 2
+parser.print_usage = lambda file=None: None
 parser.add_argument("--steps", type=int, default=STEPS)
 parser.add_argument("--seed", type=int, default=SEED)
 parser.add_argument("--log-every", type=int, default=1, metavar="N")
@@ -209,10 +207,8 @@ def train_step(step):
 
 
 def main():
-    n_params = sum(
-        p.numel() * (TP if p.tp_dim is not None else EP if p.expert else 1)
-        for p in params
-    )
+    # the whole model's size: each parameter's parts on the other ranks counted
+    n_params = sum(p.numel() * kind_of(p).parts for p in params)
     tokens_per_step, mfu, peak = GLOBAL_BATCH * SEQ_LEN, None, None  # mfu, peak: GPU
     if master:
         print(f"plan tiny_moe: {n_params / 1e6:.2f}M parameters", end=", ")
@@ -259,9 +255,8 @@ def main():
         full_weights = gather_weights(model)
         if master:
             torch.save(full_weights, args.dump_weights)
-    if (
-        args.export_hf
-    ):  # every rank writes its own tensors: the model is gathered nowhere
+    # every rank writes its own tensors: the model is gathered nowhere
+    if args.export_hf:
         export_hf(model, args.export_hf, args.export_dtype, args.export_shard_size)
     if master and args.dump_losses:
         with open(args.dump_losses, "w") as f:
