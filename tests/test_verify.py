@@ -139,7 +139,7 @@ def drop_dp_gradient_reduction(folder: Path) -> None:
     """The bug: data parallel's bucketed gradient all-reduce goes over tp, not dp."""
     path = folder / "data_parallel.py"
     text = path.read_text()
-    old = "return all_reduce(self.grad, GRAD_GROUP, async_op=True)"
+    old = "return all_reduce(self.grad, self.group, async_op=True)"
     assert old in text
     path.write_text(text.replace(old, 'return all_reduce(self.grad, "tp", async_op=True)'))
 

@@ -28,7 +28,7 @@ def package(view: dict) -> list[tuple[str, str]]:
           else f"dp: gradient buckets reduce-scattered, ZeRO-{zero}" if zero
           else "dp: gradient buckets all-reduced during backward")
     rows = [
-        ("plan.py", "the model's, the mesh's and the batch's settings", True),
+        ("plan.py", "the model's, the mesh's, the gradients' and the batch's settings", True),
         ("model.py", "the transformer, and init_weights: the same weights in every layout", True),
         ("layers.py", "its parameters and leaf layers", True),
         ("moe.py", "the mixture-of-experts layer: router, experts, router losses", view["moe"]),

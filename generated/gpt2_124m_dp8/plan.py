@@ -39,7 +39,7 @@ TP = 1  # tensor parallel
 TIMEOUT = datetime.timedelta(seconds=600.0)
 
 # -----------------------------------------------------------------------------
-# The gradients: which ranks sum each kind of parameter's
+# The gradients: the ranks that sum each kind of parameter's
 GRAD_GROUP = "dp"  # the dense gradients are summed over these mesh axes
 
 
@@ -75,5 +75,6 @@ def kind_of(p):
 # The batch
 MICRO_BATCH = 16  # sequences per micro-batch
 MICRO_STEPS = 4  # micro-batches per step and dp rank (accumulated)
-GLOBAL_BATCH = 512  # = MICRO_BATCH * MICRO_STEPS * DP sequences per step
+# = MICRO_BATCH * MICRO_STEPS * DP sequences per step
+GLOBAL_BATCH = 512
 PARAM_DTYPE = torch.bfloat16  # working weights and gradients (fp32 master weights)

@@ -46,7 +46,7 @@ CHUNK_RANKS = (0, 1, 0, 1)  # [global chunk] = pp rank
 TIMEOUT = datetime.timedelta(seconds=600.0)
 
 # -----------------------------------------------------------------------------
-# The gradients: which ranks sum each kind of parameter's
+# The gradients: the ranks that sum each kind of parameter's
 GRAD_GROUP = "dp"  # the dense gradients are summed over these mesh axes
 
 
@@ -83,5 +83,6 @@ def kind_of(p):
 # The batch
 MICRO_BATCH = 1  # sequences per micro-batch
 MICRO_STEPS = 16  # micro-batches per step and dp rank (accumulated)
-GLOBAL_BATCH = 32  # = MICRO_BATCH * MICRO_STEPS * DP sequences per step
+# = MICRO_BATCH * MICRO_STEPS * DP sequences per step
+GLOBAL_BATCH = 32
 PARAM_DTYPE = torch.bfloat16  # working weights and gradients (fp32 master weights)

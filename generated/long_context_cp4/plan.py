@@ -39,7 +39,7 @@ CP = 4  # context parallel: ring attention
 TIMEOUT = datetime.timedelta(seconds=600.0)
 
 # -----------------------------------------------------------------------------
-# The gradients: which ranks sum each kind of parameter's
+# The gradients: the ranks that sum each kind of parameter's
 GRAD_GROUP = "cp"  # the dense gradients are summed over these mesh axes
 
 
@@ -75,6 +75,5 @@ def kind_of(p):
 # The batch
 MICRO_BATCH = 1  # sequences per micro-batch
 MICRO_STEPS = 2  # micro-batches per step and dp rank (accumulated)
-GLOBAL_BATCH = (
-    2  # = MICRO_BATCH * MICRO_STEPS * DP sequences per step, each split over cp
-)
+# = MICRO_BATCH * MICRO_STEPS * DP sequences per step, each split over cp
+GLOBAL_BATCH = 2

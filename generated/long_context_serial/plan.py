@@ -34,4 +34,5 @@ TP = 1  # tensor parallel
 # The batch
 MICRO_BATCH = 1  # sequences per micro-batch
 MICRO_STEPS = 2  # micro-batches per step and dp rank (accumulated)
-GLOBAL_BATCH = 2  # = MICRO_BATCH * MICRO_STEPS * DP sequences per step
+# = MICRO_BATCH * MICRO_STEPS * DP sequences per step
+GLOBAL_BATCH = 2

@@ -27,7 +27,8 @@ BIAS = False  # in the linear layers
 PROJ_STD = 0.02 / math.sqrt(2 * N_LAYER)  # init of the residual projections (GPT-2)
 N_EXPERTS = 8  # per MoE layer (each block's MLP)
 TOP_K = 2  # experts per token
-CAPACITY = 1280  # choices an expert takes per sequence: ceil(1.25 * TOP_K * SEQ_LEN / N_EXPERTS)
+# choices an expert takes per sequence: ceil(1.25 * TOP_K * SEQ_LEN / N_EXPERTS)
+CAPACITY = 1280
 AUX_LOSS_WEIGHT = 0.02  # load-balancing loss
 
 # -----------------------------------------------------------------------------
@@ -53,9 +54,10 @@ TIMEOUT = datetime.timedelta(seconds=600.0)
 WORLD_GROUP = "pp+ep"  # every rank (the router's statistics)
 
 # -----------------------------------------------------------------------------
-# The gradients: which ranks sum each kind of parameter's
+# The gradients: the ranks that sum each kind of parameter's
 GRAD_GROUP = "ep"  # the dense gradients are summed over these mesh axes
-EXPERT_GRAD_GROUP = None  # not reduced: no other rank holds these experts
+# the experts': not reduced: no other rank holds these experts
+EXPERT_GRAD_GROUP = None
 
 
 class ParamKind:
@@ -91,5 +93,6 @@ def kind_of(p):
 # The batch
 MICRO_BATCH = 1  # sequences per micro-batch
 MICRO_STEPS = 8  # micro-batches per step and data (dp x ep) rank (accumulated)
-GLOBAL_BATCH = 64  # = MICRO_BATCH * MICRO_STEPS * DATA_RANKS sequences per step
+# = MICRO_BATCH * MICRO_STEPS * DATA_RANKS sequences per step
+GLOBAL_BATCH = 64
 PARAM_DTYPE = torch.bfloat16  # working weights and gradients (fp32 master weights)

@@ -233,9 +233,8 @@ def main():
         dist.barrier(group=GROUPS["pp"])
     # the whole model's size: this stage's parameters, summed over the pipeline
     own = [p for p in params if not getattr(p, "tied_copy", False)]
-    n_params = torch.tensor(
-        float(sum(p.numel() * kind_of(p).parts for p in own)), device=device
-    )
+    size = sum(p.numel() * kind_of(p).parts for p in own)
+    n_params = torch.tensor(float(size), device=device)
     all_reduce(n_params, "pp", scalar=True)
     n_params = int(n_params.item())
     tokens_per_step, mfu, peak = GLOBAL_BATCH * SEQ_LEN, None, None  # mfu, peak: GPU

@@ -45,9 +45,10 @@ TIMEOUT = datetime.timedelta(seconds=600.0)
 WORLD_GROUP = "dp+ep"  # every rank (the router's statistics)
 
 # -----------------------------------------------------------------------------
-# The gradients: which ranks sum each kind of parameter's
+# The gradients: the ranks that sum each kind of parameter's
 GRAD_GROUP = "dp+ep"  # the dense gradients are summed over these mesh axes
-EXPERT_GRAD_GROUP = "dp"  # summed over dp: each ep rank holds other experts
+# the experts': summed over dp: each ep rank holds other experts
+EXPERT_GRAD_GROUP = "dp"
 
 
 class ParamKind:
@@ -83,4 +84,5 @@ def kind_of(p):
 # The batch
 MICRO_BATCH = 4  # sequences per micro-batch
 MICRO_STEPS = 1  # micro-batches per step and data (dp x ep) rank (accumulated)
-GLOBAL_BATCH = 16  # = MICRO_BATCH * MICRO_STEPS * DATA_RANKS sequences per step
+# = MICRO_BATCH * MICRO_STEPS * DATA_RANKS sequences per step
+GLOBAL_BATCH = 16
