@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from irbuild import GiB, model, plan
 
-from dslc import driver, search
+from dslc import driver, fit
 from dslc.check import check_plan
 
 LABEL = re.compile(r"(zero|recompute|micro_batch|tp|pp) = (\w+(?: every \d+)?)(?: with dp = (\d+))?")
@@ -95,9 +95,9 @@ def test_gqa_hint_keeps_tp_within_the_kv_heads():
     mdl = model("llama", 32, 4096, 32, 128256, 4096, kv=2, ffn=14336, tie=False)
     p = plan(mdl, ("dp", 8, "nvlink"), zero=0, b=4, m=1, memory=40 * GiB)
     assert not any(d.is_error for d in check_plan(p))
-    (diag,) = search.fit_diagnostics(p)
-    assert [c.plan.tp for c in search.variants(p) if c.knob == "tp"] == [2, 4, 8]  # what was on offer
-    tps = [c.plan.tp for c in search.candidates(p) if c.knob == "tp"]
+    (diag,) = fit.fit_diagnostics(p)
+    assert [c.plan.tp for c in fit.variants(p) if c.knob == "tp"] == [2, 4, 8]  # what was on offer
+    tps = [c.plan.tp for c in fit.candidates(p) if c.knob == "tp"]
     assert tps == [2]
     assert "tp = 4" not in diag.hint and "tp = 8" not in diag.hint
     for label in proposals(diag)[0] + proposals(diag)[1]:
@@ -111,12 +111,12 @@ def test_more_recompute_is_offered_by_the_memory_it_saves(arch):
     from dslc.cost import memory as est
 
     p = plan(model(arch, 8, 1024, 16, 32000, 1024, kv=4 if arch == "llama" else 16), ("dp", 8, "nvlink"), zero=0, b=4, m=1)
-    cands = [c for c in search.variants(p) if c.knob == "recompute"]
+    cands = [c for c in fit.variants(p) if c.knob == "recompute"]
     assert [c.label for c in cands] == ["recompute = selective", "recompute = full every 2", "recompute = selective_ops", "recompute = full"]
     held = [est.layer_activation_bytes(c.plan) for c in cands]
     assert held == sorted(held, reverse=True) and held[0] < est.layer_activation_bytes(p)
     full = replace(p, train=replace(p.train, recompute="full"))
-    assert not [c for c in search.variants(full) if c.knob == "recompute"]  # nothing keeps less
+    assert not [c for c in fit.variants(full) if c.knob == "recompute"]  # nothing keeps less
 
 
 @pytest.mark.parametrize("label, key", [("zero = 3", "zero"), ("tp = 2 with dp = 4", "tp"), ("micro_batch = 2", "micro_batch"),
@@ -125,7 +125,7 @@ def test_labels_are_what_the_candidates_are(label, key):
     """edited() reads a label as a user would; it builds the same plan as the search."""
     mdl = model("llama", 8, 1024, 16, 32000, 1024, kv=4)
     p = plan(mdl, ("dp", 8, "nvlink"), zero=0, b=4, m=1)
-    cand = next(c for c in search.variants(p) if c.label == label)
+    cand = next(c for c in fit.variants(p) if c.label == label)
     assert cand.knob == key and edited(p, label) == cand.plan
 
 
@@ -146,5 +146,5 @@ def test_memory_error_counts_what_is_in_flight(axes, schedule, v, split, head, t
     p = plan(mdl, *axes, schedule=schedule, v=v, m=4, memory=GiB)
     if split:
         p = replace(p, pipeline=replace(p.pipeline, layers_per_stage=split))
-    (d, *_) = search.fit_diagnostics(p)
+    (d, *_) = fit.fit_diagnostics(p)
     assert d.message.startswith(head) and tail in d.message, d.message

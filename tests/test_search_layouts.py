@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dslc import cli, layouts
+from dslc import cli, search
 from dslc.driver import lint, load_paths, load_text
 from dslc.report import search as report
 
@@ -114,14 +114,14 @@ def test_search_takes_a_plan_that_does_not_fit_and_refuses_one_with_other_errors
 
 def test_fixed_settings_are_kept_as_written():
     plan = _plan(ROOT / "plans/llama3_70b.plan")
-    found = layouts.search(plan, fixed=frozenset({"mesh", "recompute"})).ranked
+    found = search.search(plan, fixed=frozenset({"mesh", "recompute"})).ranked
     assert found and all((f.plan.dp, f.plan.pp, f.plan.tp, f.plan.cp) == (2, 4, 8, 1) for f in found)
     assert {f.plan.train.recompute for f in found} == {"selective"}
 
 
 def test_more_gpus_scale_the_cluster_by_whole_nodes():
     plan = _plan(ROOT / "plans/llama3_8b.plan")
-    result = layouts.search(plan, gpus=4 * plan.cluster.world_size)
+    result = search.search(plan, gpus=4 * plan.cluster.world_size)
     assert result.plan.cluster.nodes == 4 * plan.cluster.nodes and result.ranked
     assert all(f.plan.world_size == 4 * plan.cluster.world_size for f in result.ranked)
     assert result.own is None  # its mesh has a quarter of the ranks
@@ -164,12 +164,12 @@ def small_plans(draw):
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(small_plans())
 def test_every_layout_the_search_proposes_passes_lint_and_fits(plan):
-    result = layouts.search(plan, beam=3)
+    result = search.search(plan, beam=3)
     steps = [f.timing.step for f in result.ranked]
     assert steps == sorted(steps)
     for f in result.ranked:
         diags = [d for d in lint(f.plan) if d.severity.value in ("error", "warning")]
-        assert diags == [], (layouts.knobs(f.plan), [(d.code, d.message) for d in diags])
+        assert diags == [], (search.knobs(f.plan), [(d.code, d.message) for d in diags])
         assert f.plan.world_size == plan.cluster.world_size and f.headroom >= 0
         assert f.plan.model == plan.model and f.plan.train.global_batch == plan.train.global_batch
 
@@ -183,12 +183,12 @@ def _within(result, top: int = 5, slack: float = 0.10) -> tuple[bool, str]:
     own, best = result.own, result.ranked[0]
     shown = report.rows(result, top)
     ratio = own.timing.step / best.timing.step
-    where = f"rank {report.own_rank(result)}, {ratio:.3f}× the fastest ({layouts.layout_label(best.plan)}: {', '.join(best.changes)})"
+    where = f"rank {report.own_rank(result)}, {ratio:.3f}× the fastest ({search.layout_label(best.plan)}: {', '.join(best.changes)})"
     return any(r.found.plan == own.plan for r in shown) or ratio <= 1 + slack, where
 
 
 def _search(run, plan, **kw):
-    return layouts.search(plan, settings=run.settings, **kw)
+    return search.search(plan, settings=run.settings, **kw)
 
 
 def _no_dropout(plan):
@@ -245,7 +245,7 @@ def test_llama3_405b_on_16k_gpus_is_in_the_top_5_at_the_settings_meta_chose():
     estimate puts Meta's layout at 26 % MFU where Meta measured 38 % (a pipeline bubble of
     half the compute at 16 micro-batches over 16 stages, and ZeRO-3's exposed gathers)."""
     plan = _plan(ROOT / "benchmarks/published/llama3_405b.plan")
-    result = layouts.search(plan, fixed=frozenset({"zero", "recompute", "schedule", "micro_batch"}))
+    result = search.search(plan, fixed=frozenset({"zero", "recompute", "schedule", "micro_batch"}))
     ok, where = _within(result, slack=0.0)
     assert ok, where
     measured = 0.38  # Table 4's BF16 MFU at 16,384 GPUs and 8K context

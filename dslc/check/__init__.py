@@ -30,7 +30,7 @@ def rule(fn: Check) -> Check:
 
 def check_plan(plan: Plan, files: bool = True) -> list[Diagnostic]:
     """Every rule's diagnostics. Whether the plan fits in memory (E090) is decided after
-    the checks, by :mod:`dslc.search`, for plans that pass them. ``files=False`` leaves
+    the checks, by :mod:`dslc.fit`, for plans that pass them. ``files=False`` leaves
     out the rule that reads the data files (search's variants of a checked plan differ
     from it only in their layout)."""
     out: list[Diagnostic] = []

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from ..cost.estimate import estimate
 from ..cost.links import BusiestLink
-from ..layouts import Found, Result, knobs
+from ..search import Found, Result, knobs
 from ..units import seconds, size
 
 

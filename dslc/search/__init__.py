@@ -8,7 +8,7 @@ the recompute policy, sequence parallelism and the context-parallel method. The 
 cluster, data and training settings stay the plan's.
 
 A candidate is kept only when it passes every rule of :func:`dslc.check.check_plan`
-without an error or a warning and fits (:func:`dslc.search.fits`, the test behind E090):
+without an error or a warning and fits (:func:`dslc.fit.fits`, the test behind E090):
 the search never holds a second copy of a rule. It prunes instead of costing everything
 (Alpa and Galvatron prune the same way, by memory first; Megatron's auto-configurator
 too):
@@ -46,8 +46,8 @@ from ..check import check_plan
 from ..cost import memory as mem
 from ..cost.time import Timing, timing
 from ..cost.topology import Topology
+from ..fit import fits
 from ..ir import Plan
-from ..search import fits
 from .space import (
     AXIS_ORDER,
     FIXABLE,
