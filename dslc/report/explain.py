@@ -16,7 +16,7 @@ from ..cost.flops import batch_tokens
 from ..cost.time import timing
 from ..diagnostics import Diagnostic, printable
 from ..ir import Data, Plan
-from ..search import knobs
+from ..knobs import knobs
 from ..units import count, seconds, si, size
 
 HIDDEN = tuple(o for o in OVERLAPS if o != "exposed")  # overlapped with compute

@@ -48,6 +48,7 @@ from ..cost.time import Timing, timing
 from ..cost.topology import Topology
 from ..fit import fits
 from ..ir import Plan
+from ..knobs import knobs, layout_label
 from .space import (
     AXIS_ORDER,
     FIXABLE,
@@ -55,8 +56,6 @@ from .space import (
     SearchError,
     changes,
     degrees,
-    knobs,
-    layout_label,
     meshes,
     methods,
     micro_batches,
