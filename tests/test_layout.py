@@ -26,7 +26,7 @@ STAGES = [
     ("dslc.report",),
     ("dslc.codegen",),
     ("dslc.verify",),
-    ("dslc.driver", "dslc.cli_inputs", "dslc.cli", "dslc.cli_fmt", "dslc.cli_search", "dslc.cli_diff", "dslc.cli_git", "dslc.lsp", "dslc.__main__"),
+    ("dslc.driver", "dslc.cli", "dslc.lsp", "dslc.__main__"),
 ]
 
 

@@ -11,13 +11,13 @@ import sys
 import time
 from pathlib import Path
 
-from . import search
-from .cli_inputs import UsageError, emit, load, pick, write_whole
-from .codes import FIT_CODES
-from .driver import layout_file
-from .front.edit import can_name_a_plan
-from .report import search as report
-from .report.terminal import progress, show
+from .. import search
+from ..codes import FIT_CODES
+from ..driver import layout_file
+from ..front.edit import can_name_a_plan
+from ..report import search as report
+from ..report.terminal import progress, show
+from .inputs import UsageError, emit, load, pick, write_whole
 
 
 def run(args) -> int:
