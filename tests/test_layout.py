@@ -16,7 +16,7 @@ MODULES = sorted(PKG.rglob("*.py"))
 # (cli and driver, the drivers of the pipeline, and the language server may import every stage.)
 STAGES = [
     ("dslc", "dslc.source", "dslc.diagnostics", "dslc.codes", "dslc.units", "dslc.resources", "dslc.ir",
-     "dslc.catalog", "dslc.groups"),
+     "dslc.catalog", "dslc.groups", "dslc.chunks", "dslc.pipeline_shapes", "dslc.knobs"),
     ("dslc.arch",),
     ("dslc.front",),
     ("dslc.check",),
