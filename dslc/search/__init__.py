@@ -28,7 +28,7 @@ too):
    then costed.
 
 It is a beam search: a layout whose shape or schedule probed slower than the beam's is
-not costed at its other micro-batch sizes. ``tests/test_search_layouts.py`` holds its
+not costed at its other micro-batch sizes. ``tests/test_search.py`` holds its
 answers against published layouts.
 
 Dominated choices are not costed: gpipe (1f1b has its bubble with fewer activations held),
