@@ -46,28 +46,8 @@ CHUNK_LAYERS = (
     ((8, 12), (24, 28), (40, 44), (56, 60), (72, 76)),
     ((12, 16), (28, 32), (44, 48), (60, 64), (76, 80)),
 )
-CHUNK_RANKS = (
-    0,
-    1,
-    2,
-    3,
-    0,
-    1,
-    2,
-    3,
-    0,
-    1,
-    2,
-    3,
-    0,
-    1,
-    2,
-    3,
-    0,
-    1,
-    2,
-    3,
-)  # [global chunk] = pp rank
+# [global chunk] = pp rank
+CHUNK_RANKS = (0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3)
 # a collective waits this long for its peers
 TIMEOUT = datetime.timedelta(seconds=600.0)
 

@@ -41,7 +41,8 @@ PP = 2  # pipeline stages
 VIRTUAL_STAGES = 2  # model chunks per pp rank
 # [pp rank][local chunk] = (first, end layer)
 CHUNK_LAYERS = (((0, 8), (16, 24)), ((8, 16), (24, 32)))
-CHUNK_RANKS = (0, 1, 0, 1)  # [global chunk] = pp rank
+# [global chunk] = pp rank
+CHUNK_RANKS = (0, 1, 0, 1)
 # a collective waits this long for its peers
 TIMEOUT = datetime.timedelta(seconds=600.0)
 

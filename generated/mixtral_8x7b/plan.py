@@ -48,7 +48,8 @@ PP = 4  # pipeline stages
 VIRTUAL_STAGES = 1  # model chunks per pp rank
 # [pp rank][local chunk] = (first, end layer)
 CHUNK_LAYERS = (((0, 8),), ((8, 16),), ((16, 24),), ((24, 32),))
-CHUNK_RANKS = (0, 1, 2, 3)  # [global chunk] = pp rank
+# [global chunk] = pp rank
+CHUNK_RANKS = (0, 1, 2, 3)
 # a collective waits this long for its peers
 TIMEOUT = datetime.timedelta(seconds=600.0)
 WORLD_GROUP = "pp+ep"  # every rank (the router's statistics)
