@@ -738,6 +738,32 @@ def test_gradients_are_reduced_over_the_group_the_traffic_model_names(golden_pla
         assert axes in ast.literal_eval(consts["GROUP_AXES"])
 
 
+def test_each_kind_of_parameter_has_its_groups_in_one_table(golden_plans):
+    """plan.py's PARAM_KINDS gives each kind of parameter (dense, tp-split, expert) the
+    group its gradient is reduced over, as memory.grad_group names it, and the groups its
+    norm is summed over, each one that GROUP_AXES builds; data_parallel.py, optimizer.py and
+    train.py read it (kind_of) and do not tell the kinds apart again."""
+    from dslc.cost.memory import grad_group
+
+    for name in ("mixtral_dp2_ep2_tp2_sp_zero3", "mixtral_pp2_ep2", "mixtralcap_cp2_tp2_sp", "llama_dp2_tp2_sp_zero1",
+                 "llama_dp4_zero2_shard2", "gpt2pp_dp2_pp2_tp2", "llama_tp2_sp"):
+        plan = golden_plans[name]
+        files = codegen.render(plan)
+        consts = _constants(files)
+        groups = {"+".join(axes) for axes in ast.literal_eval(consts["GROUP_AXES"])}
+        table = consts["PARAM_KINDS"]
+        kinds = {ast.literal_eval(k): row for k, row in zip(table.keys, table.values)}
+        assert list(kinds) == ["dense"] + ["tp"] * (plan.tp > 1) + ["expert"] * plan.model.is_moe, name
+        for kind, row in kinds.items():
+            group, norms = row.args[0], ast.literal_eval(row.args[1])
+            got = ast.literal_eval(consts[group.id] if isinstance(group, ast.Name) else group)
+            assert got == ("+".join(grad_group(plan, kind == "expert")) or None), (name, kind)
+            assert set(norms) <= groups, (name, kind, norms)
+            assert ("pp" in norms) == (plan.pp > 1) and ("tp" in norms) >= (kind == "tp"), (name, kind, norms)
+        for module in ("data_parallel.py", "optimizer.py", "train.py"):
+            assert "tp_dim is not None" not in files.get(module, ""), (name, module)
+
+
 def test_write_check_and_atomic_replace(tmp_path, monkeypatch):
     plan = make_plan()
     root = tmp_path / "generated"

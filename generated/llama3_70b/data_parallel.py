@@ -21,12 +21,13 @@ from tensor_parallel import reduce_sequence_parallel_grads
 BUCKET_BYTES = 25 * 2**20  # gradient bucket size, as DDP's
 
 
-class Flat:
-    """Parameters whose gradients are views into one flat buffer, `grad`, reduced
-    over their group: plan.kind_of(p).grad_group, the same for all of them. Their
-    weights are views into another, `full`, padded to split into `shards` equal
-    shards: this rank's, number `index`, is `shard` (the weights the optimizer
-    steps), and `shard_grad` its reduced gradient."""
+class FlatParams:
+    """Parameters as views into flat buffers, the base of a Bucket (FSDP's
+    FlatParameter): their gradients view one, `grad`, reduced over their group:
+    plan.kind_of(p).grad_group, the same for all of them. Their weights are views
+    into another, `full`, padded to split into `shards` equal shards: this rank's,
+    number `index`, is `shard` (the weights the optimizer steps), and `shard_grad`
+    its reduced gradient."""
 
     def __init__(self, params):
         self.params, self.group = params, kind_of(params[0]).grad_group
@@ -76,7 +77,7 @@ class Flat:
                 yield p, self.shard[piece], self.shard_grad[piece], a - start
 
 
-class Bucket(Flat):
+class Bucket(FlatParams):
     """About BUCKET_BYTES of gradients, reduced as soon as backward has filled them; the
     weights stay whole, `shard` a view of them."""
 
@@ -125,7 +126,7 @@ class GradientBuckets:
         self.ready, self.handles = [0] * len(self.buckets), []
 
     def shard_pieces(self):
-        """Every bucket's pieces in this rank's shard (Flat.pieces), in order."""
+        """Every bucket's pieces in this rank's shard (FlatParams.pieces), in order."""
         return [piece for b in self.buckets for piece in b.pieces()]
 
     def gather_params(self):

@@ -46,12 +46,13 @@ def hold(t, on, zeroed=False):
 HELD = {"now": 0, "peak": 0}
 
 
-class Flat:
-    """Parameters whose gradients are views into one flat buffer, `grad`, reduced
-    over their group: plan.kind_of(p).grad_group, the same for all of them. Their
-    weights are views into another, `full`, padded to split into `shards` equal
-    shards: this rank's, number `index`, is `shard` (the weights the optimizer
-    steps), and `shard_grad` its reduced gradient."""
+class FlatParams:
+    """Parameters as views into flat buffers, the base of a Unit (FSDP's
+    FlatParameter): their gradients view one, `grad`, reduced over their group:
+    plan.kind_of(p).grad_group, the same for all of them. Their weights are views
+    into another, `full`, padded to split into `shards` equal shards: this rank's,
+    number `index`, is `shard` (the weights the optimizer steps), and `shard_grad`
+    its reduced gradient."""
 
     def __init__(self, params):
         self.params, self.group = params, kind_of(params[0]).grad_group
@@ -115,7 +116,7 @@ class Flat:
 RESHARD_AFTER_FORWARD = True
 
 
-class Unit(Flat):
+class Unit(FlatParams):
     """A unit of FSDP: `shard` and `shard_grad` hold memory always; `full` (the gathered
     weights, which the parameters view) and `grad` (their unsharded gradient) only while
     in use."""
@@ -271,5 +272,5 @@ class FullyShardedUnits:
             unit.free()
 
     def shard_pieces(self):
-        """Every unit's pieces in this rank's shard (Flat.pieces), in order."""
+        """Every unit's pieces in this rank's shard (FlatParams.pieces), in order."""
         return [piece for unit in self.all for piece in unit.pieces()]

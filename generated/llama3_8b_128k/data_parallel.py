@@ -14,9 +14,10 @@ from tensor_parallel import reduce_sequence_parallel_grads
 BUCKET_BYTES = 25 * 2**20  # gradient bucket size, as DDP's
 
 
-class Flat:
-    """Parameters whose gradients are views into one flat buffer, `grad`, reduced
-    over their group: plan.kind_of(p).grad_group, the same for all of them."""
+class FlatParams:
+    """Parameters as views into flat buffers, the base of a Bucket (FSDP's
+    FlatParameter): their gradients view one, `grad`, reduced over their group:
+    plan.kind_of(p).grad_group, the same for all of them."""
 
     def __init__(self, params):
         self.params, self.group = params, kind_of(params[0]).grad_group
@@ -41,7 +42,7 @@ class Flat:
             work.wait()
 
 
-class Bucket(Flat):
+class Bucket(FlatParams):
     """About BUCKET_BYTES of gradients, reduced as soon as backward has filled them."""
 
 

@@ -15,10 +15,11 @@ from plan import kind_of
 BUCKET_BYTES = 25 * 2**20  # gradient bucket size, as DDP's
 
 
-class Flat:
-    """Parameters whose gradients are views into one flat buffer, `grad`, reduced
-    over their group: plan.kind_of(p).grad_group, the same for all of them (None:
-    no other rank holds them, never reduced)."""
+class FlatParams:
+    """Parameters as views into flat buffers, the base of a Bucket (FSDP's
+    FlatParameter): their gradients view one, `grad`, reduced over their group:
+    plan.kind_of(p).grad_group, the same for all of them (None: no other rank
+    holds them, never reduced)."""
 
     def __init__(self, params):
         self.params, self.group = params, kind_of(params[0]).grad_group
@@ -43,7 +44,7 @@ class Flat:
             work.wait()
 
 
-class Bucket(Flat):
+class Bucket(FlatParams):
     """About BUCKET_BYTES of gradients, reduced as soon as backward has filled them."""
 
 
