@@ -52,7 +52,8 @@ class ParamKind:
         # rank holds it
         self.grad_group = grad_group
         # for the global norm its squares are summed over these groups in turn: the
-        # ranks that hold its other parts (kinds with the same tail add their sums first)
+        # ranks that hold its other parts (kinds with the same tail add their sums
+        # first)
         self.norm_groups = norm_groups
         # the whole parameter of a pipeline stage is this many times this rank's tensor
         self.parts = parts

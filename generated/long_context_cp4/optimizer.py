@@ -43,25 +43,27 @@ def get_lr(step):
 
 
 def grad_norm(grads, owners, device):
-    """Global L2 norm of the whole model's gradient. Each kind of parameter's squares are
-    summed over its norm groups (plan.PARAM_KINDS) in turn, the longest list first; once
-    summed over the first group of its list, a sum joins that of the list's rest, so
-    that each group is all-reduced once."""
+    """Global L2 norm of the whole model's gradient. Each kind of parameter's squares
+    are summed over its norm groups (plan.PARAM_KINDS) in turn, the longest list
+    first; once summed over the first group of its list, a sum joins that of the
+    list's rest: each group is all-reduced once."""
     norms = torch._foreach_norm(grads) if grads else []
-    zero = torch.zeros((), device=device)
-    # every kind's sum, whether this rank holds any or not: every rank makes the same calls
+    # every kind's, held here or not: every rank makes the same calls
     squares = {kind.norm_groups: [] for kind in PARAM_KINDS.values()}
     for n, p in zip(norms, owners):
         squares[kind_of(p).norm_groups].append(n)
-    sums = {groups: sum_sq(ns, zero) for groups, ns in squares.items()}
+    sums = {groups: sum_sq(ns, device) for groups, ns in squares.items()}
     while any(sums):  # a sum has groups to go
         groups = max(sums, key=len)
         total_sq = sums.pop(groups)
         all_reduce(total_sq, groups[0], scalar=True)
-        sums[groups[1:]] = sums.get(groups[1:], zero) + total_sq
+        sums[groups[1:]] = sums.get(groups[1:], 0) + total_sq
     return sums[()].sqrt()
 
 
-def sum_sq(norms, zero):
-    """The sum of the squares of `norms`, in fp32: one kernel, not two per tensor."""
-    return torch.stack(norms).float().square().sum() if norms else zero
+def sum_sq(norms, device):
+    """The sum of the squares of `norms`, in fp32: one kernel, not two per tensor (a
+    tensor of its own: it may be all-reduced in place)."""
+    if not norms:
+        return torch.zeros((), device=device)
+    return torch.stack(norms).float().square().sum()

@@ -42,10 +42,12 @@ def get_lr(step):
 def grad_norm(grads, owners, device):
     """Global L2 norm of the whole model's gradient."""
     norms = torch._foreach_norm(grads) if grads else []
-    zero = torch.zeros((), device=device)
-    return sum_sq(norms, zero).sqrt()
+    return sum_sq(norms, device).sqrt()
 
 
-def sum_sq(norms, zero):
-    """The sum of the squares of `norms`, in fp32: one kernel, not two per tensor."""
-    return torch.stack(norms).float().square().sum() if norms else zero
+def sum_sq(norms, device):
+    """The sum of the squares of `norms`, in fp32: one kernel, not two per tensor (a
+    tensor of its own: it may be all-reduced in place)."""
+    if not norms:
+        return torch.zeros((), device=device)
+    return torch.stack(norms).float().square().sum()

@@ -53,7 +53,7 @@ class GradientBuckets:
     def __init__(self, params, bucket_bytes=BUCKET_BYTES):
         self.buckets, current, size = [], {}, {}
         for p in reversed(params):
-            # a bucket's parameters share their group
+            # a bucket's parameters share a group
             key = kind_of(p).grad_group
             current.setdefault(key, []).append(p)
             size[key] = size.get(key, 0) + p.numel() * p.element_size()

@@ -55,7 +55,7 @@ class GradientBuckets:
     def __init__(self, params, bucket_bytes=BUCKET_BYTES):
         self.buckets, current, size = [], {}, {}
         for p in reversed(params):
-            # a bucket's parameters share their group; the experts fill buckets of their own
+            # a bucket's parameters share a group; the experts fill their own buckets
             key = kind_of(p).grad_group, p.expert
             current.setdefault(key, []).append(p)
             size[key] = size.get(key, 0) + p.numel() * p.element_size()
