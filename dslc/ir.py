@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from math import prod
 
-from .chunks import V_SHAPED, chunk_rank
+from .chunks import V_SHAPED, Placement  # noqa: F401 (V_SHAPED: ir.V_SHAPED, with SCHEDULES)
 from .source import Span
 
 AXES = ("dp", "tp", "pp", "cp", "ep")
@@ -375,12 +375,17 @@ class Plan:
         """Layers of each model chunk in layer order (pp × v chunks; ranks: dslc.chunks)."""
         return self._stage_layers
 
+    @cached_property
+    def placement(self) -> Placement:  # where the chunks live: interleaved, or in a V (zb_v, dualpipe_v)
+        return Placement.of(self.pipeline.schedule, self.pp, self.pipeline.virtual_stages)
+
     @property
-    def v_shape(self) -> bool:  # the chunks sit in a V (zb_v, dualpipe_v), not interleaved
-        return self.pipeline.schedule in V_SHAPED
+    def v_shape(self) -> bool:  # the chunks sit in a V, not interleaved
+        return self.placement.v_shape
+
     @property
     def last_stage(self) -> int:  # the pp rank of the last chunk (norm, head, loss): p − 1, or 0 in a V
-        return chunk_rank(self.pp, self.pp * self.pipeline.virtual_stages - 1, self.v_shape)
+        return self.placement.rank(self.placement.chunks - 1)
 
     @cached_property
     def _stage_layers(self) -> tuple[int, ...]:  # worked out once: the cost model asks often

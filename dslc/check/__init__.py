@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from .. import arch
 from ..arch import vocab_per_rank
-from ..chunks import chunk_rank
+from ..chunks import Placement
 from ..diagnostics import Diagnostic, error, warning
 from ..front.defaults import MAX_SCHEDULE
 from ..front.recompute import EAGER_POLICIES
@@ -227,10 +227,11 @@ def _empty_chunks(split: tuple[int, ...], p: int, v: int, v_shape: bool = False)
     2p−1−g) with fewer than 0 layers, or none but the first (the embedding) and the last
     (the loss), in one message. In a V any chunk may be empty (its forward is the
     identity), but every rank but the first (the embedding and head) must hold a layer."""
-    names = [f"chunk {g}" + (f" (pp rank {chunk_rank(p, g, v_shape)})" if v > 1 else "") for g in range(len(split))]
+    at = Placement(p, v, v_shape)
+    names = [f"chunk {g}" + (f" (pp rank {at.rank(g)})" if v > 1 else "") for g in range(len(split))]
     bad = [f"{names[g]} has {'no' if n == 0 else n} layers" for g, n in enumerate(split) if n < 0 or (n == 0 and 0 < g < len(split) - 1 and not v_shape)]
-    if v_shape and len(split) == 2 * p:
-        bad += [f"pp rank {r} (chunks {r} and {2 * p - 1 - r}) has no layers" for r in range(1, p) if split[r] == split[2 * p - 1 - r] == 0]
+    if v_shape and len(split) == at.chunks:
+        bad += [f"pp rank {r} (chunks {' and '.join(map(str, at.ids(r)))}) has no layers" for r in range(1, p) if not any(split[g] for g in at.ids(r))]
     return "layers_per_stage: " + ", ".join(bad) if bad else ""
 
 
