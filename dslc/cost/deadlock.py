@@ -23,7 +23,6 @@ from .schedule import (
     Action,
     Schedule,
     ScheduleError,
-    expected_peer,
     locate,
     message,
     of,
@@ -101,7 +100,7 @@ def _malformed(a: Action, r: int, at: Placement) -> str | None:
         return f"rank {r} holds {len(at.ids(r))} chunks, not a chunk {a.chunk}"
     if a.kind in COMPUTE:
         return None if a.peer is None else f"a {a.kind} computation has no peer (got {a.peer})"
-    g, expected = at.global_chunk(r, a.chunk), expected_peer(a.kind, a.chunk, r, at)
+    g, expected = at.global_chunk(r, a.chunk), at.peer(r, a.chunk, step_of(a.kind))
     other = g + step_of(a.kind)
     if expected is None:
         where = "outside the model" if at.neighbour(g, step_of(a.kind)) is None else "on the same rank"
@@ -156,7 +155,7 @@ def _pair(actions: Schedule, valid, m: int, first: dict, at: Placement):
     sends: dict[tuple, list[tuple[int, int]]] = defaultdict(list)
     recvs: dict[tuple, list[tuple[int, int]]] = defaultdict(list)
     for r, i, a in valid:
-        if a.is_comm and expected_peer(a.kind, a.chunk, r, at) is not None:
+        if a.is_comm and at.peer(r, a.chunk, step_of(a.kind)) is not None:
             (sends if a.kind.startswith("SEND") else recvs)[message(a, r, at)].append((r, i))
     problems, pairs = [], []
     for key in sorted(set(sends) | set(recvs)):

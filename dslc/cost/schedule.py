@@ -116,8 +116,7 @@ class Action:
 class Schedule:
     """A pipeline schedule as one value: ``lists[r]``, the actions of pp rank r, and the
     ``placement`` of the chunks they name. It reads as its lists (``len``, ``[r]``, ``for``);
-    a copy keeps the placement (``Schedule(lists, s.placement)``, :meth:`with_lists`), while a
-    bare tuple of lists is refused by every consumer (:func:`of`) rather than taken for the
+    a copy keeps the placement (``Schedule(lists, s.placement)``), while a bare tuple of lists is refused by every consumer (:func:`of`) rather than taken for the
     interleaved placement."""
 
     lists: tuple[tuple[Action, ...], ...]
@@ -136,10 +135,6 @@ class Schedule:
 
     def __iter__(self) -> Iterator[tuple[Action, ...]]:
         return iter(self.lists)
-
-    def with_lists(self, lists) -> Schedule:
-        """Other action lists (a test's edit) on the same placement."""
-        return Schedule(lists, self.placement)
 
     @functools.cached_property
     def compiled(self) -> tuple[list[list[tuple[int, object]]], tuple[int, ...]]:
@@ -172,8 +167,8 @@ class ScheduleError(Exception):
 
 @functools.lru_cache(maxsize=256)
 def build(schedule: str, pp: int, microbatches: int, virtual_stages: int = 1) -> Schedule:
-    """One ordered action list per pipeline rank (index = pp rank); kept for the next plan
-    of the same shape (the search costs many; the lists are immutable).
+    """The :class:`Schedule`: one ordered action list per pipeline rank (index = pp rank) and
+    its placement; kept for the next plan of the same shape (the search costs many; it is immutable).
 
     Raises ValueError with the message of the first of :func:`dslc.check.shape_problems`."""
     if problems := shape_problems(schedule, pp, microbatches, virtual_stages):
@@ -233,7 +228,7 @@ def _with_comm(steps: Steps, rank: int, at: Placement) -> tuple[Action, ...]:
         out = []
         for a in step:
             kind = prefix + a.kind
-            peer = expected_peer(kind, a.chunk, rank, at) if a.kind in ("F", "B") else None
+            peer = at.peer(rank, a.chunk, step_of(kind)) if a.kind in ("F", "B") else None
             if peer is not None:
                 out.append(Action(kind, a.microbatch, a.chunk, peer))
         return out
@@ -245,14 +240,9 @@ def _with_comm(steps: Steps, rank: int, at: Placement) -> tuple[Action, ...]:
 
 
 def step_of(kind: str) -> int:
-    """Which neighbour a send/receive talks to: +1, the next chunk (SEND_F, RECV_B), or −1."""
+    """Which neighbour a send/receive talks to: +1, the next chunk (SEND_F, RECV_B), or −1;
+    its peer rank is :meth:`Placement.peer` (None at either end of the model or a V's turn)."""
     return 1 if kind in ("SEND_F", "RECV_B") else -1
-
-
-def expected_peer(kind: str, chunk: int, rank: int, at: Placement) -> int | None:
-    """Rank on the other side of a send/receive (:meth:`Placement.peer`); None at either end
-    of the model, or when the neighbouring chunk lives on this very rank (pp = 1, a V's turn)."""
-    return at.peer(rank, chunk, step_of(kind))
 
 
 def message(a: Action, rank: int, at: Placement) -> tuple[str, int, int]:
