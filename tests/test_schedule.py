@@ -408,6 +408,18 @@ def test_text_grid_of_a_long_schedule_is_one_character_a_slot():
     assert lines[2] == "F forward, B backward, . idle"
 
 
+def test_placement_says_where_each_chunk_lives_and_whom_it_talks_to():
+    # Narayanan et al. SC21 §2.2.2: chunk g on rank g % p; Qi et al. 2024: rank r holds r and 2p−1−r
+    inter, vee = Placement(3, 2), Placement(3, 2, v_shape=True)
+    assert [inter.ids(r) for r in range(3)] == [(0, 3), (1, 4), (2, 5)]
+    assert [vee.ids(r) for r in range(3)] == [(0, 5), (1, 4), (2, 3)]
+    assert [(vee.rank(g), vee.local(g)) for g in range(6)] == [(0, 0), (1, 0), (2, 0), (2, 1), (1, 1), (0, 1)]
+    # rank 2's chunk 0 (global 2) feeds global 3: rank 0 interleaved, itself in the V (the turn)
+    assert (inter.peer(2, 0, 1), inter.turn(2, 0, 1)) == (0, None)
+    assert (vee.peer(2, 0, 1), vee.turn(2, 0, 1), vee.turn(2, 1, -1)) == (None, 1, 0)
+    assert vee.peer(0, 1, 1) is None and vee.peer(0, 1, -1) == 1  # the loss's chunk ends the model
+
+
 @pytest.mark.parametrize("schedule", ["zb_v", "dualpipe_v"])
 def test_a_copied_schedule_keeps_its_placement(schedule):
     """A schedule is one value, its lists and where their chunks live: a copy through the same
