@@ -25,7 +25,7 @@ from .schedule import (
     ScheduleError,
     locate,
     message,
-    of,
+    placed,
     step_of,
 )
 
@@ -57,7 +57,7 @@ def verify(actions: Schedule, split_backward: bool | None = None) -> list[str]:
     that F and B (and W, if any) run once per micro-batch and chunk on every rank, every send has
     exactly one receive of the same kind, peers hold the neighbouring chunk, and two ranks list
     their messages to each other in the same order."""
-    at = of(actions).placement
+    at = placed(actions).placement
     p, v = at.pp, at.v
     if p == 0:
         return ["the schedule has no pipeline ranks"]

@@ -80,7 +80,7 @@ SPLIT_BACKWARD = ("zb_h1", *V_SHAPED)  # the schedules whose backward is B, then
 
 __all__ = [
     "SCHEDULES", "SPLIT_BACKWARD", "Action", "Schedule", "ScheduleError", "Simulation", "build", "locate",
-    "message", "peak_inflight", "simulate",
+    "message", "peak_inflight", "placed", "simulate", "step_of",
 ]
 
 
@@ -116,8 +116,8 @@ class Action:
 class Schedule:
     """A pipeline schedule as one value: ``lists[r]``, the actions of pp rank r, and the
     ``placement`` of the chunks they name. It reads as its lists (``len``, ``[r]``, ``for``);
-    a copy keeps the placement (``Schedule(lists, s.placement)``), while a bare tuple of lists is refused by every consumer (:func:`of`) rather than taken for the
-    interleaved placement."""
+    a copy keeps the placement (``Schedule(lists, s.placement)``), while every consumer refuses
+    a bare tuple of lists (:func:`placed`) rather than take it for the interleaved placement."""
 
     lists: tuple[tuple[Action, ...], ...]
     placement: Placement
@@ -142,7 +142,7 @@ class Schedule:
         return _compile(self)
 
 
-def of(actions: Schedule) -> Schedule:
+def placed(actions: Schedule) -> Schedule:
     """``actions``, which must be a :class:`Schedule`: a bare tuple of lists has lost its
     placement, and taking it for the interleaved one would misplace a V's chunks."""
     if not isinstance(actions, Schedule):
@@ -305,7 +305,7 @@ def simulate(actions: Schedule, t_f: Cost, t_b: Cost, t_w: Cost = 0.0,
     bubble and the peaks: the search simulates thousands of schedules).
 
     Raises ScheduleError naming the stuck ranks when the lists cannot finish."""
-    actions = of(actions)
+    actions = placed(actions)
     p, chunks = len(actions), actions.placement.chunks
     steps, peaks_of = actions.compiled
     tables = tuple([t] * chunks if isinstance(t, (int, float)) else list(t) for t in (t_f, t_b, t_w))

@@ -12,7 +12,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from ..chunks import Placement
-from ..cost.schedule import COMPUTE, Action, Schedule, Simulation, message, of
+from ..cost.schedule import COMPUTE, Action, Schedule, Simulation, message, placed
 
 # One look per kind: the micro-batch picks the colour, the kind its shade and hatch.
 KIND_LOOK = {
@@ -30,7 +30,7 @@ IDLE = "#e6e6e6"
 def shape(actions: Schedule) -> tuple[int, int, int]:
     """(pp, microbatches, virtual_stages) of a schedule: its placement's, and the micro-batches
     read off its actions."""
-    at = of(actions).placement
+    at = placed(actions).placement
     return at.pp, 1 + max((a.microbatch for acts in actions for a in acts), default=-1), at.v
 
 
@@ -207,7 +207,7 @@ def to_json(plan, actions: Schedule, sim: Simulation, t) -> dict:
     """``dslc schedule --json``: every rank's action list with its simulated start and end
     (ms) and the global chunk of each local chunk (the schedule's placement), and the plan's
     costs ``t`` (dslc.cost.time.timing) in ms."""
-    pl, at = plan.pipeline, of(actions).placement
+    pl, at = plan.pipeline, placed(actions).placement
     rows: dict[int, list] = {r: [] for r in range(len(actions))}
     for rank, a, start, end in sim.timeline:
         rows[rank].append({"kind": a.kind, "microbatch": a.microbatch, "chunk": a.chunk, "peer": a.peer,
