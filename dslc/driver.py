@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import check, ir, search
+from . import check, fit, ir
 from .diagnostics import Diagnostic, error
 from .front import ast, edit
 from .front.fmt import FormatError, format_text
@@ -80,8 +80,8 @@ def load_text(text: str | bytes, filename: str = "<stdin>", check: bool = True) 
 
 def lint(plan: ir.Plan) -> list[Diagnostic]:
     """Every diagnostic of a lowered plan: the rules of :mod:`dslc.check`, then, for a
-    plan whose shapes are sound, whether it fits in memory (E090, :mod:`dslc.search`)."""
-    return search.diagnostics(plan)
+    plan whose shapes are sound, whether it fits in memory (E090, :mod:`dslc.fit`)."""
+    return fit.diagnostics(plan)
 
 
 def _lower(loader: Loader, roots: list[str], run_checks: bool) -> LoadResult:

@@ -414,6 +414,17 @@ def test_line_budgets(all_rendered):
             assert lines <= limit, f"{folder.name}/{module.name} has {lines} lines (limit {limit})"
 
 
+def test_no_comment_is_left_behind_a_wrapped_statement(all_rendered):
+    """A comment at the end of a line that black wraps lands after the closing bracket,
+    away from what it says (`)  # ...`): such a comment stands on a line of its own above
+    its statement, in every module laid out as dslc compile lays it out."""
+    behind = re.compile(r"^\s*[)\]}]+,?\s+#")
+    for folder in all_rendered:
+        for module in _modules(folder) if laid_out(folder) else []:
+            for n, line in enumerate(module.read_text().splitlines(), 1):
+                assert not behind.match(line), f"{folder.name}/{module.name}:{n}: {line.strip()}"
+
+
 HOSTILE = "x'''\"\"\"\n__import__('os').system('pwned') #\u2028\r\\{}"
 
 
@@ -710,14 +721,14 @@ def test_process_groups_follow_the_mesh_layout(golden_plans, tmp_path, import_ge
 
 
 def test_metrics_are_written_under_torchtitans_names(golden_plans, tmp_path, import_generated, read_scalars):
-    """meter.METRICS of a generated package (a mixture of experts with a capacity and a
+    """meter.DASHBOARD of a generated package (a mixture of experts with a capacity and a
     z-loss), given one log line's values as on CUDA (MFU, peak memory), writes each under
     its name at its step; TensorBoard's reader reads them back. Until open() it writes
     nothing. (The demos' torchrun jobs in test_golden.py check the values of real runs.)"""
     plan = golden_plans["mixtralcap_serial"]
     plan = dataclasses.replace(plan, name="metrics_moe", model=dataclasses.replace(plan.model, z_loss_weight=0.01))
     (meter,) = import_generated(codegen.write(plan, tmp_path / "out"), "meter")
-    metrics, board = meter.Metrics(), tmp_path / "board"
+    metrics, board = meter.Dashboard(), tmp_path / "board"
     metrics.log(1, 9.0, 1.0, 1.0, 1.0, None, None, [1.0] * 5)  # off: nothing, not even the folder
     assert not metrics.on and not board.exists()
     metrics.open(str(board), None, {})
@@ -877,7 +888,7 @@ _UPPER = re.compile(r"[A-Z][A-Z0-9_]*\Z")
 def test_every_constant_is_read(all_rendered):
     """Every module-level UPPER_CASE name a module assigns is read by that module; plan.py,
     which holds the settings the others read, has each of its read by some module. A
-    module's singleton, an instance of a class it defines (meter.METRICS), is no setting:
+    module's singleton, an instance of a class it defines (meter.DASHBOARD), is no setting:
     train.py uses it."""
     for folder in all_rendered:
         read_anywhere = set()

@@ -16,13 +16,13 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from dslc import check, driver, layouts
+from dslc import check, driver, search
+from dslc.fit import fits
 from dslc.front import edit
 from dslc.front.fmt import format_text
 from dslc.front.parse import parse
 from dslc.front.textedit import quote
 from dslc.ir import MeshAxis
-from dslc.search import fits
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANS = sorted((ROOT / "plans").glob("*.plan"))
@@ -36,7 +36,7 @@ def plan_of(path: Path, name: str):
 
 @functools.cache
 def ranked(path: Path, name: str) -> list:
-    return [f.plan for f in layouts.search(plan_of(path, name), beam=2).ranked]
+    return [f.plan for f in search.search(plan_of(path, name), beam=2).ranked]
 
 
 def passes(p) -> bool:
@@ -146,7 +146,7 @@ def test_resized_cluster_is_a_new_block():
     path = ROOT / "plans" / "llama3_70b.plan"
     plan = plan_of(path, "llama3_70b")
     mesh = replace(plan.mesh, axes=(replace(plan.mesh.axes[0], size=4), *plan.mesh.axes[1:]))
-    layout = replace(plan, cluster=layouts.resize(plan.cluster, 128), mesh=mesh, pipeline=replace(plan.pipeline, microbatches=16))
+    layout = replace(plan, cluster=search.resize(plan.cluster, 128), mesh=mesh, pipeline=replace(plan.pipeline, microbatches=16))
     text = driver.layout_file(plan, layout, str(path), "big")
     assert "cluster h100_8x8_128gpus {" in text and "cluster = h100_8x8_128gpus" in text and "nodes = 16" in text
     assert "link ib     { scope = cluster; bandwidth = 400 Gb/s; latency = 8 us }" in text  # its text, copied
@@ -156,7 +156,7 @@ def test_resized_cluster_is_a_new_block():
 
     path = ROOT / "plans" / "tiny_demo.plan"
     plan = plan_of(path, "tiny_demo")
-    small = layouts.search(plan, gpus=2).ranked[0].plan
+    small = search.search(plan, gpus=2).ranked[0].plan
     text = driver.layout_file(plan, small, str(path), "small")
     assert "cluster cpu4 {" not in text and "cluster cpu4_2gpus {" in text and "gpus_per_node = 2" in text
     assert lowered(text, str(path), "small").cluster.world_size == 2
@@ -228,14 +228,14 @@ SMALL = [("tiny_demo.plan", "tiny_demo"), ("tiny_moe.plan", "tiny_moe"), ("long_
 def random_layout(draw):
     file, name = draw(st.sampled_from(SMALL))
     plan = plan_of(ROOT / "plans" / file, name)
-    sizes = draw(st.sampled_from(list(layouts.degrees(plan, plan.cluster.world_size))))
-    mesh = draw(st.sampled_from(list(layouts.meshes(plan, sizes))))
+    sizes = draw(st.sampled_from(list(search.degrees(plan, plan.cluster.world_size))))
+    mesh = draw(st.sampled_from(list(search.meshes(plan, sizes))))
     ranks = sizes["dp"] * sizes["ep"]
-    mb = draw(st.sampled_from(layouts.micro_batches(plan, plan.train.global_batch // ranks)))
-    schedule, v = draw(st.sampled_from(layouts.schedules(plan, sizes["pp"])))
-    zero, shard = draw(st.sampled_from(layouts.zero_stages(plan, mesh)))
-    layout = layouts.with_layout(plan, mesh, schedule, v, mb, draw(st.booleans()) and sizes["tp"] > 1, draw(st.sampled_from(("ring", "ulysses"))),
-                           zero, shard, draw(st.sampled_from(layouts.RECOMPUTE)))
+    mb = draw(st.sampled_from(search.micro_batches(plan, plan.train.global_batch // ranks)))
+    schedule, v = draw(st.sampled_from(search.schedules(plan, sizes["pp"])))
+    zero, shard = draw(st.sampled_from(search.zero_stages(plan, mesh)))
+    layout = search.with_layout(plan, mesh, schedule, v, mb, draw(st.booleans()) and sizes["tp"] > 1, draw(st.sampled_from(("ring", "ulysses"))),
+                           zero, shard, draw(st.sampled_from(search.RECOMPUTE)))
     layout = replace(layout, data_parallel=replace(layout.data_parallel, reshard_after_forward=draw(st.booleans())),
                      context_parallel=replace(layout.context_parallel, load_balance=draw(st.booleans())))
     return plan, layout

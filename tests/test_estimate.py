@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from irbuild import model, plan
 
-from dslc import arch, search
+from dslc import arch, fit
 from dslc.cost import flops, traffic
 from dslc.cost import memory as est
 from dslc.cost.compute import rates
@@ -587,17 +587,17 @@ def test_expert_flops_follow_the_routed_slots():
 def test_memory_error_names_the_breakdown_and_what_would_fit():
     h, l, V, f = 4096, 32, 128256, 14336
     p = plan(model("llama", l, h, 32, V, 2048, kv=8, ffn=f, tie=False), ("dp", 16, "ib"), zero=0, m=1)
-    (d,) = search.fit_diagnostics(p)
+    (d,) = fit.fit_diagnostics(p)
     assert d.code == "E090" and d.span == p.span and d.is_error
     assert "params 15.0 GiB" in d.message and "optimizer 89.7 GiB" in d.message  # 2 and 12 bytes × 8.03 B
     assert "zero = 1 (" in d.hint and "recompute" not in d.hint
     fixed = replace(p, data_parallel=replace(p.data_parallel, zero=1))
-    assert search.fit_diagnostics(fixed) == []
+    assert fit.fit_diagnostics(fixed) == []
 
 
 def test_memory_error_when_nothing_single_fits():
     p = plan(model("gpt2", 96, 12288, 96, 51200, 2048), ("dp", 8, "ib"), zero=0, m=1)
-    (d,) = search.fit_diagnostics(p)
+    (d,) = fit.fit_diagnostics(p)
     # 16 bytes × 175 B params need 2.6 TB: even sharded 8 ways (zero 3, or tp 8) it is > 300 GiB
     assert "no single change" in d.hint and "closest: " in d.hint and "add GPUs" in d.hint
 

@@ -38,7 +38,7 @@ def run(plan, run_script, root, device, *flags):
     out = run_script(script, plan.world_size, *args)
     assert out.returncode == 0, out.stderr[-4000:]
     dumped = json.loads(losses.read_text())
-    run.validation = dumped["val_loss"]
+    run.validation = dumped.get("val_loss", [])  # with an evaluation only
     return dumped["loss"], torch.load(weights), out.stdout
 
 

@@ -16,16 +16,17 @@ MODULES = sorted(PKG.rglob("*.py"))
 # (cli and driver, the drivers of the pipeline, and the language server may import every stage.)
 STAGES = [
     ("dslc", "dslc.source", "dslc.diagnostics", "dslc.codes", "dslc.units", "dslc.resources", "dslc.ir",
-     "dslc.catalog", "dslc.groups"),
+     "dslc.catalog", "dslc.groups", "dslc.chunks", "dslc.pipeline_shapes", "dslc.knobs"),
     ("dslc.arch",),
     ("dslc.front",),
     ("dslc.check",),
     ("dslc.cost",),
-    ("dslc.search", "dslc.layouts"),
+    ("dslc.fit",),
+    ("dslc.search",),
     ("dslc.report",),
     ("dslc.codegen",),
     ("dslc.verify",),
-    ("dslc.driver", "dslc.cli_inputs", "dslc.cli", "dslc.cli_fmt", "dslc.cli_search", "dslc.cli_diff", "dslc.cli_git", "dslc.lsp", "dslc.__main__"),
+    ("dslc.driver", "dslc.cli", "dslc.lsp", "dslc.__main__"),
 ]
 
 

@@ -78,7 +78,7 @@ def generates(plan) -> bool:
 def disagreements(result: LoadResult) -> list[str]:
     """The plans of ``result`` that lint and compile judge differently. ``dslc compile``
     writes a plan when it and its file have no lint error and the generator takes it
-    (cli.cmd_compile): a plan the generator refuses must have a lint error, and a plan
+    (cli.compile.run): a plan the generator refuses must have a lint error, and a plan
     with none must be generated."""
     return [f"{p.file}: {p.name}: lint clean, compile refused" for p in result.plans if result.clean(p) and not generates(p)]
 

@@ -1,150 +1,252 @@
-"""The E090 hint proposes only plans a user could write and lint clean.
-
-The hint names single changes ("tp = 4 with dp = 2", "zero = 3"). These tests apply each
-named change to the plan the way a user would edit the file (set the key, keep the global
-batch, let the micro-batch count follow) and lint the result with the same driver as
-``dslc lint``: a change said to fit must lint without any error, the "closest" change
-without any error but E090."""
+"""``dslc search``: the layouts it ranks pass lint and fit, the plan it writes is the layout
+it ranked first, and published layouts stand near the top of its ranking (or the README
+says why not, and the reason is checked here)."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
 import re
-from dataclasses import replace
+import sys
+from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from irbuild import GiB, model, plan
 
-from dslc import driver, search
-from dslc.check import check_plan
+from dslc import cli, search
+from dslc.driver import lint, load_paths, load_text
+from dslc.report import search as report
 
-LABEL = re.compile(r"(zero|recompute|micro_batch|tp|pp) = (\w+(?: every \d+)?)(?: with dp = (\d+))?")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import published  # noqa: E402
 
-
-def edited(p, label: str):
-    """The plan a user gets by writing the change ``label`` into the plan file."""
-    knob, value, dp = LABEL.fullmatch(label).groups()
-    if knob == "zero":
-        return replace(p, data_parallel=replace(p.data_parallel, zero=int(value)))
-    if knob == "recompute":  # `full every 2`
-        policy, _, every = value.partition(" every ")
-        return replace(p, train=replace(p.train, recompute=policy, recompute_every=int(every or 1)))
-    train, mesh = p.train, p.mesh
-    if knob == "micro_batch":
-        train = replace(train, micro_batch=int(value))
-    else:
-        axes = [replace(a, size=int(dp)) if a.name == "dp" else a for a in mesh.axes]
-        if mesh.axis(knob):
-            axes = [replace(a, size=int(value)) if a.name == knob else a for a in axes]
-        else:  # a new axis, placed where the dp axis was (its link too)
-            dp_axis = mesh.axis("dp")
-            axes.append(replace(dp_axis, name=knob, size=int(value)))
-        mesh = replace(mesh, axes=tuple(axes))
-    ranks = mesh.size("dp") * mesh.size("ep")
-    micro = train.global_batch // (train.micro_batch * ranks)
-    return replace(p, train=train, mesh=mesh, pipeline=replace(p.pipeline, microbatches=micro, layers_per_stage=None))
+RUNS = {r.plan: r for r in published.RUNS}
 
 
-def proposals(diag) -> tuple[list[str], list[str]]:
-    """(labels said to fit, the closest label) from an E090 hint."""
-    hint = diag.hint
-    if hint.startswith("it fits with any one of: "):
-        return [m.group(0) for m in LABEL.finditer(hint)], []
-    close = re.search(r"closest: (.*?) \(", hint)
-    return [], [close.group(1)] if close else []
+def _plan(path: Path, name: str | None = None):
+    res = load_paths([path], check=False)
+    return next(p for p in res.program.plans if name is None or p.name == name)
 
 
-def errors(p) -> list[str]:
-    return sorted(d.code for d in driver.lint(p) if d.is_error)
+# --------------------------------------------------------------------------- the command
+
+
+def test_search_prints_its_table_and_writes_a_plan_that_lints_clean_and_explains_to_its_row(tmp_path, capsys):
+    out = tmp_path / "sub" / "fastest.plan"
+    out.parent.mkdir()
+    code = cli.main(["search", str(ROOT / "plans/llama3_70b.plan"), "--top", "5", "--json", "-o", str(out)])
+    assert code == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [row["rank"] for row in doc["layouts"]] == [1, 2, 3, 4, 5]
+    steps = [row["step_s"] for row in doc["layouts"]]
+    assert steps == sorted(steps) and doc["as_written"]["step_s"] >= steps[0]
+    assert doc["as_written"]["busiest_link"]["link"] in ("nvlink", "ib")
+    assert all(row["memory_bytes"] + row["headroom_bytes"] == 80 * 2**30 and row["headroom_bytes"] >= 0 for row in doc["layouts"])
+    # the written plan: read back as a user's file, lint finds nothing, and explain gives
+    # the step the table printed for the first row
+    res = load_paths([out])
+    assert [d for d in res.diagnostics if d.severity.value in ("error", "warning")] == []
+    (plan,) = res.own_plans
+    assert plan.name == "fastest" and plan.world_size == 64
+    assert cli.main(["explain", str(out), "--json"]) == 0
+    explained = json.loads(capsys.readouterr().out)
+    assert explained["step_time_s"] == pytest.approx(steps[0], rel=1e-12)
+    best = doc["layouts"][0]
+    assert [(a.name, a.size, a.link) for a in plan.mesh.axes] == [(a["axis"], a["size"], a["link"]) for a in best["mesh"]]
+    assert plan.train.micro_batch == int(best["layout"]["micro_batch"]) and plan.microbatches == best["microbatches"]
+
+
+def test_search_table_shows_the_plan_as_written_below_the_fastest(capsys):
+    assert cli.main(["search", str(ROOT / "plans/tiny_demo.plan"), "--top", "3", "-q"]) == 0
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()
+    assert lines[0].split()[:3] == ["#", "layout", "schedule"]
+    ranks = [line.split()[0] for line in lines[2:] if line.strip()]
+    assert ranks == ["1", "2", "3", "plan"]
+    assert "(as written)" in lines[-1] and not any(line != line.rstrip() for line in lines)
+    assert "tiny_demo on 4 × cpu" in captured.err and "layouts costed" in captured.err
+
+
+@pytest.mark.parametrize("argv, code, message", [
+    (["--gpus", "12"], 2, "is not a whole number of h100_8x8's nodes of 8 GPUs"),
+    (["--gpus", "0"], 2, "--gpus must be at least 1"),
+    (["--top", "0"], 2, "--top must be at least 1"),
+    (["--fix", "tp"], 2, "--fix takes"),
+])
+def test_search_usage_errors_are_one_line(argv, code, message, capsys):
+    assert cli.main(["search", str(ROOT / "plans/llama3_70b.plan"), *argv]) == code
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_the_written_plan_is_named_after_its_file_made_whole_and_never_the_input(tmp_path, capsys):
+    demo = ROOT / "plans/tiny_demo.plan"
+    mask = os.umask(0o022)
+    try:
+        assert cli.main(["search", str(demo), "-q", "--top", "1", "-o", str(tmp_path / "true.plan")]) == 0
+    finally:
+        os.umask(mask)
+    written = tmp_path / "true.plan"
+    assert re.search(r"^plan tiny_demo_searched \{", written.read_text(), re.MULTILINE)  # `true` is a keyword
+    assert written.stat().st_mode & 0o777 == 0o644 and os.listdir(tmp_path) == ["true.plan"]
+    before = demo.read_bytes()
+    for target, message in ((demo, "is the plan being searched"), (tmp_path / "no" / "x.plan", "no folder"),
+                            (tmp_path, "it is a folder")):
+        capsys.readouterr()
+        assert cli.main(["search", str(demo), "-q", "-o", str(target)]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "layouts costed" not in err  # refused before the search
+    assert demo.read_bytes() == before
+
+
+def test_search_takes_a_plan_that_does_not_fit_and_refuses_one_with_other_errors(tmp_path, capsys):
+    text = (ROOT / "plans/llama3_70b.plan").read_text().replace("zero = 1", "zero = 0").replace("recompute = selective", "recompute = none")
+    (tmp_path / "big.plan").write_text(text.replace("../clusters", str(ROOT / "clusters")))
+    assert cli.main(["search", str(tmp_path / "big.plan"), "--top", "1", "-q", "--fix", "mesh"]) == 0
+    captured = capsys.readouterr()
+    assert "E090" in captured.err and "does not fit or does not pass the rules" in captured.err
+    (tmp_path / "bad.plan").write_text(text.replace("../clusters", str(ROOT / "clusters")).replace("heads = 64", "heads = 63"))
+    assert cli.main(["search", str(tmp_path / "bad.plan")]) == 1
+
+
+def test_fixed_settings_are_kept_as_written():
+    plan = _plan(ROOT / "plans/llama3_70b.plan")
+    found = search.search(plan, fixed=frozenset({"mesh", "recompute"})).ranked
+    assert found and all((f.plan.dp, f.plan.pp, f.plan.tp, f.plan.cp) == (2, 4, 8, 1) for f in found)
+    assert {f.plan.train.recompute for f in found} == {"selective"}
+
+
+def test_more_gpus_scale_the_cluster_by_whole_nodes():
+    plan = _plan(ROOT / "plans/llama3_8b.plan")
+    result = search.search(plan, gpus=4 * plan.cluster.world_size)
+    assert result.plan.cluster.nodes == 4 * plan.cluster.nodes and result.ranked
+    assert all(f.plan.world_size == 4 * plan.cluster.world_size for f in result.ranked)
+    assert result.own is None  # its mesh has a quarter of the ranks
+
+
+# --------------------------------------------------------------------------- every candidate passes lint
 
 
 @st.composite
-def plans(draw):
-    arch = draw(st.sampled_from(["gpt2", "llama"]))
-    heads = draw(st.sampled_from([4, 8, 12, 16, 32]))
-    kv = heads if arch == "gpt2" else draw(st.sampled_from([k for k in (1, 2, 4, 8, heads) if heads % k == 0]))
-    hidden = heads * draw(st.sampled_from([64, 128]))
-    layers = draw(st.integers(2, 48))
-    ffn = draw(st.sampled_from([2 * hidden, 3 * hidden, 4 * hidden + 64]))
-    mdl = model(arch, layers, hidden, heads, draw(st.sampled_from([32000, 50257, 128256])), draw(st.sampled_from([1024, 4096])),
-                kv=kv, ffn=ffn)
-    dp, pp, tp = (draw(st.sampled_from(s)) for s in ([1, 2, 4, 8, 16], [1, 2, 4], [1, 2, 4, 8]))
-    axes = [(n, s, lk) for n, s, lk in (("dp", dp, "ib"), ("pp", pp, "nvlink"), ("tp", tp, "nvlink")) if s > 1]
-    return plan(mdl, *axes, zero=draw(st.integers(0, 3)), recompute=draw(st.sampled_from(["none", "selective", "selective_ops", "full"])),
-                b=draw(st.sampled_from([1, 2, 4, 8])), m=draw(st.sampled_from([4, 8])), sp=tp > 1 and draw(st.booleans()),
-                memory=draw(st.sampled_from([4, 8, 16, 40])) * GiB)
+def small_plans(draw):
+    """A model and cluster small enough to search in a second: a llama or a mixture of
+    experts, 1-4 nodes of 1-8 devices with a node and a cluster link, a global batch."""
+    moe = draw(st.booleans())
+    heads = draw(st.sampled_from([4, 8, 16]))
+    kv = draw(st.sampled_from([h for h in (1, 2, 4, 8, 16) if heads % h == 0]))
+    layers = draw(st.integers(2, 12))
+    hidden = heads * draw(st.sampled_from([16, 32, 64]))
+    nodes, gpn = draw(st.sampled_from([1, 2, 4])), draw(st.sampled_from([1, 2, 4, 8]))
+    batch = draw(st.sampled_from([8, 16, 32, 64]))
+    memory = draw(st.sampled_from(["80 GiB", "2 GiB", "200 MiB"]))
+    experts = f"; experts = {draw(st.sampled_from([2, 4, 8]))}; top_k = 2" if moe else ""
+    text = f"""
+    cluster c {{
+        nodes = {nodes}; gpus_per_node = {gpn}; device = h100_sxm; device_memory = {memory}
+        link nv {{ scope = node; bandwidth = 450 GB/s; latency = 2 us }}
+        link ib {{ scope = cluster; bandwidth = 50 GB/s; latency = 8 us }}
+    }}
+    plan p {{
+        model {'mixtral' if moe else 'llama'} {{ layers = {layers}; hidden = {hidden}; heads = {heads}; kv_heads = {kv}; ffn = {2 * hidden}; vocab = 512; seq_len = {draw(st.sampled_from([256, 1024, 4096]))}{experts} }}
+        cluster = c
+        mesh {{ dp = {nodes * gpn} on {'ib' if nodes > 1 else 'nv'} }}
+        train {{ micro_batch = 1; global_batch = {batch}; precision = bf16 }}
+    }}
+    """
+    res = load_text(text, "random.plan", check=False)
+    assert not [d for d in res.diagnostics if d.is_error], res.diagnostics
+    return res.program.plans[0]
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
-@given(p=plans())
-def test_every_change_the_hint_proposes_lints_clean(p):
-    assume(not any(d.is_error for d in check_plan(p)))
-    (diag,) = [d for d in driver.lint(p) if d.code == "E090"] or [None]
-    assume(diag is not None)
-    fit, close = proposals(diag)
-    for label in fit:
-        assert errors(edited(p, label)) == [], (label, diag.hint)
-    for label in close:
-        assert errors(edited(p, label)) in ([], ["E090"]), (label, diag.hint)
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(small_plans())
+def test_every_layout_the_search_proposes_passes_lint_and_fits(plan):
+    result = search.search(plan, beam=3)
+    steps = [f.timing.step for f in result.ranked]
+    assert steps == sorted(steps)
+    for f in result.ranked:
+        diags = [d for d in lint(f.plan) if d.severity.value in ("error", "warning")]
+        assert diags == [], (search.knobs(f.plan), [(d.code, d.message) for d in diags])
+        assert f.plan.world_size == plan.cluster.world_size and f.headroom >= 0
+        assert f.plan.model == plan.model and f.plan.train.global_batch == plan.train.global_batch
 
 
-def test_gqa_hint_keeps_tp_within_the_kv_heads():
-    """The bug this search fixes: a llama with 2 kv heads was told to use tp = 4, which
-    lint rejects (E042): the kv heads are split over tp."""
-    mdl = model("llama", 32, 4096, 32, 128256, 4096, kv=2, ffn=14336, tie=False)
-    p = plan(mdl, ("dp", 8, "nvlink"), zero=0, b=4, m=1, memory=40 * GiB)
-    assert not any(d.is_error for d in check_plan(p))
-    (diag,) = search.fit_diagnostics(p)
-    assert [c.plan.tp for c in search.variants(p) if c.knob == "tp"] == [2, 4, 8]  # what was on offer
-    tps = [c.plan.tp for c in search.candidates(p) if c.knob == "tp"]
-    assert tps == [2]
-    assert "tp = 4" not in diag.hint and "tp = 8" not in diag.hint
-    for label in proposals(diag)[0] + proposals(diag)[1]:
-        assert "E042" not in errors(edited(p, label))
+# --------------------------------------------------------------------------- published layouts
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt2"])
-def test_more_recompute_is_offered_by_the_memory_it_saves(arch):
-    """none → selective → full every 2 → selective_ops → full for these models: each
-    candidate keeps fewer activation bytes than the one before (the least change first)."""
-    from dslc.cost import memory as est
-
-    p = plan(model(arch, 8, 1024, 16, 32000, 1024, kv=4 if arch == "llama" else 16), ("dp", 8, "nvlink"), zero=0, b=4, m=1)
-    cands = [c for c in search.variants(p) if c.knob == "recompute"]
-    assert [c.label for c in cands] == ["recompute = selective", "recompute = full every 2", "recompute = selective_ops", "recompute = full"]
-    held = [est.layer_activation_bytes(c.plan) for c in cands]
-    assert held == sorted(held, reverse=True) and held[0] < est.layer_activation_bytes(p)
-    full = replace(p, train=replace(p.train, recompute="full"))
-    assert not [c for c in search.variants(full) if c.knob == "recompute"]  # nothing keeps less
+def _within(result, top: int = 5, slack: float = 0.10) -> tuple[bool, str]:
+    """Whether the plan as written is among the ``top`` distinct fastest layouts or within
+    ``slack`` of the fastest step, and where it stands."""
+    own, best = result.own, result.ranked[0]
+    shown = report.rows(result, top)
+    ratio = own.timing.step / best.timing.step
+    where = f"rank {report.own_rank(result)}, {ratio:.3f}× the fastest ({search.layout_label(best.plan)}: {', '.join(best.changes)})"
+    return any(r.found.plan == own.plan for r in shown) or ratio <= 1 + slack, where
 
 
-@pytest.mark.parametrize("label, key", [("zero = 3", "zero"), ("tp = 2 with dp = 4", "tp"), ("micro_batch = 2", "micro_batch"),
-                                        ("recompute = full every 2", "recompute"), ("recompute = selective_ops", "recompute")])
-def test_labels_are_what_the_candidates_are(label, key):
-    """edited() reads a label as a user would; it builds the same plan as the search."""
-    mdl = model("llama", 8, 1024, 16, 32000, 1024, kv=4)
-    p = plan(mdl, ("dp", 8, "nvlink"), zero=0, b=4, m=1)
-    cand = next(c for c in search.variants(p) if c.label == label)
-    assert cand.knob == key and edited(p, label) == cand.plan
+def _search(run, plan, **kw):
+    return search.search(plan, settings=run.settings, **kw)
 
 
+def _no_dropout(plan):
+    """The model without dropout: dslc's script refuses dropout with tp (E100), so a layout
+    with tp could not be proposed; dropout changes no cost the estimate sees."""
+    return dataclasses.replace(plan, model=dataclasses.replace(plan.model, dropout=0.0))
 
-@pytest.mark.parametrize("axes, schedule, v, split, head, tail", [
-    ((("dp", 2, "nvlink"),), "1f1b", 1, None, "the plan needs ", "(1 micro-batch in flight × 16 layers)"),
-    ((("pp", 2, "nvlink"),), "1f1b", 1, None, "pipeline stage 0 needs ", "(2 micro-batches in flight × 8 layers)"),
-    # interleaved: a stage holds v chunks of L/(p·v) layers, and what is in flight is chunks
-    ((("pp", 2, "nvlink"),), "interleaved_1f1b", 2, None, "pipeline stage 0 needs ",
-     "(5 micro-batch chunks in flight × 4 layers each: the stage's 8 layers in 2 chunks)"),
-    ((("pp", 2, "nvlink"),), "interleaved_1f1b", 2, (3, 2, 5, 6), "pipeline stage 0 needs ",
-     "(5 micro-batch chunks in flight × 4 layers each on average: the stage's 8 layers in chunks of 3 and 5)"),
-])
-def test_memory_error_counts_what_is_in_flight(axes, schedule, v, split, head, tail):
-    """E090's activations: micro-batches × the stage's layers without interleaving; with it,
-    chunks in flight × the layers of one chunk (not of the whole stage)."""
-    mdl = model("llama", 16, 4096, 32, 32000, 4096, kv=8)
-    p = plan(mdl, *axes, schedule=schedule, v=v, m=4, memory=GiB)
-    if split:
-        p = replace(p, pipeline=replace(p.pipeline, layers_per_stage=split))
-    (d, *_) = search.fit_diagnostics(p)
-    assert d.message.startswith(head) and tail in d.message, d.message
+
+def test_torchtitan_llama3_8b_on_128_h100s_is_within_10_percent_of_the_best():
+    run = RUNS["titan_8b_fsdp128"]
+    ok, where = _within(_search(run, _plan(ROOT / "benchmarks/published/torchtitan.plan", run.plan)))
+    assert ok, where
+
+
+def test_korthikanti_175b_is_within_10_percent_of_the_best_without_dropout():
+    run = RUNS["ko_175b_selective_sp"]
+    plan = _plan(ROOT / "benchmarks/published/megatron_a100.plan", run.plan)
+    assert [d.code for d in lint(plan) if d.is_error] == ["E100"]  # dropout with tp: the script refuses it
+    ok, where = _within(_search(run, _no_dropout(plan)))
+    assert ok, where
+
+
+def test_sc21_1_7b_is_within_10_percent_at_the_recompute_sc21_used():
+    """SC21 recomputed every layer (Megatron had nothing lighter in 2021): the search, free
+    to keep the activations of a 1.7B model, finds that faster; at full recompute the
+    published layout is within 10 %."""
+    run = RUNS["sc21_1_7b"]
+    plan = _plan(ROOT / "benchmarks/published/megatron_a100.plan", run.plan)
+    ok, where = _within(_search(run, plan))
+    assert not ok and plan.train.recompute == "full", where  # else the README's reason is stale
+    ok, where = _within(_search(run, plan, fixed=frozenset({"recompute"})))
+    assert ok, where
+
+
+def test_sc21_18b_is_not_near_the_top_and_its_own_estimate_is_held_to_what_sc21_measured():
+    """With everything SC21 held (full recompute, no ZeRO, no sequence parallelism, one
+    sequence a micro-batch), the search still prefers tp 4 × pp 2 to the published tp 8
+    alone, by about 12 %; the published layout's own estimate is within 15 % of SC21's measured step
+    (tests/test_published.py), so the disagreement is over layouts SC21 did not run."""
+    run = RUNS["sc21_18b"]
+    plan = _no_dropout(_plan(ROOT / "benchmarks/published/megatron_a100.plan", run.plan))
+    result = _search(run, plan, fixed=frozenset({"recompute", "zero", "schedule", "micro_batch", "sp"}))
+    ok, where = _within(result)
+    assert not ok, f"now {where}: update the README's published-layout table"
+    assert abs(result.own.timing.step / run.step - 1) <= 0.15
+    assert result.ranked[0].plan.tp < plan.tp and result.ranked[0].plan.pp > 1
+
+
+def test_llama3_405b_on_16k_gpus_is_in_the_top_5_at_the_settings_meta_chose():
+    """Meta's layout (Dubey et al. 2024, Table 4) is among the 5 fastest the search finds over
+    every mesh of 16,384 GPUs when zero, recompute, schedule and micro-batch are held as Meta
+    ran them (the virtual stages, which the paper does not give, at the plan's 2). Free to
+    choose those too, the search takes more virtual stages, cp and no recompute: the
+    estimate puts Meta's layout at 26 % MFU where Meta measured 38 % (a pipeline bubble of
+    half the compute at 16 micro-batches over 16 stages, and ZeRO-3's exposed gathers)."""
+    plan = _plan(ROOT / "benchmarks/published/llama3_405b.plan")
+    result = search.search(plan, fixed=frozenset({"zero", "recompute", "schedule", "micro_batch"}))
+    ok, where = _within(result, slack=0.0)
+    assert ok, where
+    measured = 0.38  # Table 4's BF16 MFU at 16,384 GPUs and 8K context
+    assert result.own.timing.mfu < measured - 0.08, f"MFU {result.own.timing.mfu:.3f}: update the README"

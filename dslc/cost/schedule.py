@@ -68,9 +68,9 @@ from collections import defaultdict, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from ..check import shape_problems
 from ..chunks import V_SHAPED, Placement
 from ..ir import SCHEDULES
+from ..pipeline_shapes import shape_problems
 from . import vschedule
 
 COMPUTE = ("F", "B", "W")
@@ -170,7 +170,7 @@ def build(schedule: str, pp: int, microbatches: int, virtual_stages: int = 1) ->
     """The :class:`Schedule`: one ordered action list per pipeline rank (index = pp rank) and
     its placement; kept for the next plan of the same shape (the search costs many; it is immutable).
 
-    Raises ValueError with the message of the first of :func:`dslc.check.shape_problems`."""
+    Raises ValueError with the message of the first of :func:`dslc.pipeline_shapes.shape_problems`."""
     if problems := shape_problems(schedule, pp, microbatches, virtual_stages):
         raise ValueError(problems[0].message)
     p, m, v = pp, microbatches, virtual_stages

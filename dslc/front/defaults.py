@@ -12,6 +12,8 @@ schedule and the generated script can compute with.
 
 from __future__ import annotations
 
+from ..pipeline_shapes import MAX_SCHEDULE
+
 DEFAULTS: dict[str, object] = {
     "link.latency": 0.0,  # a link the catalog does not know
     "model.norm_eps": 1e-5,
@@ -61,7 +63,8 @@ ROUTERS = ("topk_softmax", "softmax_topk")
 # The most a plan may ask of dslc: explain, schedule and compile stay within a few seconds
 # at these sizes (tests/test_bounds.py times them), far above any real training run.
 MAX_RANKS = 2**18  # GPUs in a cluster and ranks in a mesh (the largest runs use ~10⁵)
-MAX_SCHEDULE = 2**15  # chunk forwards per step: pp × virtual_stages × microbatches
+# MAX_SCHEDULE, chunk forwards per step (pp × virtual_stages × microbatches), is
+# dslc/pipeline_shapes.py's, beside the rest of which pipeline shapes can be built.
 
 STEPS = 10**9  # 30 years at one step a second; any integer type holds it
 MAX_BLEND = 1024  # sources of a blend (lint reads each one's header)

@@ -66,7 +66,7 @@ class Read:
 
 class Files:
     """Where the loader finds files: this machine's (the default). ``dslc diff --git``
-    passes another, which reads a commit's files (:mod:`dslc.cli_git`)."""
+    passes another, which reads a commit's files (:mod:`dslc.cli.git`)."""
 
     def identity(self, path: str) -> object:
         """What tells one file from another (two paths, one file); OSError as ``os.stat``

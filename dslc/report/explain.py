@@ -1,5 +1,5 @@
 """``dslc explain``: the estimates of a plan (:mod:`dslc.cost.estimate`) with its fit
-diagnostic (E090, :mod:`dslc.search`), for a person (:func:`render_text`) or a tool
+diagnostic (E090, :mod:`dslc.fit`), for a person (:func:`render_text`) or a tool
 (:func:`to_json`: the same numbers as a JSON-safe dict, no NaN or Infinity).
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields, replace
 
-from .. import search
+from .. import fit
 from ..cost import memory as mem
 from ..cost.collectives import OVERLAPS, Comm
 from ..cost.estimate import Estimate, estimate, route_link
@@ -16,7 +16,7 @@ from ..cost.flops import batch_tokens
 from ..cost.time import timing
 from ..diagnostics import Diagnostic, printable
 from ..ir import Data, Plan
-from ..layouts import knobs
+from ..knobs import knobs
 from ..units import count, seconds, si, size
 
 HIDDEN = tuple(o for o in OVERLAPS if o != "exposed")  # overlapped with compute
@@ -56,7 +56,7 @@ class Explanation(Estimate):
 def explain(plan: Plan, settings: mem.Settings = mem.DEFAULT, topo=None) -> Explanation:
     """:func:`dslc.cost.estimate.estimate` of a checked plan, and E090 if it does not fit."""
     est = estimate(plan, settings, topo)
-    diags = tuple(search.fit_diagnostics(plan, settings, est.memory))
+    diags = tuple(fit.fit_diagnostics(plan, settings, est.memory))
     return Explanation(**{f.name: getattr(est, f.name) for f in fields(Estimate)}, diagnostics=diags, routing=routing(est))
 
 

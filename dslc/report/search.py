@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 from ..cost.estimate import estimate
 from ..cost.links import BusiestLink
-from ..layouts import Found, Result, knobs
+from ..knobs import knobs
+from ..search import Found, Result
 from ..units import seconds, size
 
 

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import codegen, search
+from .. import codegen, fit
 from ..diagnostics import Diagnostic
 from ..ir import Plan
 from ..report.terminal import progress
@@ -89,7 +89,7 @@ def _num(x: float) -> float | str:
 
 def lint(plan: Plan) -> list[Diagnostic]:
     """The errors of a shrunk plan under the rules a user's plan passes (dslc lint's)."""
-    return [d for d in search.diagnostics(plan) if d.is_error]
+    return [d for d in fit.diagnostics(plan) if d.is_error]
 
 
 def verify(plan: Plan, max_procs: int = 8, steps: int = STEPS, timeout: float = TIMEOUT, keep: Path | None = None,

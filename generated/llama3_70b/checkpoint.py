@@ -55,8 +55,9 @@ from checkpoint_files import (
     read_marker,
     step_folder,
 )
-from mesh import CALLING, COORDS
-from plan import TIMEOUT, TP, VOCAB
+from mesh import CALLING
+from model import global_part
+from plan import TIMEOUT
 from utils import fail, shown
 
 
@@ -85,14 +86,14 @@ class Checkpoints:
         name_of = {p: name for name, p in self.model.named_parameters()}
         out = []
         for i, p in enumerate(self.owners):
-            shape, origin = global_block(p)
+            shape, box = global_part(p)
             first = self.starts[i]  # the piece's start in the flattened parameter
             strides = [math.prod(p.shape[d + 1 :]) for d in range(p.dim())]
             for offsets, sizes in flat_boxes(
                 list(p.shape), first, first + self.opt_params[i].numel()
             ):
                 at = sum(o * s for o, s in zip(offsets, strides)) - first
-                offsets = [o + g for o, g in zip(offsets, origin)]
+                offsets = [o + start for o, (start, _) in zip(offsets, box)]
                 # without the vocabulary's padding
                 rows = min(sizes[0], shape[0] - offsets[0])
                 if rows > 0:
@@ -126,9 +127,8 @@ class Checkpoints:
                 fail(
                     f"{shown(folder)} is there and is not a checkpoint of this model and data; the save would replace it: move it away"
                 )
-        dist.barrier(
-            group=self.group
-        )  # every rank checked before the master changes them
+        # every rank checked before the master changes them
+        dist.barrier(group=self.group)
         if self.master:
             if os.path.lexists(partial):  # a crashed save of the same step
                 shutil.rmtree(partial)
@@ -183,9 +183,8 @@ class Checkpoints:
             if any(
                 isinstance(failure[0], SystemExit) for failure in e.failures.values()
             ):
-                sys.exit(
-                    1
-                )  # a check of a file failed while it was read, and said so in one line
+                # a check of a file failed while it was read, and said so in one line
+                sys.exit(1)
             raise
         for q in self.opt_params:
             if "step" in self.optimizer.state[q]:
@@ -220,17 +219,6 @@ def flat_boxes(shape, start, end):
     )
     tail = [((c, *o), (1, *s)) for o, s in flat_boxes(shape[1:], 0, d)] if d else []
     return head + body + tail
-
-
-def global_block(p):
-    """(the global tensor's shape, the offsets of this rank's block of it) of parameter p."""
-    shape, origin = list(p.shape), [0] * p.dim()
-    if p.tp_dim is not None:
-        origin[p.tp_dim] = COORDS["tp"] * shape[p.tp_dim]
-        shape[p.tp_dim] *= TP
-    if p.vocab_rows:
-        shape[0] = VOCAB  # the padding rows are not saved
-    return shape, origin
 
 
 def box_view(t, box):

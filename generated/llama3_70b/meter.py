@@ -4,7 +4,8 @@
 """--measure FILE and --trace FILE: what this rank sends, holds and saves — what `dslc
 explain` predicts — and when it runs each action of a pipeline's step, to set beside
 `dslc schedule`. The collectives count through METER; while it is off, each hook is
-one test. --tensorboard DIR and --wandb PROJECT: the log's scalars, through METRICS."""
+one test. --tensorboard DIR and --wandb PROJECT: the log's scalars, through
+DASHBOARD."""
 
 import contextlib
 import json
@@ -186,7 +187,7 @@ class Timeline:
                 json.dump(trace, f, allow_nan=False)
 
 
-class Metrics:
+class Dashboard:
     """--tensorboard DIR and --wandb PROJECT: the scalars of each log line, under the names
     torchtitan's MetricsProcessor gives them, as TensorBoard event files and a Weights &
     Biases run, from the rank that prints the log. Until open() it is off, and each call
@@ -264,4 +265,4 @@ class Metrics:
             self.run.finish()
 
 
-METRICS = Metrics()
+DASHBOARD = Dashboard()

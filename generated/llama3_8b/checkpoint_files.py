@@ -38,7 +38,16 @@ from torch.distributed.checkpoint.metadata import (
 )
 
 from plan import LAYOUT, WORLD_SIZE
-from utils import fail, file_kind, human_size, parse_json, read_file, read_json, shown
+from utils import (
+    fail,
+    file_kind,
+    human_size,
+    parse_json,
+    read_file,
+    read_json,
+    shown,
+    write_json,
+)
 
 CHECKPOINT_DIR = "checkpoints/llama3_8b"  # relative to the working directory
 CHECKPOINT_KEEP = 3  # the newest kept; 0: all
@@ -252,12 +261,12 @@ def chunk_fields(chunk, shape, where):
         fail(f"{where}: not an object of {', '.join(fields)}")
     offsets, sizes = chunk["offsets"], chunk["sizes"]
     if not all(
-        isinstance(v, list) and len(v) == len(shape) and all(map(whole, v))
+        isinstance(v, list) and len(v) == len(shape) and all(map(is_whole_number, v))
         for v in (offsets, sizes)
     ):
         fail(f"{where}: offsets and sizes are not {len(shape)} whole numbers each")
     if any(o + s > n for o, s, n in zip(offsets, sizes, shape)) or not (
-        whole(chunk["at"]) and whole(chunk["bytes"])
+        is_whole_number(chunk["at"]) and is_whole_number(chunk["bytes"])
     ):
         fail(
             f"{where}: outside its tensor of shape {list(shape)}, or at {chunk['at']!r} for {chunk['bytes']!r} bytes"
@@ -274,7 +283,7 @@ def chunk_fields(chunk, shape, where):
     return offsets, sizes, chunk["file"]
 
 
-def whole(v):
+def is_whole_number(v):
     return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**62
 
 
@@ -324,18 +333,6 @@ def ours(folder):
         return json.loads(data) == {"made_by": "dslc", **FINGERPRINT}
     except (OSError, ValueError, RecursionError):
         return False
-
-
-def write_json(file, value):
-    """`value` as JSON in `file`, whole or not at all: written beside it, synced, renamed.
-    Returns the SHA-256 of what it wrote."""
-    data = json.dumps(value, allow_nan=False).encode()
-    with open(file + ".tmp", "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.rename(file + ".tmp", file)
-    return hashlib.sha256(data).hexdigest()
 
 
 def commit(writer, final, step, began):
@@ -413,7 +410,7 @@ def read_marker(path):
     file = os.path.join(path, "COMMIT.json")
     marker = read_json(file, MARKER_LIMIT, "a checkpoint's commit marker")
     step, folder = marker.get("step"), int(os.path.basename(path)[4:])
-    if not whole(step) or step != folder:
+    if not is_whole_number(step) or step != folder:
         fail(f"{file}: step {step!r}, but the folder is step {folder}'s")
     for key, kind in (("layout", str), ("world_size", int), ("manifest", str)):
         if not isinstance(marker.get(key), kind) or isinstance(marker.get(key), bool):

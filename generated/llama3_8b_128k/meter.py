@@ -3,7 +3,7 @@
 # Plan llama3_8b_128k from plans/llama3_8b_128k.plan; regenerate with: dslc compile plans/llama3_8b_128k.plan
 """--measure FILE: what this rank sends, holds and saves — what `dslc explain` predicts.
 The collectives count through METER; while it is off, each hook is one test.
---tensorboard DIR and --wandb PROJECT: the log's scalars, through METRICS."""
+--tensorboard DIR and --wandb PROJECT: the log's scalars, through DASHBOARD."""
 
 import contextlib
 import json
@@ -131,7 +131,7 @@ def measure_block():
     return METER.saved_tensors() if METER.on else contextlib.nullcontext()
 
 
-class Metrics:
+class Dashboard:
     """--tensorboard DIR and --wandb PROJECT: the scalars of each log line, under the names
     torchtitan's MetricsProcessor gives them, as TensorBoard event files and a Weights &
     Biases run, from the rank that prints the log. Until open() it is off, and each call
@@ -213,4 +213,4 @@ class Metrics:
             self.run.finish()
 
 
-METRICS = Metrics()
+DASHBOARD = Dashboard()

@@ -129,9 +129,8 @@ class Transformer(nn.Module):
     def forward(self, idx, targets):
         x = self.embed(idx)
         for block in self.blocks:
-            x = checkpoint(
-                block, x, self.rope_cos, self.rope_sin, use_reentrant=False
-            )  # recomputed in backward
+            # recomputed in backward
+            x = checkpoint(block, x, self.rope_cos, self.rope_sin, use_reentrant=False)
         return self.head_loss(x, targets)
 
 

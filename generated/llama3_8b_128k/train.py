@@ -35,7 +35,7 @@ from mesh import (
     init_process_group,
     rank_gpu,
 )
-from meter import METER, METRICS, measure_block
+from meter import DASHBOARD, METER, measure_block
 from model import Transformer, compile_model, init_weights, materialize
 from optimizer import build_optimizer, get_lr, grad_norm
 from plan import (
@@ -113,7 +113,7 @@ if got != str(WORLD_SIZE):
 if not all(r.isdecimal() and int(r) < WORLD_SIZE for r in (rank, local_rank)):
     fail(f"RANK={rank}, LOCAL_RANK={local_rank}: each must be 0 to {WORLD_SIZE - 1}")
 if rank == "0":  # the rank that logs: its packages and files, before the run starts
-    METRICS.open(args.tensorboard, args.wandb, vars(args))
+    DASHBOARD.open(args.tensorboard, args.wandb, vars(args))
 RANK, LOCAL_RANK = int(rank), int(local_rank)
 device = torch.device("cpu")
 if args.device == "cuda":
@@ -220,7 +220,7 @@ def main():
     if master:
         print(f"plan llama3_8b_128k: {n_params / 1e6:.2f}M parameters", end=", ")
         print(f"{LAYOUT}, {PRECISION}, {args.device}")
-    losses, validation = [], []  # validation: [step, loss]
+    losses = []
     # (step, lr, the step's values on the device): the host waits for the device only in
     # the steps that read them, those that log or end the run
     pending, t_read = [], time.perf_counter()
@@ -230,7 +230,7 @@ def main():
         loss, lr, norm = train_step(step)
         pending.append((step, lr, torch.stack([loss, norm])))
         logs = step % max(1, args.log_every) == 0 or step + 1 == args.steps
-        if not (logs):
+        if not logs:
             continue
         values = torch.stack([v for _, _, v in pending]).tolist()  # the host waits here
         for (s, _, _), (loss, *_) in zip(pending, values):
@@ -250,7 +250,7 @@ def main():
                 peak = torch.cuda.max_memory_allocated() / 2**30
                 line += f" | mfu {mfu:.1%} | peak mem {peak:.2f} GiB"
             print(line, flush=True)
-            METRICS.log(step + 1, loss, lr, norm, dt, mfu, peak)
+            DASHBOARD.log(step + 1, loss, lr, norm, dt, mfu, peak)
         t_read = time.perf_counter()
     if METER.on:
         METER.step = None
@@ -265,8 +265,8 @@ def main():
         export_hf(model, args.export_hf, args.export_dtype, args.export_shard_size)
     if master and args.dump_losses:
         with open(args.dump_losses, "w") as f:
-            json.dump({"loss": losses, "val_loss": validation}, f, allow_nan=False)
-    METRICS.close()
+            json.dump({"loss": losses}, f, allow_nan=False)
+    DASHBOARD.close()
     GROUPS.clear()  # the last references: tear the groups down now, not at exit
     dist.destroy_process_group()
 

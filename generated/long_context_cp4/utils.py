@@ -8,7 +8,9 @@ the device and between lists of tensors, sizes as people read them, the import o
 safetensors, which only --export-hf needs, and the one reader of the files the
 program is given (data, checkpoints, Hugging Face folders), which someone else may have
 written: regular files only, each read bounded, JSON of bounded depth, and one line
-naming the file (and the file a link points to) for whatever it refuses."""
+naming the file (and the file a link points to) for whatever it refuses; and the one
+writer of its JSON files (checkpoint markers, Hugging Face configs), whole or not at all.
+"""
 
 import argparse
 import hashlib
@@ -139,6 +141,23 @@ def parse_json(path, data, what):
     return found
 
 
+def write_json(file, value, indent=None):
+    """`value` as JSON in `file`, whole or not at all: written beside it under a hidden
+    temporary name, synced, renamed. Returns the SHA-256 of what it wrote."""
+    data = json.dumps(value, indent=indent, allow_nan=False).encode() + b"\n" * bool(
+        indent
+    )
+    tmp = os.path.join(
+        os.path.dirname(file), f".{os.path.basename(file)}.tmp{os.getpid()}"
+    )
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, file)
+    return hashlib.sha256(data).hexdigest()
+
+
 def not_json(constant):
     raise ValueError(f"{constant} is not JSON")
 
@@ -199,9 +218,8 @@ def fill_normal(out, key, shape, box, std):
     cols = torch.arange(first, end, device=device)  # the last dim's indices
     step = max(1, DRAW_CHUNK * (1 if device.type == "cpu" else 16) // (end - first))
     for start in range(0, rows.size(0), step):
-        k = torch.arange(
-            start, min(start + step, rows.size(0)), device=device
-        )  # rows of the box
+        # rows of the box
+        k = torch.arange(start, min(start + step, rows.size(0)), device=device)
         at = torch.zeros_like(k)  # each row's first index in the whole
         for (a, z), stride in reversed(list(zip(lead, strides))):
             at += (k % (z - a) + a) * stride

@@ -7,7 +7,6 @@ every rank the tensors it holds, --dump-weights gathers the full weights onto on
 rank (a test's tool)."""
 
 import argparse
-import json
 import os
 import re
 import time
@@ -15,7 +14,7 @@ import time
 import torch
 
 from plan import N_LAYER
-from utils import fail, human_size, import_safetensors
+from utils import fail, human_size, import_safetensors, write_json
 
 # (our name, theirs, stored transposed, (piece k, of n) of their outputs, one per expert):
 # {i} is a layer, {e} an expert
@@ -140,8 +139,8 @@ def export_hf(model, folder, dtype, shard_bytes):
     files = ShardFiles(folder, shard_bytes, rank)
     order = {}  # their name: its index among the tensors of this rank's stage
     pieces = {}  # their name: the pieces of a fused tensor held so far
-    for name, p in stage_weights(model):
-        w = whole(p)
+    for name, p in model.named_parameters():
+        w = gathered(p)
         for theirs, transposed, piece, e in rows[name]:
             # k: the same on every rank of the stage
             k = order.setdefault(theirs, len(order))
@@ -191,14 +190,22 @@ def write_index(folder, names, sizes, dtype):
             why = "every rank writes its files into it: a file system every node sees"
             fail(f"--export-hf {folder}: {name} is not there ({why})")
     name = str(dtype).removeprefix("torch.")
-    write_json(folder, "config.json", HF_CONFIG | {"torch_dtype": name, "dtype": name})
+    write_json(
+        os.path.join(folder, "config.json"),
+        HF_CONFIG | {"torch_dtype": name, "dtype": name},
+        indent=2,
+    )
     if len(names) > 1:  # last: it names only files that are there
         total = sum(sum(s.values()) for s in sizes)
         metadata = {"total_parameters": total // dtype.itemsize, "total_size": total}
         weight_map = dict(
             sorted((theirs, name) for name, s in zip(names, sizes) for theirs in s)
         )
-        write_json(folder, INDEX, {"metadata": metadata, "weight_map": weight_map})
+        write_json(
+            os.path.join(folder, INDEX),
+            {"metadata": metadata, "weight_map": weight_map},
+            indent=2,
+        )
     for name in os.listdir(folder):  # an earlier export's shards, a crashed one's
         if SHARD_NAME.fullmatch(name) and name not in names:
             os.remove(os.path.join(folder, name))
@@ -245,32 +252,17 @@ class ShardFiles:
         self.tensors, self.size = {}, 0
 
 
-def write_json(folder, name, value):
-    """folder/name, written whole under a temporary name and renamed."""
-    tmp = os.path.join(folder, f".{name}.tmp{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(value, f, indent=2, allow_nan=False)
-        f.write("\n")
-    os.replace(tmp, os.path.join(folder, name))
-
-
 def gather_weights(model):
     """--dump-weights: the full weights as fp32 CPU tensors by name. A test's tool:
     the whole model on one rank."""
     out = {}
-    for name, p in stage_weights(model):
-        w = whole(p)
+    for name, p in model.named_parameters():
+        w = gathered(p)
         out[name] = w.float().cpu()
     return out
 
 
-def stage_weights(model):
-    """(name, parameter) of every parameter of this rank, in the same order on every
-    rank."""
-    yield from model.named_parameters()
-
-
-def whole(p):
+def gathered(p):
     """Parameter p whole, on its device."""
     w = p.detach()
     return w

@@ -47,9 +47,8 @@ def dispatch(buffer):
     Equal blocks: no counts to exchange, and the bytes sent are known before the step.
     """
     _, n, C = buffer.shape
-    got = AllToAll.apply(
-        buffer.reshape(-1, C), None, None
-    )  # [source rank][local expert]
+    # [source rank][local expert]
+    got = AllToAll.apply(buffer.reshape(-1, C), None, None)
     return (
         got.view(EP, LOCAL_EXPERTS, n, C)
         .transpose(0, 1)

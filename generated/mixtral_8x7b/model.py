@@ -121,13 +121,14 @@ class Transformer(nn.Module):
         if self.is_first and chunk == 0:
             x = self.embed(x)
         for i in range(first, end):
+            # recomputed in backward
             x = checkpoint(
                 self.blocks[str(i)],
                 x,
                 self.rope_cos,
                 self.rope_sin,
                 use_reentrant=False,
-            )  # recomputed in backward
+            )
         if self.is_last and chunk == VIRTUAL_STAGES - 1:
             return self.head_loss(x, targets)
         return x

@@ -41,7 +41,7 @@ class Routing:
         self.layers = [m for m in model.modules() if isinstance(m, MoE)]  # this rank's
         for layer in self.layers:
             layer.routed.zero_()
-        self.losses = torch.zeros(2, dtype=torch.float64, device=device)  # aux, z
+        self.losses = torch.zeros(1, dtype=torch.float64, device=device)  # aux
 
     # routed: the layer's own counts (a buffer, not its index: one compiled graph serves
     # every MoE layer, where an integer index would compile each layer's again)
@@ -52,7 +52,7 @@ class Routing:
             routed[-1] += dropped
 
     def reduce(self):
-        """(aux loss, z-loss, load imbalance, choices dropped, choices) of the global batch,
+        """(aux loss, load imbalance, choices dropped, choices) of the global batch,
         on the device: the losses are means over layers and micro-batches; the imbalance
         is max / mean choices per expert, of the worst layer."""
         load = torch.zeros(
@@ -62,8 +62,8 @@ class Routing:
             load[layer.layer] = layer.routed
         stats = torch.cat([self.losses, load.view(-1)])
         all_reduce(stats, "pp+ep", scalar=True)  # every rank's layers and tokens
-        losses = stats[:2] / (N_LAYER * MICRO_STEPS * DATA_RANKS)
-        load = stats[2:].view(N_LAYER, N_EXPERTS + 1)
+        losses = stats[:1] / (N_LAYER * MICRO_STEPS * DATA_RANKS)
+        load = stats[1:].view(N_LAYER, N_EXPERTS + 1)
         choices, dropped = load[:, :-1], load[:, -1]
         imbalance = (choices.max(dim=1).values / choices.mean(dim=1)).max()
         return torch.cat(
@@ -135,7 +135,6 @@ class MoE(nn.Module):
         f = total.sum(dim=1) / (SEQ_LEN * TOP_K)  # (B, E)
         P = probs.sum(dim=1) / SEQ_LEN  # (B, E)
         aux = N_EXPERTS * (f * P).sum(dim=-1).mean()
-        z = torch.zeros_like(aux)
         x = x.reshape(-1, C)  # (N, C), N = B * T tokens
         # a choice's place in its expert's queue for the sequence: first choices before
         # second ones, earlier tokens first
@@ -160,7 +159,7 @@ class MoE(nn.Module):
         picked = F.pad(out, (0, 0, 0, 1))[slot.view(-1, TOP_K)]  # (N, K, C)
         y = (picked * weights.view(-1, TOP_K, 1).to(out.dtype)).sum(dim=1)
         dropped = (~keep).sum()
-        ROUTING.add(self.routed, torch.stack([aux, z]), load, dropped)
+        ROUTING.add(self.routed, aux[None], load, dropped)
         y = y.view(B, T, C)
         # each layer adds its router losses, weighted, averaged over the layers
         return RouterLoss.apply(y, (AUX_LOSS_WEIGHT * aux) / N_LAYER)

@@ -123,8 +123,7 @@ def open_data(sources, folder, seed=None, override=None):
     samples = []
     for index, (weight, kind, path, dtype) in enumerate(sources):
         path = override or os.path.normpath(os.path.join(folder, path))
-        path, ids, offset = open_raw(
-            path, torch.uint8
-        )  # the file's bytes are the tokens
+        # the file's bytes are the tokens
+        path, ids, offset = open_raw(path, torch.uint8)
         samples.append(Samples(index, weight, path, ids, offset, seed))
     return Blend(samples)

@@ -92,10 +92,8 @@ class Transformer(nn.Module):
 
     def embed(self, idx):  # (B, T) token ids -> (B, T / TP, C), this rank's part
         x = self.wte(idx)
-        t, tp_rank = (
-            idx.size(1) // TP,
-            COORDS["tp"],
-        )  # this rank's slice of the sequence
+        # this rank's slice of the sequence
+        t, tp_rank = idx.size(1) // TP, COORDS["tp"]
         x = x + self.wpe.weight[tp_rank * t : (tp_rank + 1) * t]
         return x
 

@@ -3,7 +3,7 @@
 # Plan tiny_moe from plans/tiny_moe.plan; regenerate with: dslc compile plans/tiny_moe.plan
 """--measure FILE: what this rank sends, holds and saves — what `dslc explain` predicts.
 The collectives count through METER; while it is off, each hook is one test.
---tensorboard DIR and --wandb PROJECT: the log's scalars, through METRICS."""
+--tensorboard DIR and --wandb PROJECT: the log's scalars, through DASHBOARD."""
 
 import contextlib
 import json
@@ -131,7 +131,7 @@ def measure_block():
     return METER.saved_tensors() if METER.on else contextlib.nullcontext()
 
 
-class Metrics:
+class Dashboard:
     """--tensorboard DIR and --wandb PROJECT: the scalars of each log line, under the names
     torchtitan's MetricsProcessor gives them, as TensorBoard event files and a Weights &
     Biases run, from the rank that prints the log. Until open() it is off, and each call
@@ -190,7 +190,7 @@ class Metrics:
             scalars["memory/max_allocated(GiB)"] = peak
             reserved = torch.cuda.max_memory_reserved()
             scalars["memory/max_reserved(GiB)"] = reserved / 2**30
-        aux, z, imbalance, dropped, choices = routing
+        aux, imbalance, dropped, choices = routing
         scalars |= {"moe/aux_loss": aux, "moe/imbalance": imbalance}
         self.write(step, scalars)
 
@@ -211,4 +211,4 @@ class Metrics:
             self.run.finish()
 
 
-METRICS = Metrics()
+DASHBOARD = Dashboard()

@@ -3,7 +3,7 @@ pull request (``--format markdown``) or a tool (``--format json``).
 
 ``dslc diff BASE NEW`` compares two plan files; ``dslc diff --git REV [PATH...]`` every
 plan file that changed since REV, or that imports a file that did
-(:meth:`dslc.cli_git.Repo.touched`), with itself as of REV: its text and its imports'
+(:meth:`dslc.cli.git.Repo.touched`), with itself as of REV: its text and its imports'
 read from the commit, its data files from this machine (they are not versioned with
 it). Each side is read and linted as ``dslc lint`` does and costed as ``dslc explain
 --json`` does (:func:`dslc.report.explain.to_json`); :mod:`dslc.report.diff` compares.
@@ -19,15 +19,15 @@ import json
 import os
 import sys
 
-from .cli_git import Repo, commit
-from .cli_inputs import UsageError, load
-from .codes import FIT_CODES
-from .diagnostics import printable
-from .driver import LoadResult, load_paths
-from .report import diff as report
-from .report import explain
-from .report.diff_show import markdown, tables
-from .report.terminal import progress, show
+from ..codes import FIT_CODES
+from ..diagnostics import printable
+from ..driver import LoadResult, load_paths
+from ..report import diff as report
+from ..report import explain
+from ..report.diff_show import markdown, tables
+from ..report.terminal import progress, show
+from .git import Repo, commit
+from .inputs import UsageError, load
 
 EXIT = """exit codes:
   0  no error appears on the new side

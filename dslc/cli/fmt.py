@@ -1,7 +1,7 @@
 """``dslc fmt``: plan files rewritten in the one layout of :mod:`dslc.front.fmt`, or with
 ``--check`` and ``--diff`` only said to need it (CI, pre-commit, review).
 
-A file is replaced whole or not at all (:func:`dslc.cli_inputs.write_whole`), through a
+A file is replaced whole or not at all (:func:`dslc.cli.inputs.write_whole`), through a
 link to the file it leads to, with its permissions; one that cannot be formatted (a
 syntax error, nesting too deep) is named and left as it is. Exit codes: 0 done (or
 nothing to do), 1 a file that does not parse, or with ``--check`` a file that would
@@ -14,11 +14,11 @@ import difflib
 import os
 import sys
 
-from . import reading
-from .cli_inputs import UsageError, emit, expand, write_whole
-from .front.fmt import FormatError, format_text
-from .front.parse import MAX_BYTES, decode
-from .source import Sources
+from .. import reading
+from ..front.fmt import FormatError, format_text
+from ..front.parse import MAX_BYTES, decode
+from ..source import Sources
+from .inputs import UsageError, emit, expand, write_whole
 
 
 class _IOFailed(Exception):

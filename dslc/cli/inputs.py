@@ -10,12 +10,12 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from .diagnostics import Diagnostic, Severity, has_errors
-from .driver import LoadResult, load_paths, load_text
-from .front.parse import MAX_BYTES
-from .report.diagnostics import RENDERERS, render_text
-from .report.terminal import colour
-from .source import Sources
+from ..diagnostics import Diagnostic, Severity, has_errors
+from ..driver import LoadResult, load_paths, load_text
+from ..front.parse import MAX_BYTES
+from ..report.diagnostics import RENDERERS, render_text
+from ..report.terminal import colour
+from ..source import Sources
 
 
 class UsageError(Exception):

@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from ..groups import axis_crossing
 from ..ir import Cluster, MeshAxis, Plan
+from ..knobs import knobs
 
 AXIS_ORDER = ("dp", "pp", "cp", "ep", "tp")  # the plans' usual order, outermost first
 RECOMPUTE = (("none", 1), ("selective", 1), ("selective_ops", 1), ("full", 2), ("full", 1))  # the least recomputed (most activations kept) first
@@ -188,27 +189,6 @@ def sp_choices(plan: Plan, tp: int, fixed=()) -> list[bool]:
 
 
 # ---------------------------------------------------------------------------- differences
-
-
-def layout_label(p: Plan) -> str:
-    """``dp8 × pp4 × tp8`` (outermost first), ``serial`` for one rank."""
-    return " × ".join(f"{a.name}{a.size}" for a in p.mesh.axes if a.size > 1) or "serial"
-
-
-def knobs(p: Plan) -> dict[str, str]:
-    """The layout settings as a plan writes them, by key."""
-    pl, dp = p.pipeline, p.data_parallel
-    out = {"mesh": layout_label(p)}
-    if p.pp > 1:
-        out["schedule"] = pl.schedule + (f" v{pl.virtual_stages}" if pl.virtual_stages > 1 else "")
-    out["micro_batch"] = str(p.train.micro_batch)
-    out["zero"] = str(dp.zero) + (f" shard {dp.shard}" if dp.hsdp(p.dp) else "")
-    out["recompute"] = p.train.recompute_label
-    if p.tp > 1:
-        out["sp"] = "on" if p.tensor_parallel.sequence_parallel else "off"
-    if p.cp > 1:
-        out["cp"] = p.context_parallel.method
-    return out
 
 
 def changes(before: Plan, after: Plan) -> tuple[str, ...]:

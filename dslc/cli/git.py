@@ -20,13 +20,13 @@ import os
 import subprocess
 from dataclasses import dataclass
 
-from .cli_inputs import UsageError
-from .diagnostics import printable
-from .front import ast
-from .front.load import Files, Loader, Read
-from .front.parse import MAX_BYTES
-from .reading import NotAFile
-from .source import Sources
+from ..diagnostics import printable
+from ..front import ast
+from ..front.load import Files, Loader, Read
+from ..front.parse import MAX_BYTES
+from ..reading import NotAFile
+from ..source import Sources
+from .inputs import UsageError
 
 TIMEOUT = 120  # seconds any one git command may take
 LINKS = 8  # symbolic links followed in a row inside a commit

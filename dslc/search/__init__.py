@@ -8,7 +8,7 @@ the recompute policy, sequence parallelism and the context-parallel method. The 
 cluster, data and training settings stay the plan's.
 
 A candidate is kept only when it passes every rule of :func:`dslc.check.check_plan`
-without an error or a warning and fits (:func:`dslc.search.fits`, the test behind E090):
+without an error or a warning and fits (:func:`dslc.fit.fits`, the test behind E090):
 the search never holds a second copy of a rule. It prunes instead of costing everything
 (Alpa and Galvatron prune the same way, by memory first; Megatron's auto-configurator
 too):
@@ -28,7 +28,7 @@ too):
    then costed.
 
 It is a beam search: a layout whose shape or schedule probed slower than the beam's is
-not costed at its other micro-batch sizes. ``tests/test_search_layouts.py`` holds its
+not costed at its other micro-batch sizes. ``tests/test_search.py`` holds its
 answers against published layouts.
 
 Dominated choices are not costed: gpipe (1f1b has its bubble with fewer activations held),
@@ -46,8 +46,9 @@ from ..check import check_plan
 from ..cost import memory as mem
 from ..cost.time import Timing, timing
 from ..cost.topology import Topology
+from ..fit import fits
 from ..ir import Plan
-from ..search import fits
+from ..knobs import knobs, layout_label
 from .space import (
     AXIS_ORDER,
     FIXABLE,
@@ -55,8 +56,6 @@ from .space import (
     SearchError,
     changes,
     degrees,
-    knobs,
-    layout_label,
     meshes,
     methods,
     micro_batches,

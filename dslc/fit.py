@@ -1,5 +1,6 @@
-"""What-if search over plans: does a plan fit in device memory, and if not, which single
-change would make it fit (E090 and its hint).
+"""Whether a plan fits in device memory, and if not, which single change would make it fit
+(E090 and its hint), whether its experts alone fit (E091) and ZeRO-3's largest unit (E092):
+lint's rules that need the cost model, so they come after :mod:`dslc.cost`.
 
 Every candidate is a plan like a user's: it is proposed only if it passes the same
 checks (:func:`dslc.check.check_plan`) — a hint never suggests a plan that lint would

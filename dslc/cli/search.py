@@ -1,4 +1,4 @@
-"""``dslc search``: the command line of the layout search (:mod:`dslc.layouts`), its
+"""``dslc search``: the command line of the layout search (:mod:`dslc.search`), its
 table or JSON (:mod:`dslc.report.search`), and the plan file of the fastest layout
 (:func:`dslc.driver.layout_file`), written whole or not at all.
 """
@@ -11,13 +11,13 @@ import sys
 import time
 from pathlib import Path
 
-from . import layouts
-from .cli_inputs import UsageError, emit, load, pick, write_whole
-from .codes import FIT_CODES
-from .driver import layout_file
-from .front.edit import can_name_a_plan
-from .report import search as report
-from .report.terminal import progress, show
+from .. import search
+from ..codes import FIT_CODES
+from ..driver import layout_file
+from ..front.edit import can_name_a_plan
+from ..report import search as report
+from ..report.terminal import progress, show
+from .inputs import UsageError, emit, load, pick, write_whole
 
 
 def run(args) -> int:
@@ -26,8 +26,8 @@ def run(args) -> int:
     if args.top < 1:
         raise UsageError("--top must be at least 1")
     fixed = frozenset(k.strip() for k in args.fix.split(",") if k.strip())
-    if fixed - set(layouts.FIXABLE):
-        raise UsageError(f"--fix takes {', '.join(layouts.FIXABLE)}; not {', '.join(sorted(fixed - set(layouts.FIXABLE)))}")
+    if fixed - set(search.FIXABLE):
+        raise UsageError(f"--fix takes {', '.join(search.FIXABLE)}; not {', '.join(sorted(fixed - set(search.FIXABLE)))}")
     result = load([args.plan_file])
     # the layout is what the search replaces: a plan that does not fit (E090-E092) or whose
     # mesh is not the size of the cluster (E030, or the --gpus asked for) is searched all the same
@@ -44,8 +44,8 @@ def run(args) -> int:
     began = time.monotonic()
     try:
         with progress(f"searching the layouts of {plan.name}") as bar:
-            found = layouts.search(plan, args.gpus, progress=bar, fixed=fixed)
-    except layouts.SearchError as e:
+            found = search.search(plan, args.gpus, progress=bar, fixed=fixed)
+    except search.SearchError as e:
         raise UsageError(str(e)) from None
     took = time.monotonic() - began
     if not found.ranked:

@@ -1,0 +1,64 @@
+"""The training settings: the batch (E080), the ZeRO stage and its shard (E078, E081,
+W079, W089, W102), what the script cannot do yet (E100), fp16 and compile (W082, W103),
+and the Hugging Face checkpoint a plan starts from (E048, E049)."""
+
+from __future__ import annotations
+
+from .. import arch
+from ..diagnostics import error, warning
+from ..front.recompute import EAGER_POLICIES
+from ..ir import Plan
+
+
+def training(plan: Plan):
+    t = plan.train
+    ranks = plan.data_parallel_size
+    expected = t.micro_batch * plan.microbatches * ranks
+    if t.global_batch != expected:
+        parts = f"micro_batch={t.micro_batch} × microbatches={plan.microbatches} × dp={plan.dp}" + (f" × ep={plan.ep}" if plan.ep > 1 else "")
+        yield error("E080", plan.where("train.global_batch", "pipeline.microbatches"), f"global_batch={t.global_batch} but {parts} = {expected}", "ep ranks take their own data like dp ranks" if plan.ep > 1 else f"set global_batch = {expected} or change the micro-batch count")
+    z = plan.data_parallel.zero
+    if z not in (0, 1, 2, 3):
+        yield error("E081", plan.where("data_parallel.zero"), f"zero must be 0, 1, 2 or 3, got {z}", "0 replicates, 1 shards optimizer state, 2 also gradients, 3 also parameters")
+    yield from _zero(plan, z)
+    if plan.model.dropout > 0 and plan.tp > 1:
+        yield error("E100", plan.where("model.dropout", "mesh.tp"), f"dropout = {plan.model.dropout} with tp = {plan.tp} is not supported yet: "
+                    "the tp ranks would need a shared dropout RNG", "set dropout = 0, or leave tp out")
+    if t.precision == "fp16" and t.loss_scale == "none":
+        yield warning("W082", plan.where("train.loss_scale", "train.precision"), "fp16 without loss scaling: small gradients underflow to zero", "use loss_scale = dynamic, or precision = bf16")
+    if t.compile and t.recompute in EAGER_POLICIES:
+        yield warning("W103", plan.where("train.compile"), f"compile = true with recompute = {t.recompute}: the script runs its blocks eagerly", "selective_ops picks the ops to keep as they are dispatched; selective or full recompute compiles")
+
+
+def _zero(plan: Plan, z: int):
+    """What the generated script cannot honour of a ZeRO stage, and sharding with no one to
+    shard over (the group: dp × cp × ep, the ranks that hold the same dense weights)."""
+    at = plan.where("data_parallel.zero")
+    if z >= 2 and plan.dp * plan.cp * plan.ep == 1:
+        yield warning("W089", at, f"zero = {z} over a data-parallel group of one rank: nothing is sharded", "ZeRO shards the model state over the dp ranks: add a dp axis, or use zero = 0")
+    shard = plan.data_parallel.shard
+    if shard and plan.dp % shard:
+        yield error("E078", plan.where("data_parallel.shard"), f"shard = {shard} does not divide dp = {plan.dp}: ZeRO shards over groups of {shard} consecutive dp ranks and replicates over dp / shard",
+                    f"use a divisor of {plan.dp}, or leave shard out to shard over every dp rank")
+    elif shard and not z:
+        yield warning("W079", plan.where("data_parallel.shard"), f"shard = {shard} with zero = 0: every rank holds the whole model state, there is nothing to shard", "set zero = 1, 2 or 3 (zero = 3 with shard is HSDP)")
+    if z != 3 and "data_parallel.reshard_after_forward" in plan.spans:
+        yield warning("W102", plan.where("data_parallel.reshard_after_forward"), f"reshard_after_forward has no effect with zero = {z}", "only zero = 3 gathers the weights before each unit's forward")
+
+
+def init_checkpoint(plan: Plan):
+    """The Hugging Face checkpoint a plan starts from (``init = hf("DIR")``): a folder with
+    weights and a config.json, each file well-formed and inside it (E048), of this model
+    (E049: the first key that differs, a tensor missing, of another shape or not floating)."""
+    init = plan.train.init
+    found = init and arch.hf.problem(arch.of(plan.model), plan.model, init.resolved_path)
+    if found:
+        kind, message = found
+        yield error("E049" if kind == "model" else "E048", init.span, message, INIT_HINTS[kind])
+
+
+INIT_HINTS = {  # by the kind of problem arch.hf.problem finds
+    "read": "write its folder relative to the plan file",
+    "file": "its files are not a Hugging Face checkpoint that can be read safely: download or export it again",
+    "model": "start from a checkpoint of this model, or change the model to match it",
+}
