@@ -1,4 +1,5 @@
-"""Where the model's chunks live on the pipeline ranks.
+"""Where the model's chunks live on the pipeline ranks: the one definition of a chunk's global
+id, its rank, its local index and its neighbours, for both placements.
 
 The model is cut into pp·v chunks in layer order. Every schedule but the V-shaped ones
 places them interleaved (Narayanan et al., SC21 §2.2.2): global chunk g on pp rank g % pp as
@@ -10,19 +11,62 @@ global chunks r and 2p−1−r, so the first and the last chunk (embedding and l
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 V_SHAPED = ("zb_v", "dualpipe_v")
 
 
-def chunk_ids(p: int, v: int, rank: int, v_shape: bool = False) -> tuple[int, ...]:
-    """The global chunks of pp rank ``rank``, by local chunk."""
-    return (rank, 2 * p - 1 - rank) if v_shape else tuple(c * p + rank for c in range(v))
+@dataclass(frozen=True)
+class Placement:
+    """The pp·v chunks of a pipeline on its pp ranks: interleaved, or in a V (``v_shape``,
+    v = 2). Every consumer of a chunk's rank, local index or neighbour asks this."""
 
+    pp: int
+    v: int = 1
+    v_shape: bool = False
 
-def chunk_rank(p: int, g: int, v_shape: bool = False) -> int:
-    """The pp rank holding global chunk ``g``."""
-    return (g if g < p else 2 * p - 1 - g) if v_shape else g % p
+    @classmethod
+    def of(cls, schedule: str, pp: int, v: int) -> Placement:
+        """The placement of a schedule's chunks (a V for :data:`V_SHAPED`)."""
+        return cls(pp, v, schedule in V_SHAPED)
 
+    @property
+    def chunks(self) -> int:
+        return self.pp * self.v
 
-def chunk_local(p: int, g: int, v_shape: bool = False) -> int:
-    """The local chunk of global chunk ``g`` on its rank."""
-    return (0 if g < p else 1) if v_shape else g // p
+    def ids(self, rank: int) -> tuple[int, ...]:
+        """The global chunks of pp rank ``rank``, by local chunk."""
+        p = self.pp
+        return (rank, 2 * p - 1 - rank) if self.v_shape else tuple(c * p + rank for c in range(self.v))
+
+    def global_chunk(self, rank: int, local: int) -> int:
+        """The global chunk of local chunk ``local`` on ``rank``."""
+        return self.ids(rank)[local]
+
+    def rank(self, g: int) -> int:
+        """The pp rank holding global chunk ``g``."""
+        p = self.pp
+        return (g if g < p else 2 * p - 1 - g) if self.v_shape else g % p
+
+    def local(self, g: int) -> int:
+        """The local chunk of global chunk ``g`` on its rank."""
+        return (0 if g < self.pp else 1) if self.v_shape else g // self.pp
+
+    def neighbour(self, g: int, step: int) -> int | None:
+        """Global chunk g + step (+1: the next in layer order, where the activations go; −1: the
+        one before, where the gradients go), or None past either end of the model."""
+        return g + step if 0 <= g + step < self.chunks else None
+
+    def peer(self, rank: int, local: int, step: int) -> int | None:
+        """The rank that local chunk ``local`` of ``rank`` exchanges with towards ``step``;
+        None at either end of the model, or when the neighbour is on this very rank (pp = 1,
+        the turn of a V: the tensor is handed over in memory, :meth:`turn`)."""
+        other = self.neighbour(self.global_chunk(rank, local), step)
+        q = rank if other is None else self.rank(other)
+        return None if q == rank else q
+
+    def turn(self, rank: int, local: int, step: int) -> int | None:
+        """The local chunk of ``rank`` that receives local chunk ``local``'s output (step +1)
+        or input gradient (step −1) in memory, being its neighbour on the same rank; else None."""
+        other = self.neighbour(self.global_chunk(rank, local), step)
+        return self.local(other) if other is not None and self.rank(other) == rank else None

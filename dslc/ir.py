@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from math import prod
 
-from .chunks import V_SHAPED, chunk_rank
+from .chunks import V_SHAPED, Placement  # noqa: F401 (V_SHAPED: ir.V_SHAPED, with SCHEDULES)
 from .source import Span
 
 AXES = ("dp", "tp", "pp", "cp", "ep")
@@ -328,8 +328,7 @@ class Plan:
     spans: Mapping[str, Span] = field(default_factory=dict, compare=False, repr=False)
 
     def where(self, *keys: str) -> Span:
-        """The span of the first of ``keys`` written in the plan, else the
-        enclosing block's (``model.heads`` falls back to ``model``), else the plan's."""
+        """The span of the first of ``keys`` written in the plan, else the enclosing block's (``model.heads`` falls back to ``model``), else the plan's."""
         for key in keys:
             while key:
                 if key in self.spans:
@@ -375,21 +374,22 @@ class Plan:
         """Layers of each model chunk in layer order (pp × v chunks; ranks: dslc.chunks)."""
         return self._stage_layers
 
+    @cached_property
+    def placement(self) -> Placement:  # where the chunks live: interleaved, or in a V (zb_v, dualpipe_v)
+        return Placement.of(self.pipeline.schedule, self.pp, self.pipeline.virtual_stages)
     @property
-    def v_shape(self) -> bool:  # the chunks sit in a V (zb_v, dualpipe_v), not interleaved
-        return self.pipeline.schedule in V_SHAPED
+    def v_shape(self) -> bool:  # the chunks sit in a V, not interleaved
+        return self.placement.v_shape
     @property
     def last_stage(self) -> int:  # the pp rank of the last chunk (norm, head, loss): p − 1, or 0 in a V
-        return chunk_rank(self.pp, self.pp * self.pipeline.virtual_stages - 1, self.v_shape)
+        return self.placement.rank(self.placement.chunks - 1)
 
     @cached_property
     def _stage_layers(self) -> tuple[int, ...]:  # worked out once: the cost model asks often
         if self.pipeline.layers_per_stage:
             return self.pipeline.layers_per_stage
-        n = self.pp * self.pipeline.virtual_stages
-        q, r = divmod(self.model.layers, n)
-        # earlier chunks get the remainder; the last stage also carries the head
-        return tuple(q + (1 if i < r else 0) for i in range(n))
+        q, r = divmod(self.model.layers, n := self.placement.chunks)
+        return tuple(q + (1 if i < r else 0) for i in range(n))  # earlier chunks get the remainder; the last also has the head
 
 
 @dataclass(frozen=True)

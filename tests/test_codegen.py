@@ -530,6 +530,28 @@ def test_pipeline_script_carries_the_compiled_schedule(name, golden_plans):
             assert (first, end - first) == (sum(layers[:g]), layers[g])
 
 
+@pytest.mark.parametrize("name", ["llamapp_pp2_zb_v", "llamapp_pp4_dualpipe_v"])
+def test_v_schedule_json_carries_the_turn(name, golden_plans):
+    """In a V the compiler, not the runner, decides the turn: the last rank holds global
+    chunks p−1 and p as its local chunks 0 and 1, so right after each of its F of chunk 0
+    comes TURN_F to chunk 1, and after each B of chunk 1 TURN_B to chunk 0; nowhere else.
+    The other actions are build()'s, in order."""
+    from dslc.cost import schedule
+
+    plan = golden_plans[name]
+    files = codegen.render(plan)
+    pl, p = plan.pipeline, plan.pp
+    got = json.loads(files["schedule.json"])["actions"]
+    want = schedule.build(pl.schedule, p, pl.microbatches, pl.virtual_stages)
+    for r, (rows, acts) in enumerate(zip(got, want)):
+        assert [x for x in rows if not x[0].startswith("TURN")] == [
+            [a.kind, a.microbatch, a.chunk, *(() if a.peer is None else (a.peer,))] for a in acts]
+        turns = [(x, y) for x, y in zip(rows, rows[1:]) if y[0].startswith("TURN")]
+        feeds = [x for x in rows if x[0] == "F" and x[2] == 0 or x[0] == "B" and x[2] == 1] if r == p - 1 else []
+        assert turns == [(x, ["TURN_" + x[0], x[1], x[2], 1 - x[2]]) for x in feeds]
+    assert 'COORDS["pp"] == PP - 1' not in files["pipeline_parallel.py"]
+
+
 def test_schedule_json_reads_one_compute_per_line(golden_plans):
     text = codegen.render(golden_plans["gpt2pp_pp2_1f1b"])["schedule.json"]
     lines = [line.strip() for line in text.splitlines() if '"F"' in line or '"B"' in line]

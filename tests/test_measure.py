@@ -313,15 +313,16 @@ def test_payload_per_axis_and_kind_equals_the_prediction(case):
 
 def test_only_scalars_are_left_out_of_the_traffic(case):
     """The tagged reductions (logged loss, grad norm) are fp32 scalars; a MoE plan adds
-    its bookkeeping: the routing statistics (float64: aux, z, then per layer the choices
-    of each expert and those dropped), the tokens per expert (int64) before a dropless
-    dispatch, and the tp slices' (SP) and cp ranks' choices per sequence, choice and expert
-    (with cp, per chunk a rank holds: two with a load-balanced ring)."""
+    its bookkeeping: the routing statistics (float64: aux, z where it is trained, then per
+    layer the choices of each expert and those dropped), the tokens per expert (int64)
+    before a dropless dispatch, and the tp slices' (SP) and cp ranks' choices per sequence,
+    choice and expert (with cp, per chunk a rank holds: two with a load-balanced ring)."""
     plan, records = case
     m = plan.model
     bookkeeping = {}
     if m.is_moe:
-        bookkeeping["all_reduce"] = 8 * (2 + (m.layers - m.dense_layers) * (m.experts + 1))  # MoE layers only
+        losses = 1 + (m.z_loss_weight > 0)  # aux, and z where it is trained
+        bookkeeping["all_reduce"] = 8 * (losses + (m.layers - m.dense_layers) * (m.experts + 1))  # MoE layers only
         bookkeeping["all_to_all"] = 8 * m.experts
         c = plan.context_parallel
         chunks = 2 if plan.cp > 1 and c.method == "ring" and c.load_balance else 1

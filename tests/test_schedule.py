@@ -7,14 +7,17 @@ code's own output."""
 
 from __future__ import annotations
 
+import copy
+import pickle
 import re
 import subprocess
 import sys
 
 import pytest
 
+from dslc.chunks import Placement
 from dslc.cost.deadlock import check, verify
-from dslc.cost.schedule import Action, ScheduleError, build, message, simulate
+from dslc.cost.schedule import Action, Schedule, ScheduleError, build, message, simulate
 from dslc.report.draw import draw, text_grid
 
 A = Action
@@ -38,8 +41,10 @@ def lists(actions) -> list[list[Action]]:
     return [list(acts) for acts in actions]
 
 
-def frozen(lists_) -> tuple[tuple[Action, ...], ...]:
-    return tuple(tuple(acts) for acts in lists_)
+def frozen(lists_) -> Schedule:
+    """Hand-made lists on the interleaved placement of their ranks and chunks."""
+    chunks = 1 + max((a.chunk for acts in lists_ for a in acts), default=0)
+    return Schedule(lists_, Placement(len(lists_), chunks))
 
 
 # ---------------------------------------------------------------------------- build
@@ -322,7 +327,7 @@ def test_timeline_is_consistent():
     actions = build("interleaved_1f1b", 3, 6, 2)
     sim = simulate(actions, 1.0, 2.0, 0.0, 0.25)
     assert [a for _, a, _, _ in sim.timeline] == [a for acts in actions for a in acts]
-    arrives = {message(a, r, 3): s + 0.25 for r, a, s, e in sim.timeline if a.kind.startswith("SEND")}
+    arrives = {message(a, r, actions.placement): s + 0.25 for r, a, s, e in sim.timeline if a.kind.startswith("SEND")}
     for r in range(3):
         # a rank runs its list back to back; waits show as receive time (for the message
         # and the sends of its batch), and as a B starting once the sends before it arrived
@@ -333,7 +338,7 @@ def test_timeline_is_consistent():
                 batch.append(s + 0.25)
                 since_b.append(s + 0.25)
             elif a.kind.startswith("RECV"):
-                assert s == clock and e == max([s, arrives[message(a, r, 3)], *batch])
+                assert s == clock and e == max([s, arrives[message(a, r, actions.placement)], *batch])
             else:
                 assert s == (max([clock, *since_b]) if a.kind == "B" else clock)
                 batch, since_b = [], [] if a.kind == "B" else since_b
@@ -403,6 +408,34 @@ def test_text_grid_of_a_long_schedule_is_one_character_a_slot():
     assert lines[2] == "F forward, B backward, . idle"
 
 
+def test_placement_says_where_each_chunk_lives_and_whom_it_talks_to():
+    # Narayanan et al. SC21 §2.2.2: chunk g on rank g % p; Qi et al. 2024: rank r holds r and 2p−1−r
+    inter, vee = Placement(3, 2), Placement(3, 2, v_shape=True)
+    assert [inter.ids(r) for r in range(3)] == [(0, 3), (1, 4), (2, 5)]
+    assert [vee.ids(r) for r in range(3)] == [(0, 5), (1, 4), (2, 3)]
+    assert [(vee.rank(g), vee.local(g)) for g in range(6)] == [(0, 0), (1, 0), (2, 0), (2, 1), (1, 1), (0, 1)]
+    # rank 2's chunk 0 (global 2) feeds global 3: rank 0 interleaved, itself in the V (the turn)
+    assert (inter.peer(2, 0, 1), inter.turn(2, 0, 1)) == (0, None)
+    assert (vee.peer(2, 0, 1), vee.turn(2, 0, 1), vee.turn(2, 1, -1)) == (None, 1, 0)
+    assert vee.peer(0, 1, 1) is None and vee.peer(0, 1, -1) == 1  # the loss's chunk ends the model
+
+
+@pytest.mark.parametrize("schedule", ["zb_v", "dualpipe_v"])
+def test_a_copied_schedule_keeps_its_placement(schedule):
+    """A schedule is one value, its lists and where their chunks live: a copy through the same
+    type keeps the V and verifies, while a bare tuple of the lists, which has lost the V, is
+    refused rather than taken for the interleaved placement (whose peers it would fail)."""
+    built = build(schedule, 2, 4, 2)
+    copied = Schedule([list(acts) for acts in built], built.placement)
+    assert copied == built and copied.placement == Placement(2, 2, v_shape=True)
+    assert copy.deepcopy(built).placement.v_shape and pickle.loads(pickle.dumps(built)) == built
+    assert verify(copied, split_backward=True) == []
+    for bare in (tuple(built), tuple(map(tuple, built))):
+        for use in (verify, lambda s: simulate(s, 1.0, 1.0, 1.0), lambda s: text_grid(s, simulate(built, 1.0, 1.0))):
+            with pytest.raises(TypeError, match="placement"):
+                use(bare)
+
+
 def test_importing_draw_does_not_import_matplotlib():
     code = "import sys, dslc.report.draw, dslc.cost.schedule; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -415,7 +448,7 @@ def test_v_schedule_picture_and_turn_without_message(schedule):
     between them, and rank 0 holds the embedding's chunk 0 and the loss's chunk 3; the
     picture names every F, B and W with its local chunk (``dslc schedule`` draws this)."""
     actions = build(schedule, 2, 4, 2)
-    assert actions.v_shape and check(actions, split_backward=True) is None
+    assert actions.placement.v_shape and check(actions, split_backward=True) is None
     # the turn stays on rank 1: its chunk 0's output and chunk 1's input gradient are never
     # sent, its chunk 1's input and chunk 0's output gradient never received
     turn = {("SEND_F", 0), ("RECV_F", 1), ("SEND_B", 1), ("RECV_B", 0)}
@@ -425,7 +458,7 @@ def test_v_schedule_picture_and_turn_without_message(schedule):
     # 1's (the loss's input), and the reverse for the gradients
     assert all(a.peer == 1 - r for r, acts in enumerate(actions) for a in acts if a.is_comm)
     assert {(a.kind, a.chunk) for a in actions[0] if a.is_comm} == {("SEND_F", 0), ("RECV_F", 1), ("SEND_B", 1), ("RECV_B", 0)}
-    assert message(actions[0][[a.kind for a in actions[0]].index("SEND_F")], 0, 2, True) == ("F", 0, 0)
+    assert message(actions[0][[a.kind for a in actions[0]].index("SEND_F")], 0, actions.placement) == ("F", 0, 0)
     text = text_grid(actions, simulate(actions, 1.0, 1.0, 1.0), time_unit="ms")
     assert "v=2" in text and "W3 weight gradient" in text
     for label in ("F0·0", "F0·1", "B0·1", "W0·0"):

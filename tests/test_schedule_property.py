@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from dslc.chunks import V_SHAPED
 from dslc.cost.deadlock import verify
-from dslc.cost.schedule import SCHEDULES, SPLIT_BACKWARD, ActionLists, build, simulate
+from dslc.cost.schedule import SCHEDULES, SPLIT_BACKWARD, Schedule, build, simulate
 
 SAMPLES = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -127,16 +127,16 @@ def test_dropping_any_one_action_is_caught(data, schedule):
     rank = data.draw(st.integers(0, p - 1))
     index = data.draw(st.integers(0, len(actions[rank]) - 1))
     dropped = actions[rank].pop(index)
-    problems = verify(ActionLists(map(tuple, actions), built.v_shape if schedule in V_SHAPED else False),
-                      split_backward=schedule in SPLIT_BACKWARD)
+    problems = verify(Schedule(actions, built.placement), split_backward=schedule in SPLIT_BACKWARD)
     assert problems, (schedule, p, m, v, rank, dropped)
 
 
 def test_dropping_the_only_weight_gradient_is_caught():
     """zb_h1 on one stage with one micro-batch has a single W: without being told the
     backward is split, nothing in the list says a W is owed (found by hypothesis in CI)."""
-    (actions,) = build("zb_h1", 1, 1, 1)
-    without_w = (tuple(a for a in actions if a.kind != "W"),)
+    built = build("zb_h1", 1, 1, 1)
+    (actions,) = built
+    without_w = Schedule([[a for a in actions if a.kind != "W"]], built.placement)
     assert verify(without_w, split_backward=True) == ["rank 0 never runs W for micro-batch 0 of chunk 0"]
     assert verify(without_w, split_backward=False) == []
 
@@ -154,5 +154,5 @@ def test_moving_a_receive_after_its_consumer_is_caught(data, schedule):
     consumer = next(j for j, a in enumerate(actions[rank]) if j >= i and a.kind == recv.kind[-1]
                     and (a.microbatch, a.chunk) == (recv.microbatch, recv.chunk))
     actions[rank].insert(consumer + 1, recv)
-    problems = verify(tuple(map(tuple, actions)))
+    problems = verify(Schedule(actions, built.placement))
     assert any(p.startswith("deadlock") for p in problems), problems

@@ -4,7 +4,7 @@ pipeline options without a pp axis (W057)."""
 
 from __future__ import annotations
 
-from ..chunks import chunk_rank
+from ..chunks import Placement
 from ..diagnostics import error, warning
 from ..ir import Plan
 from ..pipeline_shapes import shape_problems
@@ -28,7 +28,7 @@ def pipeline(plan: Plan):
             yield error("E051", where, f"layers_per_stage lists {len(pl.layers_per_stage)} stages but the plan has {chunks} (pp={p} × virtual_stages={v})")
         elif sum(pl.layers_per_stage) != layers:
             yield error("E051", where, f"layers_per_stage sums to {sum(pl.layers_per_stage)} but the model has {layers} layers")
-        empty = _empty_chunks(pl.layers_per_stage, p, v, plan.v_shape)
+        empty = _empty_chunks(pl.layers_per_stage, plan.placement)
         if empty:
             hint = "in a V any chunk may have 0 layers, but every pp rank but rank 0 (the embedding and the loss) must hold one" if plan.v_shape else "only the first chunk (it holds the embedding) and the last (the final norm, head and loss) may have 0 layers"
             yield error("E052", where, empty, hint)
@@ -38,13 +38,13 @@ def pipeline(plan: Plan):
         yield warning("W055", plan.where("pipeline.schedule"), f"gpipe with pp={p} and microbatches={m}: the pipeline bubble is {(p - 1) / m:.3g}× the compute ((p−1)/m), so each rank idles {(p - 1) / (m + p - 1):.0%} of the step", f"use ≥ {4 * (p - 1)} micro-batches, or schedule = 1f1b")
 
 
-def _empty_chunks(split: tuple[int, ...], p: int, v: int, v_shape: bool = False) -> str:
-    """Every chunk of ``layers_per_stage`` (chunk g on pp rank g % p, in a V on rank g or
-    2p−1−g) with fewer than 0 layers, or none but the first (the embedding) and the last
-    (the loss), in one message. In a V any chunk may be empty (its forward is the
-    identity), but every rank but the first (the embedding and head) must hold a layer."""
-    names = [f"chunk {g}" + (f" (pp rank {chunk_rank(p, g, v_shape)})" if v > 1 else "") for g in range(len(split))]
-    bad = [f"{names[g]} has {'no' if n == 0 else n} layers" for g, n in enumerate(split) if n < 0 or (n == 0 and 0 < g < len(split) - 1 and not v_shape)]
-    if v_shape and len(split) == 2 * p:
-        bad += [f"pp rank {r} (chunks {r} and {2 * p - 1 - r}) has no layers" for r in range(1, p) if split[r] == split[2 * p - 1 - r] == 0]
+def _empty_chunks(split: tuple[int, ...], at: Placement) -> str:
+    """Every chunk of ``layers_per_stage`` (on the pp rank ``at`` places it) with fewer than
+    0 layers, or none but the first (the embedding) and the last (the loss), in one message.
+    In a V any chunk may be empty (its forward is the identity), but every rank but the
+    first (the embedding and head) must hold a layer."""
+    names = [f"chunk {g}" + (f" (pp rank {at.rank(g)})" if at.v > 1 else "") for g in range(len(split))]
+    bad = [f"{names[g]} has {'no' if n == 0 else n} layers" for g, n in enumerate(split) if n < 0 or (n == 0 and 0 < g < len(split) - 1 and not at.v_shape)]
+    if at.v_shape and len(split) == at.chunks:
+        bad += [f"pp rank {r} (chunks {' and '.join(map(str, at.ids(r)))}) has no layers" for r in range(1, at.pp) if not any(split[g] for g in at.ids(r))]
     return "layers_per_stage: " + ", ".join(bad) if bad else ""

@@ -266,8 +266,7 @@ def _experts(plan: Plan) -> dict:
         "capacity_factor": number(cf, "capacity_factor"),
         "aux_loss_weight": number(m.aux_loss_weight, "aux_loss_weight"),
         "z_loss": m.z_loss_weight > 0,
-        # what ROUTING sums of each layer's losses: the z-loss only where it is trained
-        "router_losses": ["aux", "z"] if m.z_loss_weight > 0 else ["aux"],
+        "router_losses": ["aux", "z"] if m.z_loss_weight > 0 else ["aux"],  # what ROUTING sums
         "z_loss_weight": number(m.z_loss_weight, "z_loss_weight"),
     }
 

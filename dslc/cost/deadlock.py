@@ -16,24 +16,23 @@ from itertools import pairwise
 
 import networkx as nx
 
-from ..chunks import chunk_local, chunk_rank
+from ..chunks import Placement
 from .schedule import (
     COMPUTE,
     KINDS,
     Action,
-    Actions,
+    Schedule,
     ScheduleError,
-    expected_peer,
-    global_chunk,
     locate,
     message,
-    v_shaped,
+    placed,
+    step_of,
 )
 
 __all__ = ["check", "verify"]
 
 
-def check(actions: Actions, split_backward: bool | None = None) -> None:
+def check(actions: Schedule, split_backward: bool | None = None) -> None:
     """:func:`verify`, raising :class:`ScheduleError` with every problem found."""
     problems = verify(actions, split_backward)
     if problems:
@@ -41,13 +40,13 @@ def check(actions: Actions, split_backward: bool | None = None) -> None:
         raise ScheduleError("\n".join(shown), tuple(problems))
 
 
-def verify(actions: Actions, split_backward: bool | None = None) -> list[str]:
+def verify(actions: Schedule, split_backward: bool | None = None) -> list[str]:
     """Deadlock-freedom proof. Returns [] if fine, else human-readable problems.
 
     ``split_backward``: whether every (micro-batch, chunk) must also run W (zb_h1). The
     caller that knows the schedule should say so; None infers it from the presence of any W,
     which cannot notice a list whose only W is missing. Where the chunks live (interleaved, or
-    in a V) comes with :func:`~dslc.cost.schedule.build`'s lists (``v_shape``).
+    in a V) comes with the lists: the :class:`~dslc.cost.schedule.Schedule`'s placement.
 
     Builds a networkx DiGraph whose edges mean "must finish before": program order on each rank
     (a run of comm actions is one batch, posted together, complete when all its operations are),
@@ -58,29 +57,29 @@ def verify(actions: Actions, split_backward: bool | None = None) -> list[str]:
     that F and B (and W, if any) run once per micro-batch and chunk on every rank, every send has
     exactly one receive of the same kind, peers hold the neighbouring chunk, and two ranks list
     their messages to each other in the same order."""
-    p, vs = len(actions), v_shaped(actions)
+    at = placed(actions).placement
+    p, v = at.pp, at.v
     if p == 0:
         return ["the schedule has no pipeline ranks"]
     every = [(r, i, a) for r, acts in enumerate(actions) for i, a in enumerate(acts)]
-    v = 1 + max((a.chunk for *_, a in every), default=0)
     m = 1 + max((a.microbatch for *_, a in every), default=-1)
     problems: list[str] = []
     valid = []
     for r, i, a in every:
-        if problem := _malformed(a, r, p, v, vs):
+        if problem := _malformed(a, r, at):
             problems.append(f"{locate(r, i, a)}: {problem}")
-        if a.kind in KINDS and a.microbatch >= 0 and a.chunk >= 0:
+        if a.kind in KINDS and a.microbatch >= 0 and 0 <= a.chunk < len(at.ids(r)):
             valid.append((r, i, a))
     first: dict[tuple[int, str, int, int], int] = {}  # (rank, kind, mb, chunk) -> first index
     problems += _coverage(valid, p, m, v, first, split_backward)
-    pairs, pair_problems = _pair(actions, valid, p, m, v, first, vs)
-    problems += pair_problems + _order_problems(actions, valid, p, vs)
+    pairs, pair_problems = _pair(actions, valid, m, first, at)
+    problems += pair_problems + _order_problems(actions, valid, at)
 
     graph, batch_of = _program_graph(actions)
     for s, t in pairs:
         graph.add_edge(batch_of[t], s, why="p2p")
         graph.add_edge(batch_of[s], t, why="p2p")
-    _add_data_edges(graph, valid, first, p, m, v, vs)
+    _add_data_edges(graph, valid, first, m, at)
     if nx.is_directed_acyclic_graph(graph):
         return problems
     # find_cycle's edge DFS is slow on the whole graph: search one strongly connected component
@@ -92,17 +91,19 @@ def verify(actions: Actions, split_backward: bool | None = None) -> list[str]:
 
 
 
-def _malformed(a: Action, r: int, p: int, v: int, vs: bool) -> str | None:
+def _malformed(a: Action, r: int, at: Placement) -> str | None:
     if a.kind not in KINDS:
         return f"unknown kind {a.kind!r}; expected one of {', '.join(KINDS)}"
     if a.microbatch < 0 or a.chunk < 0:
         return "micro-batch and chunk must be ≥ 0"
+    if a.chunk >= len(at.ids(r)):
+        return f"rank {r} holds {len(at.ids(r))} chunks, not a chunk {a.chunk}"
     if a.kind in COMPUTE:
         return None if a.peer is None else f"a {a.kind} computation has no peer (got {a.peer})"
-    g, expected = global_chunk(a.chunk, r, p, vs), expected_peer(a.kind, a.chunk, r, p, v, vs)
-    other = g + 1 if a.kind in ("SEND_F", "RECV_B") else g - 1
+    g, expected = at.global_chunk(r, a.chunk), at.peer(r, a.chunk, step_of(a.kind))
+    other = g + step_of(a.kind)
     if expected is None:
-        where = "outside the model" if not 0 <= other < p * v else "on the same rank"
+        where = "outside the model" if at.neighbour(g, step_of(a.kind)) is None else "on the same rank"
         return f"global chunk {g}'s neighbour {other} is {where}: nothing to send or receive"
     if a.peer != expected:
         return f"wrong peer: global chunk {other} lives on rank {expected}, not rank {a.peer}"
@@ -149,13 +150,13 @@ def _coverage(valid, p: int, m: int, v: int, first: dict, split_backward: bool |
     return problems
 
 
-def _pair(actions: Actions, valid, p: int, m: int, v: int, first: dict, vs: bool):
+def _pair(actions: Schedule, valid, m: int, first: dict, at: Placement):
     """Match each send to its receive by message: one-to-one, same kind, nothing missing."""
     sends: dict[tuple, list[tuple[int, int]]] = defaultdict(list)
     recvs: dict[tuple, list[tuple[int, int]]] = defaultdict(list)
     for r, i, a in valid:
-        if a.is_comm and expected_peer(a.kind, a.chunk, r, p, v, vs) is not None:
-            (sends if a.kind.startswith("SEND") else recvs)[message(a, r, p, vs)].append((r, i))
+        if a.is_comm and at.peer(r, a.chunk, step_of(a.kind)) is not None:
+            (sends if a.kind.startswith("SEND") else recvs)[message(a, r, at)].append((r, i))
     problems, pairs = [], []
     for key in sorted(set(sends) | set(recvs)):
         ss, rs = sends.get(key, []), recvs.get(key, [])
@@ -175,15 +176,15 @@ def _pair(actions: Actions, valid, p: int, m: int, v: int, first: dict, vs: bool
             problems.append(f"{locate(q, j, a)} waits for a message that rank {a.peer} never sends"
                             + _kind_hint(actions, a, q))
     for mb in range(m):  # boundaries that no send and no receive carries at all
-        for g in range(p * v - 1):
-            if chunk_rank(p, g, vs) == chunk_rank(p, g + 1, vs):
+        for g in range(at.chunks - 1):
+            if at.rank(g) == at.rank(g + 1):
                 continue
             for d, src, dst in (("F", g, g + 1), ("B", g + 1, g)):
                 key = (d, mb, src)
-                ends = [(chunk_rank(p, x, vs), d, mb, chunk_local(p, x, vs)) in first for x in (src, dst)]
+                ends = [(at.rank(x), d, mb, at.local(x)) in first for x in (src, dst)]
                 if key not in sends and key not in recvs and all(ends):
-                    problems.append(f"micro-batch {mb} never crosses from rank {chunk_rank(p, src, vs)} to rank "
-                                    f"{chunk_rank(p, dst, vs)}: no SEND_{d}/RECV_{d} carries {_key_text(key)}")
+                    problems.append(f"micro-batch {mb} never crosses from rank {at.rank(src)} to rank "
+                                    f"{at.rank(dst)}: no SEND_{d}/RECV_{d} carries {_key_text(key)}")
     return pairs, problems
 
 
@@ -193,7 +194,7 @@ def _key_text(key: tuple[str, int, int]) -> str:
             f"to {g + 1 if d == 'F' else g - 1}")
 
 
-def _kind_hint(actions: Actions, a: Action, r: int) -> str:
+def _kind_hint(actions: Schedule, a: Action, r: int) -> str:
     """Name a counterpart of the other kind on the peer (activations and gradients share a
     shape, so the runtime would not notice the mix-up)."""
     want = ("RECV_" if a.kind.startswith("SEND") else "SEND_") + "FB"[a.kind.endswith("F")]
@@ -205,7 +206,7 @@ def _kind_hint(actions: Actions, a: Action, r: int) -> str:
     return ""
 
 
-def _order_problems(actions: Actions, valid, p: int, vs: bool) -> list[str]:
+def _order_problems(actions: Schedule, valid, at: Placement) -> list[str]:
     """p2p between two ranks matches in posting order: both sides must list the same messages
     in the same order."""
     sent: dict[tuple[int, int], list[tuple[tuple, int]]] = defaultdict(list)
@@ -214,7 +215,7 @@ def _order_problems(actions: Actions, valid, p: int, vs: bool) -> list[str]:
         if a.is_comm and a.peer is not None:
             is_send = a.kind.startswith("SEND")
             channel = (r, a.peer) if is_send else (a.peer, r)
-            (sent if is_send else got)[channel].append((message(a, r, p, vs), i))
+            (sent if is_send else got)[channel].append((message(a, r, at), i))
     problems = []
     for r, q in sorted(set(sent) & set(got)):
         out, into = sent[(r, q)], got[(r, q)]
@@ -231,7 +232,7 @@ def _order_problems(actions: Actions, valid, p: int, vs: bool) -> list[str]:
     return problems
 
 
-def _program_graph(actions: Actions) -> tuple[nx.DiGraph, dict]:
+def _program_graph(actions: Schedule) -> tuple[nx.DiGraph, dict]:
     """Program order; a run of comm actions is one batch: a post node, then its operations."""
     graph, batch_of = nx.DiGraph(), {}
     for r, acts in enumerate(actions):
@@ -253,18 +254,19 @@ def _program_graph(actions: Actions) -> tuple[nx.DiGraph, dict]:
     return graph, batch_of
 
 
-def _add_data_edges(graph: nx.DiGraph, valid, first: dict, p: int, m: int, v: int, vs: bool) -> None:
+def _add_data_edges(graph: nx.DiGraph, valid, first: dict, m: int, at: Placement) -> None:
     def edge(u, x) -> None:
         if u is not None and x is not None and not graph.has_edge(u, x):
             graph.add_edge(u, x, why="data")
 
     def node(g: int, kind: str, mb: int):
-        r = chunk_rank(p, g, vs)
-        i = first.get((r, kind, mb, chunk_local(p, g, vs))) if g < p * v else None
-        return None if i is None else (r, i)
+        if g >= at.chunks:
+            return None
+        i = first.get((at.rank(g), kind, mb, at.local(g)))
+        return None if i is None else (at.rank(g), i)
 
     for mb in range(m):
-        for g in range(p * v):
+        for g in range(at.chunks):
             f, b = node(g, "F", mb), node(g, "B", mb)
             edge(f, node(g + 1, "F", mb)), edge(node(g + 1, "B", mb), b)
             edge(f, b), edge(b, node(g, "W", mb))
@@ -273,7 +275,7 @@ def _add_data_edges(graph: nx.DiGraph, valid, first: dict, p: int, m: int, v: in
             edge(*(((r, i), (r, c)) if a.kind.startswith("RECV") else ((r, c), (r, i))))
 
 
-def _describe_cycle(cycle: list, graph: nx.DiGraph, actions: Actions) -> str:
+def _describe_cycle(cycle: list, graph: nx.DiGraph, actions: Schedule) -> str:
     """'deadlock: … rank 0 [a, b] → rank 1 [c, d] → back to rank 0', one run per rank, long
     runs shortened; a data dependency against program order is spelled out."""
 

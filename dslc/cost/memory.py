@@ -354,7 +354,7 @@ def schedule_shape(plan: Plan) -> tuple[str, int, int, int]:
     return plan.pipeline.schedule, plan.pp, plan.microbatches, plan.pipeline.virtual_stages
 
 
-def actions(plan: Plan):
+def actions(plan: Plan) -> sched.Schedule:
     return sched.build(*schedule_shape(plan))
 
 

@@ -9,7 +9,7 @@ import functools
 from dataclasses import dataclass
 
 from .. import arch
-from ..chunks import chunk_ids
+from ..chunks import Placement
 from ..ir import Model, Plan
 from ..units import DTYPE_BYTES
 from . import recompute as rc
@@ -41,8 +41,8 @@ class StageParams:
 
 def chunk_layers(plan: Plan) -> list[list[int]]:
     """Layers of each local chunk of each pp rank: [rank][chunk] (placement: dslc.chunks)."""
-    p, v, split = plan.pp, plan.pipeline.virtual_stages, plan.stage_layers()
-    return [[split[g] for g in chunk_ids(p, v, r, plan.v_shape)] for r in range(p)]
+    split = plan.stage_layers()
+    return [[split[g] for g in plan.placement.ids(r)] for r in range(plan.pp)]
 
 
 def stage_params(plan: Plan) -> tuple[StageParams, ...]:
@@ -50,16 +50,17 @@ def stage_params(plan: Plan) -> tuple[StageParams, ...]:
     the last (with tied embeddings and p > 1 the last stage holds a copy, as Megatron; in a V
     the first rank holds both ends, and one embedding).
     Experts: layers·(all E experts of a layer)/ep, whole on every tp rank (not /t)."""
-    return _stage_params(plan.model, plan.tp, plan.pp, plan.pipeline.virtual_stages, plan.stage_layers(), plan.ep, plan.v_shape)
+    return _stage_params(plan.model, plan.tp, plan.stage_layers(), plan.ep, plan.placement)
 
 
 @functools.lru_cache(maxsize=4096)
-def _stage_params(m: Model, t: int, p: int, v: int, split: tuple[int, ...], ep: int, vs: bool = False) -> tuple[StageParams, ...]:
+def _stage_params(m: Model, t: int, split: tuple[int, ...], ep: int, placement: Placement) -> tuple[StageParams, ...]:
     a, h, emb = arch.of(m), m.hidden, arch.vocab_per_rank(m, t) * m.hidden
-    last = 0 if vs else p - 1  # the rank of the final norm and the head
+    p = placement.pp
+    last = placement.rank(placement.chunks - 1)  # the rank of the final norm and the head
     tied, out = emb if m.tie_embeddings and last > 0 else 0, []
     for r in range(p):  # the rank's blocks, each by its kind (a dense prefix, MoE blocks)
-        sharded, reps, experts = arch.layers_params(m, t, rc.layer_ids(p, v, split, r, vs))
+        sharded, reps, experts = arch.layers_params(m, t, rc.layer_ids(split, r, placement))
         dense = sharded + reps
         if r == 0:  # gpt2's positions are replicated over tp (under SP each rank sees its slice)
             pos = m.max_positions * h if a.positions == "learned" else 0

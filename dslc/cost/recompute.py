@@ -27,7 +27,7 @@ import functools
 from itertools import accumulate
 
 from .. import arch
-from ..chunks import chunk_ids
+from ..chunks import Placement
 from ..ir import Plan
 
 RERUNS = ("selective_ops", "full")  # policies under which backward re-runs a block's forward
@@ -43,13 +43,13 @@ def layer_policy(plan: Plan, layer: int | None = None) -> str:
 
 def stage_layer_ids(plan: Plan, stage: int) -> tuple[int, ...]:
     """The blocks a rank of pipeline ``stage`` holds: those of its chunks (dslc.chunks)."""
-    return layer_ids(plan.pp, plan.pipeline.virtual_stages, plan.stage_layers(), stage, plan.v_shape)
+    return layer_ids(plan.stage_layers(), stage, plan.placement)
 
 
 @functools.lru_cache(maxsize=4096)
-def layer_ids(p: int, v: int, split: tuple[int, ...], stage: int, vs: bool = False) -> tuple[int, ...]:
+def layer_ids(split: tuple[int, ...], stage: int, placement: Placement) -> tuple[int, ...]:
     starts = [0, *accumulate(split)]
-    return tuple(i for g in chunk_ids(p, v, stage, vs) for i in range(starts[g], starts[g + 1]))
+    return tuple(i for g in placement.ids(stage) for i in range(starts[g], starts[g + 1]))
 
 
 def recomputed_layers(plan: Plan, layers=None) -> int:

@@ -5,8 +5,9 @@ The proof that the lists cannot deadlock is :mod:`dslc.cost.deadlock`.
 The model is cut into ``pp·v`` chunks in layer order (v = virtual stages per rank). Global chunk
 ``g`` lives on pipeline rank ``g % pp`` as its local chunk ``g // pp`` (the interleaved placement
 of Narayanan et al., SC21, §2.2.2), so local chunk ``c`` of rank ``r`` is global ``c·pp + r``;
-the V-shaped schedules put global chunks r and 2p−1−r on rank r (:mod:`dslc.chunks`): the lists
-of :func:`build` say which (:class:`ActionLists`).
+the V-shaped schedules put global chunks r and 2p−1−r on rank r. :func:`build` returns a
+:class:`Schedule`, one frozen value: the lists and that placement (:class:`dslc.chunks.Placement`),
+which every consumer reads from it.
 
 Schedules (:func:`build`):
 
@@ -28,7 +29,7 @@ Ordering contract: the generated runtime executes the lists literally.
 1. A rank runs its list top to bottom. F, B, W compute local chunk ``chunk`` of ``microbatch``.
 2. ``chunk`` of a send/receive is the local chunk on the rank that holds the action.
    ``SEND_F(mb, c, q)`` sends the output of this rank's ``F(mb, c)`` to rank q (holder of global
-   chunk g+1, g = c·pp+r interleaved); ``RECV_F(mb, c, q)`` receives the input of ``F(mb, c)``;
+   chunk g+1, g = c·pp+r interleaved: :meth:`Placement.peer <dslc.chunks.Placement.peer>`); ``RECV_F(mb, c, q)`` receives the input of ``F(mb, c)``;
    ``SEND_B(mb, c, q)`` sends the input gradient made by ``B(mb, c)`` to the holder of global
    chunk g−1; ``RECV_B(mb, c, q)`` receives the output gradient that ``B(mb, c)`` needs. When
    chunk g±1 is on the same rank (the turn of a V) there is no message: the runtime hands the
@@ -64,10 +65,10 @@ from __future__ import annotations
 
 import functools
 from collections import defaultdict, deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from ..chunks import V_SHAPED, chunk_ids, chunk_rank
+from ..chunks import V_SHAPED, Placement
 from ..ir import SCHEDULES
 from ..pipeline_shapes import shape_problems
 from . import vschedule
@@ -78,8 +79,8 @@ KINDS = COMPUTE + COMM
 SPLIT_BACKWARD = ("zb_h1", *V_SHAPED)  # the schedules whose backward is B, then W apart
 
 __all__ = [
-    "SCHEDULES", "SPLIT_BACKWARD", "Action", "ActionLists", "ScheduleError", "Simulation", "build", "expected_peer", "locate",
-    "message", "peak_inflight", "simulate",
+    "SCHEDULES", "SPLIT_BACKWARD", "Action", "Schedule", "ScheduleError", "Simulation", "build", "locate",
+    "message", "peak_inflight", "placed", "simulate", "step_of",
 ]
 
 
@@ -89,7 +90,7 @@ class Action:
 
     kind: str  # one of KINDS
     microbatch: int
-    chunk: int  # local chunk (virtual stage) 0..v-1; global chunk: global_chunk()
+    chunk: int  # local chunk (virtual stage) 0..v-1; global chunk: Placement.global_chunk
     peer: int | None = None  # the other pipeline rank of a send/receive
 
     @property
@@ -111,23 +112,44 @@ class Action:
         return text
 
 
-Actions = tuple[tuple[Action, ...], ...]
+@dataclass(frozen=True, eq=True)
+class Schedule:
+    """A pipeline schedule as one value: ``lists[r]``, the actions of pp rank r, and the
+    ``placement`` of the chunks they name. It reads as its lists (``len``, ``[r]``, ``for``);
+    a copy keeps the placement (``Schedule(lists, s.placement)``), while every consumer refuses
+    a bare tuple of lists (:func:`placed`) rather than take it for the interleaved placement."""
+
+    lists: tuple[tuple[Action, ...], ...]
+    placement: Placement
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lists", tuple(tuple(acts) for acts in self.lists))
+        if len(self.lists) != self.placement.pp:
+            raise ValueError(f"a schedule of {len(self.lists)} action lists for pp={self.placement.pp}")
+
+    def __len__(self) -> int:
+        return len(self.lists)
+
+    def __getitem__(self, rank: int) -> tuple[Action, ...]:
+        return self.lists[rank]
+
+    def __iter__(self) -> Iterator[tuple[Action, ...]]:
+        return iter(self.lists)
+
+    @functools.cached_property
+    def compiled(self) -> tuple[list[list[tuple[int, object]]], tuple[int, ...]]:
+        """What :func:`simulate` runs, worked out once per schedule: :func:`_compile`."""
+        return _compile(self)
 
 
-class ActionLists(tuple):
-    """:func:`build`'s lists, one per pp rank, knowing where the chunks live: ``v_shape``
-    (:mod:`dslc.chunks`). A plain tuple of lists means the interleaved placement."""
+def placed(actions: Schedule) -> Schedule:
+    """``actions``, which must be a :class:`Schedule`: a bare tuple of lists has lost its
+    placement, and taking it for the interleaved one would misplace a V's chunks."""
+    if not isinstance(actions, Schedule):
+        raise TypeError(f"expected a Schedule (action lists with their placement), got {type(actions).__name__}: "
+                        "a bare copy of the lists has lost where the chunks live; use Schedule(lists, placement)")
+    return actions
 
-    v_shape: bool = False
-
-    def __new__(cls, lists, v_shape: bool = False):
-        out = super().__new__(cls, lists)
-        out.v_shape = v_shape
-        return out
-
-
-def v_shaped(actions: Actions) -> bool:
-    return bool(getattr(actions, "v_shape", False))
 Steps = list[tuple[Action, ...]]  # a rank's computes, grouped; one p2p batch between steps
 
 
@@ -144,21 +166,21 @@ class ScheduleError(Exception):
 
 
 @functools.lru_cache(maxsize=256)
-def build(schedule: str, pp: int, microbatches: int, virtual_stages: int = 1) -> Actions:
-    """One ordered action list per pipeline rank (index = pp rank); kept for the next plan
-    of the same shape (the search costs many; the lists are immutable).
+def build(schedule: str, pp: int, microbatches: int, virtual_stages: int = 1) -> Schedule:
+    """The :class:`Schedule`: one ordered action list per pipeline rank (index = pp rank) and
+    its placement; kept for the next plan of the same shape (the search costs many; it is immutable).
 
     Raises ValueError with the message of the first of :func:`dslc.pipeline_shapes.shape_problems`."""
     if problems := shape_problems(schedule, pp, microbatches, virtual_stages):
         raise ValueError(problems[0].message)
     p, m, v = pp, microbatches, virtual_stages
-    order = {"gpipe": _gpipe, "1f1b": _one_f_one_b, "interleaved_1f1b": _interleaved,
-             "zb_h1": _zb_h1}.get(schedule)
-    if schedule in V_SHAPED:
+    at = Placement.of(schedule, p, v)
+    if at.v_shape:
         make = vschedule.zb_v if schedule == "zb_v" else vschedule.dualpipe_v
-        lists = vschedule.with_comm([make(p, m, r) for r in range(p)], p)
-        return ActionLists((tuple(Action(*a) for a in acts) for acts in lists), True)
-    return tuple(_with_comm(order(p, m, v, r), r, p, v) for r in range(p))
+        lists = vschedule.with_comm([make(p, m, r) for r in range(p)], at)
+        return Schedule(tuple(tuple(Action(*a) for a in acts) for acts in lists), at)
+    order = {"gpipe": _gpipe, "1f1b": _one_f_one_b, "interleaved_1f1b": _interleaved, "zb_h1": _zb_h1}[schedule]
+    return Schedule(tuple(_with_comm(order(p, m, v, r), r, at) for r in range(p)), at)
 
 
 def _gpipe(p: int, m: int, v: int, r: int) -> Steps:
@@ -199,14 +221,14 @@ def _zb_h1(p: int, m: int, v: int, r: int) -> Steps:
     return out + [(Action("W", i, 0),) for i in range(m - r, m)]
 
 
-def _with_comm(steps: Steps, rank: int, p: int, v: int) -> tuple[Action, ...]:
+def _with_comm(steps: Steps, rank: int, at: Placement) -> tuple[Action, ...]:
     """Between two steps: the sends of the step before, then the receives of the step after."""
 
     def comm(prefix: str, step: tuple[Action, ...]) -> list[Action]:
         out = []
         for a in step:
             kind = prefix + a.kind
-            peer = expected_peer(kind, a.chunk, rank, p, v) if a.kind in ("F", "B") else None
+            peer = at.peer(rank, a.chunk, step_of(kind)) if a.kind in ("F", "B") else None
             if peer is not None:
                 out.append(Action(kind, a.microbatch, a.chunk, peer))
         return out
@@ -217,26 +239,17 @@ def _with_comm(steps: Steps, rank: int, p: int, v: int) -> tuple[Action, ...]:
     return tuple(out + comm("SEND_", steps[-1] if steps else ()))
 
 
-def global_chunk(chunk: int, rank: int, p: int, vs: bool = False) -> int:
-    """Global chunk of local ``chunk`` on ``rank`` (a chunk past the V's two: interleaved)."""
-    return chunk_ids(p, 2, rank, True)[chunk] if vs and chunk < 2 else chunk * p + rank
+def step_of(kind: str) -> int:
+    """Which neighbour a send/receive talks to: +1, the next chunk (SEND_F, RECV_B), or −1;
+    its peer rank is :meth:`Placement.peer` (None at either end of the model or a V's turn)."""
+    return 1 if kind in ("SEND_F", "RECV_B") else -1
 
 
-def expected_peer(kind: str, chunk: int, rank: int, p: int, v: int, vs: bool = False) -> int | None:
-    """Rank on the other side of a send/receive; None at either end of the model, or when the
-    neighbouring chunk lives on this very rank (pp = 1, the turn of a V)."""
-    g = global_chunk(chunk, rank, p, vs)
-    other = g + 1 if kind in ("SEND_F", "RECV_B") else g - 1
-    q = chunk_rank(p, other, vs) if 0 <= other < p * v else rank
-    return None if q == rank else q
-
-
-def message(a: Action, rank: int, p: int, vs: bool = False) -> tuple[str, int, int]:
+def message(a: Action, rank: int, at: Placement) -> tuple[str, int, int]:
     """What a send/receive on ``rank`` carries: (F|B, micro-batch, producing global chunk).
     A send and a receive belong together iff their messages are equal."""
-    g = global_chunk(a.chunk, rank, p, vs)
-    return (a.kind[-1], a.microbatch, g - 1 if a.kind == "RECV_F" else
-            g + 1 if a.kind == "RECV_B" else g)
+    g = at.global_chunk(rank, a.chunk)
+    return (a.kind[-1], a.microbatch, g + step_of(a.kind) if a.kind.startswith("RECV") else g)
 
 
 def locate(r: int, i: int, a: Action) -> str:
@@ -271,12 +284,12 @@ class Simulation:
 Cost = float | Sequence[float]
 
 
-def simulate(actions: Actions, t_f: Cost, t_b: Cost, t_w: Cost = 0.0,
+def simulate(actions: Schedule, t_f: Cost, t_b: Cost, t_w: Cost = 0.0,
              t_comm: float = 0.0, timeline: bool = True) -> Simulation:
     """Event simulation of the action lists.
 
     t_f, t_b: forward/backward time of one chunk for one micro-batch, the same for every
-    chunk or one per global chunk (chunk · pp + rank) (for zb_h1, t_b is
+    chunk or one per global chunk (:meth:`Placement.global_chunk`) (for zb_h1, t_b is
     backward-for-inputs and t_w the weight part; for the other schedules B covers both: pass t_b
     as the full backward). t_comm: p2p time per send. A rank runs its list in order; a send
     is posted and arrives t_comm later, the rank going on; a receive starts when the rank
@@ -292,8 +305,9 @@ def simulate(actions: Actions, t_f: Cost, t_b: Cost, t_w: Cost = 0.0,
     bubble and the peaks: the search simulates thousands of schedules).
 
     Raises ScheduleError naming the stuck ranks when the lists cannot finish."""
-    p = len(actions)
-    steps, chunks, peaks_of = _compiled(actions)
+    actions = placed(actions)
+    p, chunks = len(actions), actions.placement.chunks
+    steps, peaks_of = actions.compiled
     tables = tuple([t] * chunks if isinstance(t, (int, float)) else list(t) for t in (t_f, t_b, t_w))
     busy = 0.0
     clock, pos = [0.0] * p, [0] * p
@@ -348,36 +362,28 @@ def simulate(actions: Actions, t_f: Cost, t_b: Cost, t_w: Cost = 0.0,
 @functools.lru_cache(maxsize=256)
 def peaks(schedule: str, pp: int, microbatches: int, virtual_stages: int = 1) -> tuple[int, ...]:
     """:func:`peak_inflight` of :func:`build`'s lists, kept for the next plan of this shape."""
-    return _compiled(build(schedule, pp, microbatches, virtual_stages))[2]
+    return build(schedule, pp, microbatches, virtual_stages).compiled[1]
 
 
-_COMPILED: dict[int, tuple] = {}
 _COMPUTE = {"F": 0, "B": 1, "W": 2}  # an action as simulate runs it: the index of its time table,
 _SEND, _RECV, _OTHER = 3, 4, 5  # or a message sent or received, or a kind it does not know
 
 
-def _compiled(actions: Actions) -> tuple[list[list[tuple[int, object]]], int, tuple[int, ...]]:
+def _compile(actions: Schedule) -> tuple[list[list[tuple[int, object]]], tuple[int, ...]]:
     """Each rank's actions as (what, key): F, B or W (:data:`_COMPUTE`) and the global chunk,
-    a send or a receive and its message, or another kind and its name; the number of global chunks, and :func:`peak_inflight`: worked out once per action lists
-    (:func:`build` hands out the same lists again), so the simulation of a large pipeline
-    runs its loop without working out a message again."""
-    kept = _COMPILED.get(id(actions))
-    if kept is not None and kept[0] is actions:
-        return kept[1]
-    p, steps, vs = len(actions), [], v_shaped(actions)
+    a send or a receive and its message, or another kind and its name; and
+    :func:`peak_inflight`. :attr:`Schedule.compiled` keeps them (:func:`build` hands out the
+    same schedule again), so the simulation of a large pipeline runs its loop without working
+    out a message again."""
+    steps, at = [], actions.placement
     for r, acts in enumerate(actions):
-        steps.append([(_SEND, message(a, r, p, vs)) if a.kind in ("SEND_F", "SEND_B") else
-                      (_RECV, message(a, r, p, vs)) if a.kind in ("RECV_F", "RECV_B") else
-                      (_COMPUTE[a.kind], global_chunk(a.chunk, r, p, vs)) if a.kind in _COMPUTE else (_OTHER, a.kind) for a in acts])
-    out = (steps, p * (1 + max((a.chunk for acts in actions for a in acts), default=0)), peak_inflight(actions))
-    if isinstance(actions, tuple) and all(isinstance(acts, tuple) for acts in actions):  # never changes
-        if len(_COMPILED) >= 64:
-            _COMPILED.clear()
-        _COMPILED[id(actions)] = (actions, out)
-    return out
+        steps.append([(_SEND, message(a, r, at)) if a.kind in ("SEND_F", "SEND_B") else
+                      (_RECV, message(a, r, at)) if a.kind in ("RECV_F", "RECV_B") else
+                      (_COMPUTE[a.kind], at.global_chunk(r, a.chunk)) if a.kind in _COMPUTE else (_OTHER, a.kind) for a in acts])
+    return steps, peak_inflight(actions)
 
 
-def peak_inflight(actions: Actions) -> tuple[int, ...]:
+def peak_inflight(actions: Schedule) -> tuple[int, ...]:
     """Per rank, the most chunk activations held at once (see :func:`simulate`); no timing needed."""
     release = "W" if any(a.kind == "W" for acts in actions for a in acts) else "B"
     peaks = []

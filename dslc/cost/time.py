@@ -11,7 +11,6 @@ from dataclasses import dataclass, replace
 from math import ceil
 
 from .. import arch
-from ..chunks import chunk_ids
 from ..ir import Plan
 from . import memory as mem
 from . import schedule as sched
@@ -122,8 +121,8 @@ def timing(plan: Plan, topo: Topology, settings: mem.Settings = mem.DEFAULT, sta
         out = sum(t for c, t in step_rows if c.overlap == "exposed")
         ring = sum(c.seconds(topo) for c in rows if c.overlap == "attention")
         # the last backward and first forward of the stage's chunks hide the step's comm
-        window_b = sum(t_b[g] for g in chunk_ids(p, v, s, plan.v_shape))
-        window_f = sum(t_f[g] for g in chunk_ids(p, v, s, plan.v_shape))
+        window_b = sum(t_b[g] for g in plan.placement.ids(s))
+        window_f = sum(t_f[g] for g in plan.placement.ids(s))
         ex = max(0.0, late - window_b) + max(0.0, early - window_f) + out
         exposed, overlapped = max(exposed, ex), max(overlapped, late + early + out - ex + ring)
         opt = max(opt, optimizer_seconds(plan, states[s], r))

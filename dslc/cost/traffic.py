@@ -70,7 +70,6 @@ from dataclasses import dataclass, replace
 from math import ceil
 
 from ..arch import layer_model, widths
-from ..chunks import chunk_ids, chunk_rank
 from ..groups import axes_of, group_mesh, replica_group
 from ..ir import Plan
 from . import recompute as rc
@@ -229,12 +228,10 @@ def pp_sends(plan: Plan, stage: int) -> tuple[int, int]:
     """(activation sends, gradient sends) of a rank of ``stage`` per micro-batch: one per
     chunk boundary leaving the rank (v, or v−1 at the last/first stage; in a V one fewer at
     the bottom's turn, which stays on the rank, and at rank 0, which holds both ends)."""
-    p, v, vs = plan.pp, plan.pipeline.virtual_stages, plan.v_shape
-    if p == 1:
-        return 0, 0
-    gs = chunk_ids(p, v, stage, vs)
-    return (sum(g + 1 < p * v and chunk_rank(p, g + 1, vs) != stage for g in gs),
-            sum(g > 0 and chunk_rank(p, g - 1, vs) != stage for g in gs))
+    at = plan.placement
+    chunks = range(len(at.ids(stage)))
+    return (sum(at.peer(stage, c, +1) is not None for c in chunks),
+            sum(at.peer(stage, c, -1) is not None for c in chunks))
 
 
 def pp_bytes(plan: Plan) -> int:
@@ -259,7 +256,7 @@ def stage_traffic(plan: Plan, stage: int) -> list[Comm]:
         kind, rerun = replace(plan, model=layer_model(plan.model, layers[0])), rc.recomputed_layers(plan, layers)  # full every N: not all
         rows += [to_comm(plan, sp, m * n * (sp.fwd + sp.bwd)) for n, again in ((rerun, True), (len(layers) - rerun, False))
                  for sp in layer_specs(kind, again)]
-    for g in chunk_ids(p, v, stage, plan.v_shape):
+    for g in plan.placement.ids(stage):
         rows += [to_comm(plan, sp, m * (sp.fwd + sp.bwd)) for sp in edge_specs(plan, g == 0, g == p * v - 1)]
     sends = zip(("activations to the next stage", "gradients to the previous stage"), (False, True), pp_sends(plan, stage))
     rows += [Comm("pp", ("pp",), "send", what, m * n, pp_bytes(plan), p, back=back) for what, back, n in sends]

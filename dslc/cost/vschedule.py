@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from collections import defaultdict, deque
 
+from ..chunks import Placement
+
 Step = tuple[tuple[str, int, int], ...]  # (kind, micro-batch, local chunk) of one step
 
 
@@ -116,7 +118,7 @@ def dualpipe_v(p: int, m: int, r: int) -> list[Step]:
     return out
 
 
-def with_comm(steps: list[list[Step]], p: int) -> list[list[tuple]]:
+def with_comm(steps: list[list[Step]], at: Placement) -> list[list[tuple]]:
     """Each rank's steps with the sends and receives of the V placed between them, as
     (kind, micro-batch, local chunk[, peer]).
 
@@ -129,9 +131,9 @@ def with_comm(steps: list[list[Step]], p: int) -> list[list[tuple]]:
     the batches the two ranks have open at that moment (so both sides list a link's messages
     in the order they were made). A rank is always between two steps when a message is
     paired, so under rendezvous semantics the lists run as constructed: no deadlock, which
-    :func:`dslc.cost.deadlock.verify` also proves for every shape tested."""
-    ids = [(r, 2 * p - 1 - r) for r in range(p)]
-    rank_of = {g: r for r, gs in enumerate(ids) for g in gs}
+    :func:`dslc.cost.deadlock.verify` also proves for every shape tested. ``at``: the V's
+    placement, which says each chunk's rank and neighbours."""
+    p = at.pp
     made: dict[tuple[str, int, int], float] = {}  # message -> when made
     out: list[list[tuple]] = [[] for _ in range(p)]
     batch: list[list[tuple]] = [[] for _ in range(p)]
@@ -141,17 +143,18 @@ def with_comm(steps: list[list[Step]], p: int) -> list[list[tuple]]:
         """The messages a step needs from other ranks: (F|B, micro-batch, making global chunk)."""
         local = set()
         for kind, mb, c in step:
-            g = ids[r][c]
-            want = ("F", mb, g - 1) if kind == "F" and g > 0 else ("B", mb, g + 1) if kind == "B" and g < 2 * p - 1 else None
-            if want and want not in local and rank_of[want[2]] != r:
+            g = at.global_chunk(r, c)
+            source = at.neighbour(g, -1 if kind == "F" else 1) if kind in ("F", "B") else None
+            want = None if source is None else (kind, mb, source)
+            if want and want not in local and at.rank(source) != r:
                 yield want
             local.add((kind, mb, g))
 
     def peer_chunk(key: tuple[str, int, int]) -> tuple[int, int, int, int]:
         """(sender, its local chunk, receiver, its local chunk) of a message."""
         d, _, g = key
-        to = g + 1 if d == "F" else g - 1
-        return rank_of[g], ids[rank_of[g]].index(g), rank_of[to], ids[rank_of[to]].index(to)
+        to = at.neighbour(g, 1 if d == "F" else -1)
+        return at.rank(g), at.local(g), at.rank(to), at.local(to)
 
     links: dict[tuple[int, int], deque] = defaultdict(deque)  # (from, to) -> (made when, message), unsent
     none = (float("inf"), True, 0)
@@ -189,8 +192,8 @@ def with_comm(steps: list[list[Step]], p: int) -> list[list[tuple]]:
         batch[r] = []
         clock[r] = start + len(steps[r][pos[r]])
         for kind, mb, c in steps[r][pos[r]]:
-            g = ids[r][c]
-            key = ("F", mb, g) if kind == "F" and g < 2 * p - 1 else ("B", mb, g) if kind == "B" and g > 0 else None
+            g = at.global_chunk(r, c)
+            key = (kind, mb, g) if kind in ("F", "B") and at.neighbour(g, 1 if kind == "F" else -1) is not None else None
             if key is not None:
                 made[key] = clock[r]
                 to = peer_chunk(key)[2]

@@ -11,7 +11,8 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
-from ..cost.schedule import COMPUTE, Action, Actions, Simulation, message
+from ..chunks import Placement
+from ..cost.schedule import COMPUTE, Action, Schedule, Simulation, message, placed
 
 # One look per kind: the micro-batch picks the colour, the kind its shade and hatch.
 KIND_LOOK = {
@@ -26,18 +27,18 @@ MESSAGE_LOOK = {
 IDLE = "#e6e6e6"
 
 
-def shape(actions: Actions) -> tuple[int, int, int]:
-    """(pp, microbatches, virtual_stages) of a schedule, read off its actions."""
-    every = [a for acts in actions for a in acts]
-    return (len(actions), 1 + max((a.microbatch for a in every), default=-1),
-            1 + max((a.chunk for a in every), default=0))
+def shape(actions: Schedule) -> tuple[int, int, int]:
+    """(pp, microbatches, virtual_stages) of a schedule: its placement's, and the micro-batches
+    read off its actions."""
+    at = placed(actions).placement
+    return at.pp, 1 + max((a.microbatch for acts in actions for a in acts), default=-1), at.v
 
 
 def _label(a: Action, v: int) -> str:
     return a.label(chunks=v > 1)
 
 
-def draw(actions: Actions, sim: Simulation, path: str | Path, *, schedule: str = "",
+def draw(actions: Schedule, sim: Simulation, path: str | Path, *, schedule: str = "",
          time_unit: str = "") -> Path:
     """Write the timeline as PNG or SVG (chosen by the suffix of ``path``); return the path.
 
@@ -90,7 +91,7 @@ def draw(actions: Actions, sim: Simulation, path: str | Path, *, schedule: str =
                         bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none",
                               "alpha": 0.85})
     if detailed:
-        _draw_messages(ax, sim, LineCollection)
+        _draw_messages(ax, sim, actions.placement, LineCollection)
 
     ax.set_xlim(0, span)
     ax.set_ylim(p - 0.5, -0.5)  # rank 0 on top
@@ -124,19 +125,18 @@ def _shade(rgb: tuple[float, ...], shade: float) -> tuple[float, ...]:
     return tuple(c * (1 + shade) if shade < 0 else c + (1 - c) * shade for c in rgb)
 
 
-def _draw_messages(ax, sim: Simulation, line_collection) -> None:
+def _draw_messages(ax, sim: Simulation, at: Placement, line_collection) -> None:
     """A line per message from the end of its send to the end of its receive, with the send's
     own duration as a thin bar under the sender's row."""
     ends: dict[tuple, float] = {}
-    p = 1 + max((r for r, *_ in sim.timeline), default=0)
     for r, a, _, e in sim.timeline:
         if a.kind.startswith("RECV"):
-            ends[message(a, r, p)] = (r, e)
+            ends[message(a, r, at)] = (r, e)
     for d, (col, _) in MESSAGE_LOOK.items():
         segments, bars = [], []
         for r, a, s, e in sim.timeline:
-            if a.kind == "SEND_" + d and message(a, r, p) in ends:
-                q, arrive = ends[message(a, r, p)]
+            if a.kind == "SEND_" + d and message(a, r, at) in ends:
+                q, arrive = ends[message(a, r, at)]
                 edge = 0.36 if q > r else -0.36  # leave the sender's row towards the receiver
                 segments.append([(e, r + edge), (arrive, q - edge)])
                 if e > s:
@@ -148,7 +148,7 @@ def _draw_messages(ax, sim: Simulation, line_collection) -> None:
                        marker="o", zorder=3, linewidths=0)
 
 
-def text_grid(actions: Actions, sim: Simulation, width: int = 80, time_unit: str = "", max_lines: int = 60) -> str:
+def text_grid(actions: Schedule, sim: Simulation, width: int = 80, time_unit: str = "", max_lines: int = 60) -> str:
     """Terminal rendering within ``width`` columns: a summary, a legend, then the timeline
     in bands, each a time ruler and one row per rank.
 
@@ -203,10 +203,11 @@ def text_grid(actions: Actions, sim: Simulation, width: int = 80, time_unit: str
     return "\n".join(lines) + "\n"
 
 
-def to_json(plan, actions: Actions, sim: Simulation, t) -> dict:
+def to_json(plan, actions: Schedule, sim: Simulation, t) -> dict:
     """``dslc schedule --json``: every rank's action list with its simulated start and end
-    (ms), and the plan's costs ``t`` (dslc.cost.time.timing) in ms."""
-    pl = plan.pipeline
+    (ms) and the global chunk of each local chunk (the schedule's placement), and the plan's
+    costs ``t`` (dslc.cost.time.timing) in ms."""
+    pl, at = plan.pipeline, placed(actions).placement
     rows: dict[int, list] = {r: [] for r in range(len(actions))}
     for rank, a, start, end in sim.timeline:
         rows[rank].append({"kind": a.kind, "microbatch": a.microbatch, "chunk": a.chunk, "peer": a.peer,
@@ -217,9 +218,10 @@ def to_json(plan, actions: Actions, sim: Simulation, t) -> dict:
         "pp": plan.pp,
         "microbatches": pl.microbatches,
         "virtual_stages": pl.virtual_stages,
+        "placement": "v" if at.v_shape else "interleaved",
         "costs_ms": {"forward": t.t_f * 1e3, "backward": t.t_b * 1e3, "weight_grad": t.t_w * 1e3, "p2p": t.t_comm * 1e3},
         "bubble_fraction": sim.bubble_fraction,
         "makespan_ms": sim.makespan,
         "peak_inflight": list(sim.peak_inflight),
-        "ranks": [{"rank": r, "actions": rows[r]} for r in sorted(rows)],
+        "ranks": [{"rank": r, "chunks": list(at.ids(r)), "actions": rows[r]} for r in sorted(rows)],
     }

@@ -86,14 +86,14 @@ class Checkpoints:
         name_of = {p: name for name, p in self.model.named_parameters()}
         out = []
         for i, p in enumerate(self.owners):
-            shape, box = global_part(p)
+            shape, part = global_part(p)
             first = self.starts[i]  # the piece's start in the flattened parameter
             strides = [math.prod(p.shape[d + 1 :]) for d in range(p.dim())]
             for offsets, sizes in flat_boxes(
                 list(p.shape), first, first + self.opt_params[i].numel()
             ):
                 at = sum(o * s for o, s in zip(offsets, strides)) - first
-                offsets = [o + start for o, (start, _) in zip(offsets, box)]
+                offsets = [o + start for o, (start, _) in zip(offsets, part)]
                 # without the vocabulary's padding
                 rows = min(sizes[0], shape[0] - offsets[0])
                 if rows > 0:
