@@ -65,7 +65,7 @@ def grads_view(plan: Plan) -> dict:
 def _expert_why(plan: Plan, axes: tuple[str, ...]) -> str:
     """Why the experts' gradient group is what it is, for its comment."""
     if not axes and plan.tp > 1:
-        return "not here: their tp partial sums are added as the tp-replicated weights' are"
+        return "not reduced here: their tp partial sums are added as the tp-replicated weights' are"
     if not axes:
         return "not reduced: no other rank holds these experts"
     why = "summed over " + " and ".join(axes)

@@ -52,7 +52,7 @@ CHUNK_RANKS = (0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3)
 TIMEOUT = datetime.timedelta(seconds=600.0)
 
 # -----------------------------------------------------------------------------
-# The gradients: the ranks that sum each kind of parameter's
+# The gradients: which ranks sum each kind of parameter's gradient
 GRAD_GROUP = "dp"  # the dense gradients are summed over these mesh axes
 
 

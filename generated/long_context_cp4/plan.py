@@ -39,7 +39,7 @@ CP = 4  # context parallel: ring attention
 TIMEOUT = datetime.timedelta(seconds=600.0)
 
 # -----------------------------------------------------------------------------
-# The gradients: the ranks that sum each kind of parameter's
+# The gradients: which ranks sum each kind of parameter's gradient
 GRAD_GROUP = "cp"  # the dense gradients are summed over these mesh axes
 
 

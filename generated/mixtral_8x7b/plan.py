@@ -55,9 +55,9 @@ TIMEOUT = datetime.timedelta(seconds=600.0)
 WORLD_GROUP = "pp+ep"  # every rank (the router's statistics)
 
 # -----------------------------------------------------------------------------
-# The gradients: the ranks that sum each kind of parameter's
+# The gradients: which ranks sum each kind of parameter's gradient
 GRAD_GROUP = "ep"  # the dense gradients are summed over these mesh axes
-# the experts': not reduced: no other rank holds these experts
+# the experts' gradients are not reduced: no other rank holds these experts
 EXPERT_GRAD_GROUP = None
 
 

@@ -38,7 +38,7 @@ TP = 2  # tensor parallel
 TIMEOUT = datetime.timedelta(seconds=600.0)
 
 # -----------------------------------------------------------------------------
-# The gradients: the ranks that sum each kind of parameter's
+# The gradients: which ranks sum each kind of parameter's gradient
 GRAD_GROUP = "dp"  # the dense gradients are summed over these mesh axes
 
 

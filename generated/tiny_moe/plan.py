@@ -45,9 +45,9 @@ TIMEOUT = datetime.timedelta(seconds=600.0)
 WORLD_GROUP = "dp+ep"  # every rank (the router's statistics)
 
 # -----------------------------------------------------------------------------
-# The gradients: the ranks that sum each kind of parameter's
+# The gradients: which ranks sum each kind of parameter's gradient
 GRAD_GROUP = "dp+ep"  # the dense gradients are summed over these mesh axes
-# the experts': summed over dp: each ep rank holds other experts
+# the experts' gradients are summed over dp: each ep rank holds other experts
 EXPERT_GRAD_GROUP = "dp"
 
 
