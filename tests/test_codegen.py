@@ -728,14 +728,14 @@ def test_metrics_are_written_under_torchtitans_names(golden_plans, tmp_path, imp
     plan = golden_plans["mixtralcap_serial"]
     plan = dataclasses.replace(plan, name="metrics_moe", model=dataclasses.replace(plan.model, z_loss_weight=0.01))
     (meter,) = import_generated(codegen.write(plan, tmp_path / "out"), "meter")
-    metrics, board = meter.Dashboard(), tmp_path / "board"
-    metrics.log(1, 9.0, 1.0, 1.0, 1.0, None, None, [1.0] * 5)  # off: nothing, not even the folder
-    assert not metrics.on and not board.exists()
-    metrics.open(str(board), None, {})
+    dashboard, board = meter.Dashboard(), tmp_path / "board"
+    dashboard.log(1, 9.0, 1.0, 1.0, 1.0, None, None, [1.0] * 5)  # off: nothing, not even the folder
+    assert not dashboard.on and not board.exists()
+    dashboard.open(str(board), None, {})
     # loss, lr, grad norm, 0.5 s per step, MFU 0.4, 1.5 GiB; aux, z, imbalance, 6 of 24 dropped
-    metrics.log(3, 2.5, 1e-3, 0.75, 0.5, 0.4, 1.5, [1.1, 0.02, 1.3, 6.0, 24.0])
-    metrics.write(3, {"validation_metrics/loss": 2.25})
-    metrics.close()
+    dashboard.log(3, 2.5, 1e-3, 0.75, 0.5, 0.4, 1.5, [1.1, 0.02, 1.3, 6.0, 24.0])
+    dashboard.write(3, {"validation_metrics/loss": 2.25})
+    dashboard.close()
     tokens = plan.train.global_batch * plan.model.seq_len  # per step, on one device
     want = {
         "loss_metrics/global_avg_loss": 2.5, "lr": 1e-3, "grad_norm": 0.75, "throughput(tps)": tokens / 0.5,

@@ -218,6 +218,16 @@ def test_unknown_kind_and_compute_with_peer_are_caught():
     assert any("a B computation has no peer (got 3)" in p for p in problems)
 
 
+def test_a_chunk_the_placement_does_not_give_the_rank_is_caught():
+    """The placement says how many chunks a rank holds: an action on another is named, not
+    read off the largest chunk in the lists (a V of pp2 holds two chunks a rank)."""
+    built = build("zb_v", 2, 4, 2)
+    acts = lists(built)
+    acts[0].insert(0, A("F", 0, 2))
+    problems = verify(Schedule(acts, built.placement), split_backward=True)
+    assert any("rank 0 holds 2 chunks, not a chunk 2" in p for p in problems), problems
+
+
 def _send_right_after_compute(actions):
     """Re-place comm naively: each receive right before its consumer, each send right after
     its producer, even inside the interleaved steady state."""

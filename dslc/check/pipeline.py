@@ -45,6 +45,6 @@ def _empty_chunks(split: tuple[int, ...], at: Placement) -> str:
     first (the embedding and head) must hold a layer."""
     names = [f"chunk {g}" + (f" (pp rank {at.rank(g)})" if at.v > 1 else "") for g in range(len(split))]
     bad = [f"{names[g]} has {'no' if n == 0 else n} layers" for g, n in enumerate(split) if n < 0 or (n == 0 and 0 < g < len(split) - 1 and not at.v_shape)]
-    if at.v_shape and len(split) == at.chunks:
+    if at.v_shape and at.v == 2 and len(split) == at.chunks:  # else E056 (a V has two chunks a rank)
         bad += [f"pp rank {r} (chunks {' and '.join(map(str, at.ids(r)))}) has no layers" for r in range(1, at.pp) if not any(split[g] for g in at.ids(r))]
     return "layers_per_stage: " + ", ".join(bad) if bad else ""

@@ -64,9 +64,7 @@ def grads_view(plan: Plan) -> dict:
 
 def _expert_why(plan: Plan, axes: tuple[str, ...]) -> str:
     """Why the experts' gradient group is what it is, for its comment."""
-    if not axes and plan.tp > 1:
-        return "not reduced here: their tp partial sums are added as the tp-replicated weights' are"
-    if not axes:
+    if not axes:  # under tp the experts' group has tp (sequence parallel, E076)
         return "not reduced: no other rank holds these experts"
     why = "summed over " + " and ".join(axes)
     why += ": each ep rank holds other experts" if plan.ep > 1 else ", as the dense ones" if "tp" not in axes else ""

@@ -121,7 +121,7 @@ def _parallel(plan: Plan) -> dict:
     sp = bool(plan.tensor_parallel.sequence_parallel) and tp > 1
     # one process group over each parallel axis, and one over the gradients' axes; HSDP:
     # the ZeRO shard group (grad_axes), the replicas and every data rank (the loss); and
-    # each group a gradient norm is summed over (these already)
+    # each group a gradient norm is summed over (normally among them already)
     data_axes, replicas = axes_of(plan.mesh, ("dp", "cp", "ep")), replica_group(plan)
     expert_axes = grad_group(plan, expert=True) if plan.model.is_moe else ()
     norms = [tuple(g.split("+")) for k in kinds(plan) for g in norm_groups(plan, k)]

@@ -144,10 +144,10 @@ def export_hf(model, folder, dtype, shard_bytes, units):
     order = {}  # their name: its index among the tensors of this rank's stage
     pieces = {}  # their name: the pieces of a fused tensor held so far
     CALLING[0] = f"the export to {folder}"
-    for name, p in gathered_units(model, units):
+    for name, p in unit_params(model, units):
         if COORDS["dp"]:  # a copy of the first replica's
             continue
-        w = gathered(p)
+        w = full_tensor(p)
         for theirs, transposed, piece, e in rows[name]:
             # k: the same on every rank of the stage
             k = order.setdefault(theirs, len(order))
@@ -266,13 +266,13 @@ def gather_weights(model, units):
     """--dump-weights: the full weights as fp32 CPU tensors by name (tp shards
     all-gathered). A test's tool: the whole model on one rank."""
     out = {}
-    for name, p in gathered_units(model, units):
-        w = gathered(p)
+    for name, p in unit_params(model, units):
+        w = full_tensor(p)
         out[name] = w.float().cpu().clone()  # a copy: the unit is freed next
     return out
 
 
-def gathered_units(model, units):
+def unit_params(model, units):
     """(name, parameter) of every parameter of this rank, in the same order on every
     rank: each ZeRO-3 unit gathered while its parameters are read."""
     name_of = {p: name for name, p in model.named_parameters()}
@@ -283,7 +283,7 @@ def gathered_units(model, units):
         unit.free()
 
 
-def gathered(p):
+def full_tensor(p):
     """Parameter p whole, on its device (its tp shards all-gathered, without the
     vocabulary's padding)."""
     w = p.detach()

@@ -148,7 +148,7 @@ def export_hf(model, folder, dtype, shard_bytes):
     for name, p in model.named_parameters():
         if COORDS["dp"]:  # a copy of the first replica's
             continue
-        w = gathered(p)
+        w = full_tensor(p)
         for theirs, transposed, piece, e in rows[name]:
             # k: the same on every rank of the stage
             k = order.setdefault(theirs, len(order))
@@ -269,7 +269,7 @@ def gather_weights(model):
     A test's tool: the whole model on one rank."""
     out = {}
     for name, p in model.named_parameters():
-        w = gathered(p)
+        w = full_tensor(p)
         out[name] = w.float().cpu()
     first = COORDS["pp"] == 0
     stages = [None] * PP if first else None  # each stage holds its own layers
@@ -279,7 +279,7 @@ def gather_weights(model):
     return out
 
 
-def gathered(p):
+def full_tensor(p):
     """Parameter p whole, on its device (its tp shards all-gathered, without the
     vocabulary's padding)."""
     w = p.detach()

@@ -140,7 +140,7 @@ def export_hf(model, folder, dtype, shard_bytes):
     order = {}  # their name: its index among the tensors of this rank's stage
     pieces = {}  # their name: the pieces of a fused tensor held so far
     for name, p in model.named_parameters():
-        w = gathered(p)
+        w = full_tensor(p)
         for theirs, transposed, piece, e in rows[name]:
             # k: the same on every rank of the stage
             k = order.setdefault(theirs, len(order))
@@ -257,12 +257,12 @@ def gather_weights(model):
     the whole model on one rank."""
     out = {}
     for name, p in model.named_parameters():
-        w = gathered(p)
+        w = full_tensor(p)
         out[name] = w.float().cpu()
     return out
 
 
-def gathered(p):
+def full_tensor(p):
     """Parameter p whole, on its device."""
     w = p.detach()
     return w

@@ -155,7 +155,7 @@ def export_hf(model, folder, dtype, shard_bytes):
     pieces = {}  # their name: the pieces of a fused tensor held so far
     CALLING[0] = f"the export to {folder}"
     for name, p in model.named_parameters():
-        w = gathered(p)
+        w = full_tensor(p)
         for theirs, transposed, piece, e in rows[name]:
             # k: the same on every rank of the stage
             k = order.setdefault(theirs, len(order))
@@ -282,7 +282,7 @@ def gather_weights(model):
     whole model on one rank."""
     out = {}
     for name, p in model.named_parameters():
-        w = gathered(p)
+        w = full_tensor(p)
         if p.expert:  # every rank's experts, in order
             w = all_gather(w, "ep", dim=0)
         out[name] = w.float().cpu()
@@ -294,7 +294,7 @@ def gather_weights(model):
     return out
 
 
-def gathered(p):
+def full_tensor(p):
     """Parameter p whole, on its device: an expert parameter holds this rank's
     experts."""
     w = p.detach()

@@ -66,8 +66,8 @@ class ParamKind:
     traffic models count it)."""
 
     def __init__(self, grad_group, norm_groups, parts, tp_partial_sums):
-        # its gradient is summed (and ZeRO-sharded) over this group; None: no other
-        # rank holds it
+        # its gradient is summed (and ZeRO-sharded) over this group; None: not by data
+        # parallelism (no other rank holds it, or there is no dp, cp or ep)
         self.grad_group = grad_group
         # for the global norm its squares are summed over these groups in turn: the
         # ranks that hold its other parts (kinds with the same tail add their sums

@@ -152,7 +152,7 @@ def export_hf(model, folder, dtype, shard_bytes):
     for name, p in model.named_parameters():
         if COORDS["dp"]:  # a copy of the first replica's
             continue
-        w = gathered(p)
+        w = full_tensor(p)
         for theirs, transposed, piece, e in rows[name]:
             # k: the same on every rank of the stage
             k = order.setdefault(theirs, len(order))
@@ -278,14 +278,14 @@ def gather_weights(model):
     the whole model on one rank."""
     out = {}
     for name, p in model.named_parameters():
-        w = gathered(p)
+        w = full_tensor(p)
         if p.expert:  # every rank's experts, in order
             w = all_gather(w, "ep", dim=0)
         out[name] = w.float().cpu()
     return out
 
 
-def gathered(p):
+def full_tensor(p):
     """Parameter p whole, on its device: an expert parameter holds this rank's
     experts."""
     w = p.detach()
