@@ -16,6 +16,7 @@ import sys
 
 from .. import reading
 from ..front.fmt import FormatError, format_text
+from ..front.load import linked, unquoted
 from ..front.parse import MAX_BYTES, decode
 from ..source import Sources
 from .inputs import UsageError, emit, expand, write_whole
@@ -38,14 +39,19 @@ def run(args) -> int:
             print(f"dslc: error: {e}", file=sys.stderr)
             io_failed += 1
             continue
+        # through a symbolic link a plan may be any file (a secret): its text is never
+        # quoted, as lint quotes none of it
+        hidden = path != "-" and linked(path)
         if text is None:  # binary, not UTF-8 or too large
-            emit(problems, Sources())
+            emit([unquoted(d) for d in problems] if hidden else problems, Sources())
             failed += 1
             continue
         try:
             out = format_text(text, name)
         except FormatError as e:
-            if e.diagnostic is not None:
+            if e.diagnostic is not None and hidden:
+                emit([unquoted(e.diagnostic)], Sources())
+            elif e.diagnostic is not None:
                 emit([e.diagnostic], Sources({name: text}, {name}))
             else:
                 print(f"dslc: error: {e}", file=sys.stderr)

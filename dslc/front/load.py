@@ -52,6 +52,13 @@ def read_bytes(path: str) -> tuple[bytes, os.stat_result]:
     return reading.read_bytes(path, MAX_BYTES)
 
 
+def linked(path: str) -> bool:
+    """Whether ``path`` reaches its file through a symbolic link: then the file may be any
+    file on the machine (a plan's folder comes from a pull request), and its text is never
+    quoted, by lint, fmt or the language server alike."""
+    return os.path.realpath(path) != os.path.abspath(path)
+
+
 @dataclass(frozen=True)
 class Read:
     """A file as :class:`Files` read it: at most ``MAX_BYTES + 1`` bytes (none when
@@ -77,7 +84,7 @@ class Files:
     def read(self, path: str) -> Read:
         """The file's bytes; OSError (IsADirectoryError, NotAFile, ...) when it is not one."""
         data, st = read_bytes(path)
-        return Read(data, st.st_size, (st.st_dev, st.st_ino), os.path.realpath(path) != os.path.abspath(path))
+        return Read(data, st.st_size, (st.st_dev, st.st_ino), linked(path))
 
 
 @dataclass
@@ -123,7 +130,7 @@ class Loader:
         if quoted:
             self.sources.quoted.add(path)
         else:
-            diags = [_unquoted(d) for d in diags]
+            diags = [unquoted(d) for d in diags]
         self.diags.extend(diags)
         self._add(key, _File(path, tree))
         return tree
@@ -250,7 +257,7 @@ class Loader:
         return f
 
 
-def _unquoted(d: Diagnostic) -> Diagnostic:
+def unquoted(d: Diagnostic) -> Diagnostic:
     """A reading or syntax diagnostic of a file that is not quoted: the message names
     what is wrong, never the token or byte that is (it could be a password)."""
     message = f"{CODES[d.code]} (the file is reached through a symbolic link: its text is not shown)"
