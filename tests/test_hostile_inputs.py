@@ -195,6 +195,23 @@ def test_symlinked_root_is_not_echoed(tmp_path, command):
     assert (tmp_path / "secret").read_text() == f"url = https://me:{SECRET}@example.com\n"
 
 
+def test_a_long_line_of_many_errors_is_quoted_in_windows(tmp_path):
+    """5,000 unknown keys on one line: each error quotes at most 200 characters around
+    its own place (with its caret under it), not the whole line nor an indent as long as
+    the line, so the log grows with the errors, not with errors × the line (134 MB)."""
+    keys = "; ".join(f"k{i} = 1" for i in range(5000))
+    (tmp_path / "many.plan").write_text((PLAN % "").replace("seq_len = 32 }", f"seq_len = 32; {keys} }}"))
+    r = lint("many.plan", cwd=tmp_path)
+    out = r.stdout.decode()
+    lines = out.splitlines()
+    assert r.returncode == 1 and out.count("error[E010]") == 5000
+    assert len(out) < 5000 * 700 and max(map(len, lines)) < 260, (len(out), max(map(len, lines)))
+    i = next(i for i, line in enumerate(lines) if "unknown key 'k4000'" in line)
+    quote, caret = lines[i + 1], lines[i + 2]
+    at = caret.index("^")
+    assert quote[at : at + 5] == "k4000" and caret[at:] == "^^^^^", (quote, caret)
+
+
 def test_root_syntax_error_still_shows_the_line(tmp_path):
     (tmp_path / "main.plan").write_text("plan p { layers 32 }\n")
     r = lint("main.plan", cwd=tmp_path)

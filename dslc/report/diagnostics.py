@@ -56,19 +56,28 @@ def render_text(diags: Sequence[Diagnostic], sources: Sources, colour: bool = Fa
     return "\n".join(out) + ("\n" if out else "")
 
 
+QUOTE_WIDTH = 200  # the most characters of a source line a diagnostic quotes
+
+
 def _quote(src: str, d: Diagnostic, blue, red) -> list[str]:
-    """The source line (escaped, cut at 200 characters) and a caret under the span;
-    the caret counts the escapes, so it stays under the span's characters."""
+    """At most :data:`QUOTE_WIDTH` characters of the source line (escaped), around the
+    span's start where the line is longer, and a caret under the span; the caret counts
+    the escapes, so it stays under the span's characters. A line of many errors is
+    quoted once per error: the window keeps each quote short (5,000 errors on one long
+    line would otherwise print the line, or the caret's indent, 5,000 times)."""
     src = src.replace("\t", " ")
     s = d.span
     end = s.end_col if s.end_line == s.line and s.end_col > s.col else s.col + 1
-    before, under = printable(src[: s.col - 1]), printable(src[s.col - 1 : end - 1])
-    shown = printable(src)
-    if len(shown) > 200:
-        shown = shown[:200] + " …"
+    start = max(0, s.col - 1 - QUOTE_WIDTH // 2) if len(src) > QUOTE_WIDTH else 0
+    stop = start + QUOTE_WIDTH
+    before = ("… " if start else "") + printable(src[start : s.col - 1])
+    under = printable(src[s.col - 1 : min(end - 1, stop)])
+    shown = printable(src[start:stop])
+    if len(shown) > QUOTE_WIDTH or stop < len(src):
+        shown = shown[:QUOTE_WIDTH] + " …"
     gutter = f"{s.line:>4} | "
     caret = " " * len(before) + red("^" * max(1, len(under)))
-    return [blue(gutter) + shown, blue(" " * (len(gutter) - 2) + "| ") + caret]
+    return [blue(gutter) + ("… " if start else "") + shown, blue(" " * (len(gutter) - 2) + "| ") + caret]
 
 
 def to_dict(d: Diagnostic) -> dict:
