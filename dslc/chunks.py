@@ -14,6 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 V_SHAPED = ("zb_v", "dualpipe_v")
+# where a compute's result goes: an F's output to the next chunk, a B's input gradient to the
+# one before (the step :meth:`Placement.neighbour` and :meth:`Placement.turn` take)
+ONWARD = {"F": 1, "B": -1}
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ import hashlib
 import json
 from itertools import accumulate
 
+from ..chunks import ONWARD
 from ..cost import schedule
 from ..ir import Plan
 
@@ -58,9 +59,6 @@ def pipeline_view(plan: Plan) -> dict:
     }
 
 
-TURNS = {"F": ("TURN_F", 1), "B": ("TURN_B", -1)}  # a compute's tensor for the next (F) or previous (B) chunk
-
-
 def schedule_json(plan: Plan) -> str:
     """``schedule.json``: every pp rank's action list, ``[kind, micro-batch, local chunk]``
     plus the peer pp rank for sends and receives, one line per compute with the sends
@@ -75,8 +73,8 @@ def schedule_json(plan: Plan) -> str:
         lines, current = [], []
         for a in acts:
             current.append(json.dumps([a.kind, a.microbatch, a.chunk, *(() if a.peer is None else (a.peer,))]))
-            if a.kind in TURNS and (to := actions.placement.turn(rank, a.chunk, TURNS[a.kind][1])) is not None:
-                current.append(json.dumps([TURNS[a.kind][0], a.microbatch, a.chunk, to]))
+            if a.kind in ONWARD and (to := actions.placement.turn(rank, a.chunk, ONWARD[a.kind])) is not None:
+                current.append(json.dumps(["TURN_" + a.kind, a.microbatch, a.chunk, to]))
             if not a.is_comm:
                 lines.append(", ".join(current))
                 current = []

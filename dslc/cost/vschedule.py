@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections import defaultdict, deque
 
-from ..chunks import Placement
+from ..chunks import ONWARD, Placement
 
 Step = tuple[tuple[str, int, int], ...]  # (kind, micro-batch, local chunk) of one step
 
@@ -144,7 +144,7 @@ def with_comm(steps: list[list[Step]], at: Placement) -> list[list[tuple]]:
         local = set()
         for kind, mb, c in step:
             g = at.global_chunk(r, c)
-            source = at.neighbour(g, -1 if kind == "F" else 1) if kind in ("F", "B") else None
+            source = at.neighbour(g, -ONWARD[kind]) if kind in ONWARD else None
             want = None if source is None else (kind, mb, source)
             if want and want not in local and at.rank(source) != r:
                 yield want
@@ -153,7 +153,7 @@ def with_comm(steps: list[list[Step]], at: Placement) -> list[list[tuple]]:
     def peer_chunk(key: tuple[str, int, int]) -> tuple[int, int, int, int]:
         """(sender, its local chunk, receiver, its local chunk) of a message."""
         d, _, g = key
-        to = at.neighbour(g, 1 if d == "F" else -1)
+        to = at.neighbour(g, ONWARD[d])
         return at.rank(g), at.local(g), at.rank(to), at.local(to)
 
     links: dict[tuple[int, int], deque] = defaultdict(deque)  # (from, to) -> (made when, message), unsent
@@ -193,7 +193,7 @@ def with_comm(steps: list[list[Step]], at: Placement) -> list[list[tuple]]:
         clock[r] = start + len(steps[r][pos[r]])
         for kind, mb, c in steps[r][pos[r]]:
             g = at.global_chunk(r, c)
-            key = (kind, mb, g) if kind in ("F", "B") and at.neighbour(g, 1 if kind == "F" else -1) is not None else None
+            key = (kind, mb, g) if kind in ONWARD and at.neighbour(g, ONWARD[kind]) is not None else None
             if key is not None:
                 made[key] = clock[r]
                 to = peer_chunk(key)[2]

@@ -69,15 +69,15 @@ def _quote(src: str, d: Diagnostic, blue, red) -> list[str]:
     s = d.span
     end = s.end_col if s.end_line == s.line and s.end_col > s.col else s.col + 1
     start = max(0, s.col - 1 - QUOTE_WIDTH // 2) if len(src) > QUOTE_WIDTH else 0
-    stop = start + QUOTE_WIDTH
-    before = ("… " if start else "") + printable(src[start : s.col - 1])
+    stop, lead = start + QUOTE_WIDTH, "… " * bool(start)
+    before = lead + printable(src[start : s.col - 1])
     under = printable(src[s.col - 1 : min(end - 1, stop)])
     shown = printable(src[start:stop])
     if len(shown) > QUOTE_WIDTH or stop < len(src):
         shown = shown[:QUOTE_WIDTH] + " …"
     gutter = f"{s.line:>4} | "
     caret = " " * len(before) + red("^" * max(1, len(under)))
-    return [blue(gutter) + ("… " if start else "") + shown, blue(" " * (len(gutter) - 2) + "| ") + caret]
+    return [blue(gutter) + lead + shown, blue(" " * (len(gutter) - 2) + "| ") + caret]
 
 
 def to_dict(d: Diagnostic) -> dict:
