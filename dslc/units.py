@@ -1,8 +1,10 @@
 """Units, in one place: the plan language's unit table (resolved to SI: bytes, bytes/s,
 seconds, FLOP/s), bytes per element of each precision, and how numbers are written back
-for a person."""
+for a person; the divisors of a whole number."""
 
 from __future__ import annotations
+
+import math
 
 KiB, MiB, GiB, TiB = 2**10, 2**20, 2**30, 2**40
 GB = 10**9
@@ -22,6 +24,13 @@ def resolve(text: str) -> float:
     number, unit = text.split()
     scale = next(table[unit] for table in UNITS.values() if unit in table)
     return float(number) * scale
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n`` ≥ 1, ascending, in O(√n) steps (a mesh axis's degrees; the
+    search's and the verifier's sub-meshes)."""
+    low = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return low + [n // d for d in reversed(low) if d * d != n]
 
 
 # bytes per element of each training precision

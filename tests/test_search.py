@@ -73,6 +73,8 @@ def test_search_table_shows_the_plan_as_written_below_the_fastest(capsys):
 @pytest.mark.parametrize("argv, code, message", [
     (["--gpus", "12"], 2, "is not a whole number of h100_8x8's nodes of 8 GPUs"),
     (["--gpus", "0"], 2, "--gpus must be at least 1"),
+    (["--gpus", "1000000000000000"], 2, "at most 262144 GPUs (2¹⁸, E037)"),  # was still running after 20 s
+    (["--gpus", "262152"], 2, "at most 262144 GPUs"),  # a whole number of nodes, one node too many
     (["--top", "0"], 2, "--top must be at least 1"),
     (["--fix", "tp"], 2, "--fix takes"),
 ])
@@ -100,6 +102,25 @@ def test_the_written_plan_is_named_after_its_file_made_whole_and_never_the_input
         err = capsys.readouterr().err
         assert message in err and "layouts costed" not in err  # refused before the search
     assert demo.read_bytes() == before
+
+
+def test_the_written_plan_is_never_a_file_the_plan_imports(tmp_path, capsys):
+    """``-o`` naming the plan's own import (by name, link or hard link) is refused in one line
+    before the search, as the plan itself is, and the import is left as it was (it was an
+    internal error, WriteError: the written plan would import itself)."""
+    (tmp_path / "cl.plan").write_bytes((ROOT / "clusters/h100.plan").read_bytes())
+    text = (ROOT / "plans/llama3_70b.plan").read_text().replace("../clusters/h100.plan", "cl.plan")
+    (tmp_path / "p.plan").write_text(text)
+    (tmp_path / "link.plan").symlink_to("cl.plan")
+    os.link(tmp_path / "cl.plan", tmp_path / "hard.plan")
+    before = (tmp_path / "cl.plan").read_bytes()
+    for target in ("cl.plan", "link.plan", "hard.plan"):
+        capsys.readouterr()
+        assert cli.main(["search", str(tmp_path / "p.plan"), "-q", "-o", str(tmp_path / target)]) == 2
+        err = capsys.readouterr().err
+        assert "a file the plan being searched imports" in err and len(err.strip().splitlines()) == 1, err
+        assert "internal error" not in err and "layouts costed" not in err
+    assert (tmp_path / "cl.plan").read_bytes() == before
 
 
 def test_search_takes_a_plan_that_does_not_fit_and_refuses_one_with_other_errors(tmp_path, capsys):

@@ -39,8 +39,9 @@ def run(args) -> int:
     if len(plans) > 1:
         raise UsageError(f"{args.plan_file} holds {len(plans)} plans; pick one with --plan")
     plan = plans[0]
+    sources = tuple(dict.fromkeys([plan.file, *result.sources.texts]))  # the plan's file, then every file it imports
     if args.output:  # before the search, not after it
-        writable(plan, args.output)
+        writable(args.output, sources)
     began = time.monotonic()
     try:
         with progress(f"searching the layouts of {plan.name}") as bar:
@@ -58,25 +59,29 @@ def run(args) -> int:
         show(report.table(found, shown))
     print(f"dslc: {report.summary(found, took)}", file=sys.stderr)
     if args.output:
-        write_layout(plan, found.ranked[0], args.output, result.sources.texts.get(plan.file))
+        write_layout(plan, found.ranked[0], args.output, result.sources.texts.get(plan.file), sources)
     return 0
 
 
-def writable(plan, path: str) -> None:
-    """A one-line error for an output that cannot be written, or that is the plan's own file."""
+def writable(path: str, sources: tuple[str, ...]) -> None:
+    """A one-line error for an output that cannot be written, or that is one of ``sources``
+    (the plan's own file and its imports: the written plan imports them), by name, link or
+    hard link."""
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise UsageError(f"cannot write {path}: no folder {folder}")
     if os.path.isdir(path):
         raise UsageError(f"cannot write {path}: it is a folder")
-    if os.path.exists(path) and os.path.exists(plan.file) and os.path.samefile(path, plan.file):
-        raise UsageError(f"-o {path} is the plan being searched: write the layout to another file")
+    for i, source in enumerate(sources):
+        if os.path.exists(path) and os.path.exists(source) and os.path.samefile(path, source):
+            what = "the plan being searched" if i == 0 else f"a file the plan being searched imports ({source})"
+            raise UsageError(f"-o {path} is {what}: write the layout to another file")
 
 
-def write_layout(plan, best, path: str, source: str | None) -> None:
+def write_layout(plan, best, path: str, source: str | None, sources: tuple[str, ...]) -> None:
     """The fastest layout as a plan file at ``path``, named after the file (or the plan's
-    name with ``_searched``), written whole or not at all."""
-    writable(plan, path)
+    name with ``_searched``), written whole or not at all; never over ``sources``."""
+    writable(path, sources)
     stem = Path(path).stem
     name = stem if can_name_a_plan(stem) and stem != plan.name else f"{plan.name}_searched"
     text = layout_file(plan, best.plan, path, name, best.changes, source)

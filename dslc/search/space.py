@@ -10,9 +10,11 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import replace
 
+from ..front.defaults import MAX_RANKS
 from ..groups import axis_crossing
 from ..ir import Cluster, MeshAxis, Plan
 from ..knobs import knobs
+from ..units import divisors
 
 AXIS_ORDER = ("dp", "pp", "cp", "ep", "tp")  # the plans' usual order, outermost first
 RECOMPUTE = (("none", 1), ("selective", 1), ("selective_ops", 1), ("full", 2), ("full", 1))  # the least recomputed (most activations kept) first
@@ -33,6 +35,8 @@ def resize(cluster: Cluster, gpus: int) -> Cluster:
     g = cluster.gpus_per_node
     if gpus < 1:
         raise SearchError(f"--gpus must be at least 1, got {gpus}")
+    if gpus > MAX_RANKS:  # the language's bound, which lint holds a plan's cluster to
+        raise SearchError(f"--gpus {gpus} is more than a cluster may have: at most {MAX_RANKS} GPUs (2¹⁸, E037)")
     if gpus % g == 0:
         return replace(cluster, nodes=gpus // g)
     if gpus < g:
@@ -52,15 +56,11 @@ def _links(cluster: Cluster) -> tuple[str | None, str | None]:
 # ---------------------------------------------------------------------------- shapes
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def degrees(plan: Plan, world: int) -> Iterator[dict[str, int]]:
     """{axis: size} with the product ``world``, dp·ep dividing the global batch, tp inside
     a node, pp at most the layers, ep dividing the experts (1 for a dense model)."""
     m, gpn = plan.model, plan.cluster.gpus_per_node
-    ds = _divisors(world)
+    ds = divisors(world)
     for tp in (d for d in ds if d <= gpn):
         for pp in (d for d in ds if d <= m.layers and world % (tp * d) == 0):
             for cp in (d for d in ds if world % (tp * pp * d) == 0 and m.seq_len % d == 0):

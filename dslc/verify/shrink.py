@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 
 from ..catalog import DEVICES
 from ..ir import Cluster, Data, Link, Mesh, Model, Pipeline, Plan
+from ..units import divisors
 
 LINK = "shm"  # every axis on one node link: the processes talk gloo through shared memory
 # which axes a shrunk mesh keeps first when it cannot keep all: the pipeline and the kernels
@@ -112,7 +113,7 @@ def sub_mesh(sizes: dict[str, int], limit: int) -> dict[str, int]:
         return dict(sizes)
     names = list(sizes)
     best, best_key = None, None
-    for choice in itertools.product(*(_divisors(sizes[n]) for n in names)):
+    for choice in itertools.product(*(divisors(sizes[n]) for n in names)):
         n = math.prod(choice)
         if n > limit:
             continue
@@ -124,17 +125,13 @@ def sub_mesh(sizes: dict[str, int], limit: int) -> dict[str, int]:
     return best
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def _shard(shard: int, dp: int, new_dp: int) -> int:
     """An HSDP shard group for ``new_dp`` dp ranks: scaled with dp, a divisor of it, and
     smaller than it where dp ≥ 2 (shard groups and replicas both)."""
     if new_dp == dp:
         return shard
     want = max(1, shard * new_dp // dp)
-    fits = [d for d in _divisors(new_dp) if d <= want and (d < new_dp or new_dp == 1)]
+    fits = [d for d in divisors(new_dp) if d <= want and (d < new_dp or new_dp == 1)]
     return max(fits) if fits else 1
 
 
