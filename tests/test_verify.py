@@ -6,12 +6,18 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from dslc import cli, verify
-from dslc.driver import lint, load_paths
+from dslc import arch, cli, verify
+from dslc.check import check_plan
+from dslc.driver import lint, load_paths, load_text
 from dslc.verify.compare import compare
 from dslc.verify.shrink import shrink
 
@@ -78,6 +84,83 @@ def test_a_large_mesh_keeps_every_axis_and_says_what_it_reduced(every_plan):
     s = shrink(plans["mixtral_8x7b"])  # the evenest cut: both halved, not ep quartered
     assert [(a.name, a.size) for a in s.plan.mesh.axes] == [("pp", 2), ("ep", 4)]
     assert any("bf16 run in fp32" in n for n in s.notes)
+
+
+# A plan at the extremes of the language's bounds (docs/language.md, Limits): 2¹⁸ ranks,
+# 65,536 layers, 2²⁰ experts (all of them chosen), 1,024 shared, widths of 2²⁰, a vocab
+# and sequence of 2²⁴, 8,192 virtual stages, `full every 2⁶²`; each case one axis of it.
+EXTREME = """
+cluster c {{ nodes = {nodes}; gpus_per_node = 8; device = h100_sxm
+    link nv {{ scope = node; bandwidth = 450 GB/s; latency = 2 us }}
+    link ib {{ scope = cluster; bandwidth = 400 Gb/s; latency = 8 us }} }}
+plan x {{
+    model {arch} {{ layers = 65536; hidden = 1048576; heads = {heads}; kv_heads = {kv}; ffn = 4194304
+        vocab = 16777216; seq_len = 16777216 {moe} }}
+    cluster = c
+    mesh {{ {mesh} }}
+    {options}
+    train {{ steps = 10; micro_batch = 1; global_batch = {batch}; recompute = {recompute}; data = synthetic }}
+}}
+"""
+ALL_EXPERTS = "; experts = 1048576; top_k = 1048576; shared_experts = 1024; dense_layers = 65535"
+SOME_EXPERTS = "; experts = 1048576; top_k = 3; shared_experts = 1024"
+SP = "tensor_parallel { sequence_parallel = true }"
+EXTREMES = {
+    "dense, dp 2^18": dict(mesh="dp = 262144 on ib", batch=2**22),
+    "tp x cp (Ulysses) 2^18": dict(heads=2**18, kv=2**18, mesh="cp = 64 on ib; tp = 4096 on ib", options="context_parallel { method = ulysses }"),
+    "experts over ep 2^18": dict(arch="mixtral", moe=ALL_EXPERTS, mesh="ep = 262144 on ib", batch=2**19),
+    "experts, tp x cp": dict(arch="mixtral", heads=2**18, kv=2**18, moe=ALL_EXPERTS, mesh="cp = 64 on ib; tp = 4096 on ib",
+                             options="context_parallel { method = ulysses }\n" + SP),
+    "experts, ep x cp x tp": dict(arch="mixtral", heads=2**18, kv=2**16, moe=SOME_EXPERTS.replace("3", "7"),
+                                  mesh="ep = 64 on ib; cp = 16 on ib; tp = 256 on ib", batch=64, options=SP),
+    "interleaved, 8,192 virtual stages": dict(arch="mixtral", moe=SOME_EXPERTS, mesh="dp = 16384 on ib; pp = 2 on ib; tp = 8 on nv",
+                                              options="pipeline { schedule = interleaved_1f1b; virtual_stages = 8192; microbatches = 2 }\n" + SP,
+                                              batch=2**15),
+    "pp 2 x tp 8, 8,192 virtual stages": dict(nodes=2, arch="mixtral", kv=2**13, moe=SOME_EXPERTS, mesh="pp = 2 on ib; tp = 8 on nv", batch=2,
+                                              options="pipeline { schedule = interleaved_1f1b; virtual_stages = 8192; microbatches = 2 }\n" + SP),
+    "pp 128": dict(mesh="dp = 256 on ib; pp = 128 on ib; tp = 8 on nv", options="pipeline { microbatches = 256 }", batch=2**16),
+    "gpt2": dict(arch="gpt2", mesh="dp = 2048 on ib; cp = 16 on ib; tp = 8 on nv", batch=2048),
+}
+
+
+@pytest.mark.parametrize("case", EXTREMES)
+def test_the_shrunk_model_is_small_at_the_extremes_of_every_bound(case):
+    """Whatever a plan within the language's bounds asks, its shrunk model and serial twin
+    lint clean with at most MAX_PARAMS parameters, at every --max-procs allowed (experts =
+    262144 shrank to 411M parameters and ran out of memory; 2²⁰ experts failed E090 as a bug
+    of the shrinker; `full every 2⁶²` gave as many layers)."""
+    values = dict(nodes=32768, batch=16, arch="llama", heads=2**14, kv=2**14, moe="", options="", recompute="full every 4611686018427387904")
+    plan_text = EXTREME.format(**(values | EXTREMES[case]))
+    result = load_text(plan_text, "x.plan", check=False)  # the rules, not the fit: a plan that does not fit is verified too
+    (plan,) = result.program.plans
+    assert [d.message for d in [*result.diagnostics, *check_plan(plan, files=False)] if d.is_error] == []
+    for procs in (1, 2, 8, verify.MAX_PROCS):
+        s = shrink(plan, procs)
+        for p in (s.plan, s.serial):
+            assert [f"{d.code} {d.message}" for d in lint(p) if d.is_error] == [], (case, procs)
+        assert arch.params(s.plan.model).total <= verify.MAX_PARAMS, (case, procs)
+        assert s.plan.world_size <= procs and s.plan.model.layers <= 128
+
+
+@pytest.mark.parametrize("experts", [262144, 1048576])
+def test_a_plan_of_many_experts_shrinks_to_a_few(experts):
+    text = (ROOT / "plans/tiny_moe.plan").read_text().replace("experts = 4;", f"experts = {experts};")
+    (plan,) = load_text(text.replace('text("../data/verse.txt")', "synthetic"), "moe.plan").program.plans
+    s = shrink(plan)
+    assert [d.code for d in lint(s.plan) if d.is_error] == []
+    assert s.plan.model.experts == 8 and s.plan.model.top_k == 2 and f"experts {experts} → 8" in s.notes
+    assert arch.params(s.plan.model).total < 10**5
+
+
+def test_max_procs_and_keep_are_refused_in_one_line(tmp_path, capsys):
+    """--keep a file was an internal error; --max-procs above the bound would widen the model."""
+    (tmp_path / "afile").write_text("mine")
+    for argv, message in ((["--keep", str(tmp_path / "afile")], "it is a file, not a folder"),
+                          (["--max-procs", str(verify.MAX_PROCS + 1)], f"at most {verify.MAX_PROCS} CPU processes")):
+        assert cli.main(["verify", str(ROOT / "plans/tiny_demo.plan"), *argv]) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1 and "internal error" not in err, err
+    assert (tmp_path / "afile").read_text() == "mine"
 
 
 def test_compare_passes_within_the_bound_and_names_the_first_step_and_tensor():
@@ -171,3 +254,57 @@ def test_a_crash_exits_2_with_the_failing_rank_s_error(every_plan, tmp_path):
     with pytest.raises(verify.RunFailed) as e:
         verify.verify(plan, max_procs=2, patch=crash)
     assert "parallel script (2 processes) failed" in str(e.value) and "boom on rank 1" in e.value.tail
+
+
+@pytest.mark.slow
+def test_keep_takes_a_relative_folder(tmp_path, monkeypatch, capsys):
+    """--keep kept (relative) always failed: the runs start in the program's folder, where
+    the dump paths named under kept/ did not exist."""
+    monkeypatch.chdir(tmp_path)
+    code = cli.main(["verify", str(ROOT / "plans/tiny_demo.plan"), "--keep", "kept", "--max-procs", "2", "--steps", "1"])
+    assert code == 0, capsys.readouterr().err
+    assert (tmp_path / "kept" / "tiny_demo" / "parallel.json").is_file()
+
+
+def _processes() -> dict[int, tuple[int, bytes]]:
+    """pid → (session, command line) of every process this user can see."""
+    out = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                out[int(name)] = (os.getsid(int(name)), Path(f"/proc/{name}/cmdline").read_bytes())
+            except OSError:
+                pass
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="reads the process table from /proc")
+def test_sigterm_ends_every_process_of_the_run_and_removes_its_folder(tmp_path):
+    """SIGTERM (what `timeout` and a cancelled CI job send) to `dslc verify` while the ranks
+    run: no process of its session, torchrun's or a rank's remains, and the dslc-verify-*
+    folder is gone (they kept running, in their own sessions, and the folder stayed)."""
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "dslc", "verify", str(ROOT / "plans/tiny_demo.plan"), "--max-procs", "2",
+                             "--steps", "1000"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    sessions = {proc.pid}
+    try:
+        deadline, ranks = time.monotonic() + 120, []
+        while len(ranks) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+            mine = {pid: cmd for pid, (sid, cmd) in _processes().items() if str(tmp_path).encode() in cmd}
+            ranks = [pid for pid, cmd in mine.items() if b"train.py" in cmd and b"torch.distributed.run" not in cmd
+                     and any(b"torch.distributed.run" in c for c in mine.values())]
+            sessions |= {os.getsid(pid) for pid in mine if pid in _processes()}
+        assert len(ranks) == 2, proc.communicate(timeout=60)
+        time.sleep(1)  # the ranks past their start
+        assert list(tmp_path.glob("dslc-verify-*"))
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 128 + signal.SIGTERM and b"stopped by SIGTERM" in err, err
+        assert [cmd for sid, cmd in _processes().values() if sid in sessions] == []
+        assert not list(tmp_path.glob("dslc-verify-*"))
+    finally:  # on a failure, leave nothing running
+        for pid, (sid, _) in _processes().items():
+            if sid in sessions:
+                os.kill(pid, signal.SIGKILL)

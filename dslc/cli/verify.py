@@ -4,6 +4,7 @@ and compared (:mod:`dslc.verify`)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from ..diagnostics import printable
@@ -14,11 +15,29 @@ from .inputs import UsageError, load_plans
 def run(args) -> int:
     """Each plan (or the one named) shrunk, run in parallel and serially, and compared:
     0 all match, 1 a mismatch or plan errors, 2 a run that could not be made."""
-    from .. import codegen, verify
-    from ..verify.show import render_text
+    from .. import verify
+    from ..verify.run import Stopped, ending_on_signals
 
     if args.max_procs < 1 or args.steps < 1 or not args.timeout > 0:
         raise UsageError("--max-procs and --steps must be at least 1, --timeout more than 0")
+    if args.max_procs > verify.MAX_PROCS:
+        raise UsageError(f"--max-procs {args.max_procs}: verify runs at most {verify.MAX_PROCS} CPU processes")
+    if args.steps > verify.MAX_STEPS:
+        raise UsageError(f"--steps {args.steps}: verify compares at most {verify.MAX_STEPS} steps")
+    if args.keep is not None and (args.keep == "" or os.path.exists(args.keep) and not os.path.isdir(args.keep)):
+        raise UsageError(f"--keep {args.keep}: it is a file, not a folder" if args.keep else "--keep takes a folder, not ''")
+    try:
+        with ending_on_signals():  # SIGTERM, SIGHUP, Ctrl-C: the runs ended, the temporary folder removed
+            return _verify(args)
+    except Stopped as e:
+        print(f"dslc: verify stopped by {e}: its processes were ended and its temporary folder removed", file=sys.stderr)
+        return 128 + e.signum
+
+
+def _verify(args) -> int:
+    from .. import codegen, verify
+    from ..verify.show import render_text
+
     loaded = load_plans([args.plan_file], args.plan, args.quiet)
     if loaded is None:
         return 1

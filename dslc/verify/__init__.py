@@ -32,19 +32,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import codegen, fit
+from ..arch import params
 from ..diagnostics import Diagnostic
+from ..front.defaults import BOUNDS
 from ..ir import Plan
 from ..report.terminal import progress
 from .compare import ATOL, RTOL, Comparison, compare
 from .run import RunFailed, launch
-from .shrink import Shrunk, describe, shrink
+from .shrink import MAX_PARAMS, MAX_PROCS, Shrunk, describe, shrink
 
 MARGIN = 1e-5  # the smallest router gap a verified mixture of experts may have
 SEEDS = 4  # tried, from the plan's, while the serial run has a near-tie
 STEPS = 3
 TIMEOUT = 300.0  # seconds a run may take
+MAX_STEPS = BOUNDS["train.steps"][1]  # steps a verify may train: the language's bound
 
-__all__ = ["ATOL", "MARGIN", "RTOL", "Outcome", "RunFailed", "ShrinkError", "compare", "describe", "lint", "shrink", "verify"]
+__all__ = ["ATOL", "MARGIN", "MAX_PARAMS", "MAX_PROCS", "MAX_STEPS", "RTOL", "Outcome", "RunFailed", "ShrinkError", "compare", "describe", "lint", "shrink", "verify"]
 
 
 class ShrinkError(Exception):
@@ -105,11 +108,15 @@ def verify(plan: Plan, max_procs: int = 8, steps: int = STEPS, timeout: float = 
         if errors:
             d = errors[0]
             raise ShrinkError(f"the shrunk plan {p.name} breaks {d.code}: {d.message} (a bug in dslc verify's shrinker)")
+    n = params(shrunk.plan.model).total
+    if n > MAX_PARAMS:
+        raise ShrinkError(f"the shrunk plan {shrunk.plan.name} has {n} parameters, more than {MAX_PARAMS} (a bug in dslc verify's shrinker)")
     outcome = Outcome(plan.name, shrunk, seed=shrunk.plan.train.seed)
     if shrunk.plan.world_size == 1:
         return outcome
     with tempfile.TemporaryDirectory(prefix="dslc-verify-") as tmp:
-        root = (Path(keep) if keep is not None else Path(tmp)) / plan.name
+        # absolute: the runs start in the program's folder, and their flags name files under root
+        root = (Path(keep).absolute() if keep is not None else Path(tmp)) / plan.name
         _run_both(shrunk, root, timeout, patch, outcome)
     outcome.seconds["total"] = time.perf_counter() - start
     return outcome
@@ -118,7 +125,10 @@ def verify(plan: Plan, max_procs: int = 8, steps: int = STEPS, timeout: float = 
 def _run_both(shrunk: Shrunk, root: Path, timeout: float, patch, outcome: Outcome) -> None:
     import torch
 
-    root.mkdir(parents=True, exist_ok=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise RunFailed(f"cannot make the folder {root}: {e.strerror or e}") from None
     serial = codegen.write(shrunk.serial, root, layout=False)
     parallel = codegen.write(shrunk.plan, root, layout=False)
     if patch is not None:

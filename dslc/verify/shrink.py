@@ -7,7 +7,16 @@ the architecture — and makes everything that only decides *how much* tiny: wid
 so that every divisibility rule of :mod:`dslc.check` still holds, a few layers, a short
 sequence, one or two sequences a micro-batch, fp32, synthetic data, on one CPU node of
 gloo processes. A mesh larger than the processes allowed becomes the largest sub-mesh of
-the same axes that fits (each degree a divisor of the plan's). :func:`serial_twin` is the
+the same axes that fits (each degree a divisor of the plan's).
+
+The shrunk model is small whatever the plan, within the language's bounds: every dimension
+that scales its parameters is bounded here — the width by the processes (at most
+:data:`MAX_PROCS`: tp and cp decide the heads), the layers by pp × virtual stages (at most
+:data:`MAX_VIRTUAL`), `full every N` (N at most :data:`MAX_EVERY`) and one dense layer, the
+routed experts (at most :data:`MAX_EXPERTS` beyond one per ep rank) and the shared ones
+(:data:`MAX_SHARED`), the vocab (:data:`VOCAB`, rounded up to tp) — so that it has at most
+:data:`MAX_PARAMS` parameters (tests/test_verify.py holds it over the extremes of every
+bound). A plan within those keeps them as it writes them. :func:`serial_twin` is the
 same model and training on one process: no axes, the same global batch, as many
 micro-batches as the global batch holds (golden tests/golden/*_serial plans are made so).
 """
@@ -29,6 +38,12 @@ IMPORTANCE = {"pp": 5, "tp": 4, "cp": 3, "ep": 3, "dp": 1}
 HEAD_DIM = 8  # even: RoPE rotates pairs
 SEQ_MIN = 16
 VOCAB = 128
+MAX_PROCS = 16  # CPU processes a verify may run (--max-procs): the width grows with tp and cp
+MAX_VIRTUAL = 8  # interleaved_1f1b's virtual stages kept: the layers grow with pp × virtual stages
+MAX_EVERY = 4  # `full every N` kept up to N: the layers grow with it
+MAX_EXPERTS = 8  # routed experts kept (more only to give each ep rank one)
+MAX_SHARED = 2  # shared experts kept
+MAX_PARAMS = 2**24  # parameters of a shrunk model at most (about 16.8M, 64 MiB in fp32)
 
 
 @dataclass(frozen=True)
@@ -41,8 +56,10 @@ class Shrunk:
 
 
 def shrink(plan: Plan, max_procs: int = 8, steps: int = 3) -> Shrunk:
-    """``plan`` made tiny (see the module docstring), with at most ``max_procs`` processes,
-    training ``steps`` steps."""
+    """``plan`` made tiny (see the module docstring), with at most ``max_procs`` processes
+    (at most :data:`MAX_PROCS`), training ``steps`` steps."""
+    if not 1 <= max_procs <= MAX_PROCS:
+        raise ValueError(f"max_procs must be between 1 and {MAX_PROCS}, got {max_procs}")
     notes: list[str] = []
     degrees = sub_mesh({a.name: a.size for a in plan.mesh.axes}, max_procs)
     reduced = [f"{a.name} {a.size} → {degrees[a.name]}" for a in plan.mesh.axes if degrees[a.name] != a.size]
@@ -54,12 +71,17 @@ def shrink(plan: Plan, max_procs: int = 8, steps: int = 3) -> Shrunk:
     world = mesh.world_size
 
     pl = plan.pipeline
-    v = pl.virtual_stages if size["pp"] > 1 else 1
+    v = min(pl.virtual_stages, MAX_VIRTUAL) if size["pp"] > 1 else 1
+    if size["pp"] > 1 and v != pl.virtual_stages:
+        notes.append(f"virtual stages {pl.virtual_stages} → {v}")
+    every = min(plan.train.recompute_every, MAX_EVERY)
+    if every != plan.train.recompute_every:
+        notes.append(f"recompute full every {plan.train.recompute_every} → every {every}")
     schedule = pl.schedule if size["pp"] > 1 or pl.schedule != "interleaved_1f1b" else "1f1b"
     if schedule != pl.schedule:
         notes.append(f"schedule {pl.schedule} → {schedule}: the pp axis was left out")
     split = _layers_per_stage(pl.layers_per_stage, size["pp"] * v) if size["pp"] > 1 else None
-    model = _model(plan, size, v, split, notes)
+    model = _model(plan, size, v, split, every, notes)
     tp_opts = plan.tensor_parallel
     if tp_opts.sequence_parallel and size["tp"] == 1:
         tp_opts = replace(tp_opts, sequence_parallel=False)
@@ -74,7 +96,7 @@ def shrink(plan: Plan, max_procs: int = 8, steps: int = 3) -> Shrunk:
         if dpo.shard != plan.data_parallel.shard:
             notes.append(f"HSDP shard {plan.data_parallel.shard} → {dpo.shard} with dp {size['dp']}")
 
-    train = _train(plan, steps, micro, micro * m * size["dp"] * size["ep"], notes)
+    train = replace(_train(plan, steps, micro, micro * m * size["dp"] * size["ep"], notes), recompute_every=every)
     cluster = cpu_cluster(world, plan.cluster.span)
     small = replace(plan, name=f"{plan.name}_verify", model=model, cluster=cluster, mesh=mesh, tensor_parallel=tp_opts,
                     data_parallel=dpo, pipeline=pipeline, train=train)
@@ -162,7 +184,7 @@ def _layers_per_stage(split: tuple[int, ...] | None, chunks: int) -> tuple[int, 
     return tuple(out)
 
 
-def _model(plan: Plan, size: dict[str, int], v: int, split, notes: list[str]) -> Model:
+def _model(plan: Plan, size: dict[str, int], v: int, split, every: int, notes: list[str]) -> Model:
     m, tp, cp = plan.model, size["tp"], size["cp"]
     ulysses = cp > 1 and plan.context_parallel.method == "ulysses"
     kv = math.lcm(2, tp * (cp if ulysses else 1))  # split over tp, then (Ulysses) over cp; 2 at least
@@ -179,16 +201,34 @@ def _model(plan: Plan, size: dict[str, int], v: int, split, notes: list[str]) ->
     if split is not None:
         layers = sum(split)
     else:
-        layers = max(2, size["pp"] * v, dense_layers + 1, plan.train.recompute_every)
+        layers = max(2, size["pp"] * v, dense_layers + 1, every)
     ffn = hidden if m.is_moe else 2 * hidden
     dense_ffn = 2 * hidden if m.dense_ffn != m.ffn else ffn
     vocab = tp * -(-VOCAB // tp)
     if m.dropout:
         notes.append(f"dropout {m.dropout} → 0: the layouts draw their masks differently")
+    experts, top_k, shared = _experts(m, size["ep"], notes)
     return replace(
         m, layers=layers, hidden=hidden, heads=heads, kv_heads=kv, head_dim=head_dim, ffn=ffn, dense_ffn=dense_ffn,
         vocab=vocab, seq_len=seq, max_positions=seq, dropout=0.0, dense_layers=dense_layers,
+        experts=experts, top_k=top_k, shared_experts=shared,
     )
+
+
+def _experts(m: Model, ep: int, notes: list[str]) -> tuple[int, int, int]:
+    """(experts, top_k, shared experts) of the shrunk model: the plan's up to
+    :data:`MAX_EXPERTS` routed (a multiple of ``ep``, one a rank at least) and
+    :data:`MAX_SHARED` shared; top_k as the plan's, below the experts if it is there."""
+    if not m.is_moe:
+        return m.experts, m.top_k, m.shared_experts
+    experts, top_k, shared = m.experts, m.top_k, min(m.shared_experts, MAX_SHARED)
+    if experts > MAX_EXPERTS:
+        experts = ep * max(1, MAX_EXPERTS // ep)
+        top_k = min(top_k, experts if top_k == m.experts else max(1, experts - 1))
+        notes.append(f"experts {m.experts} → {experts}" + (f", top_k {m.top_k} → {top_k}" if top_k != m.top_k else ""))
+    if shared != m.shared_experts:
+        notes.append(f"shared experts {m.shared_experts} → {shared}")
+    return experts, top_k, shared
 
 
 def _train(plan: Plan, steps: int, micro: int, global_batch: int, notes: list[str]):
