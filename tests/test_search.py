@@ -8,6 +8,7 @@ import dataclasses
 import json
 import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -121,6 +122,47 @@ def test_the_written_plan_is_never_a_file_the_plan_imports(tmp_path, capsys):
         assert "a file the plan being searched imports" in err and len(err.strip().splitlines()) == 1, err
         assert "internal error" not in err and "layouts costed" not in err
     assert (tmp_path / "cl.plan").read_bytes() == before
+
+
+AT_THE_BOUNDS = """
+cluster big {
+    nodes = 32768
+    gpus_per_node = 8
+    device = h100_sxm
+    link nvlink { scope = node;    bandwidth = 450 GB/s; latency = 2 us }
+    link ib     { scope = cluster; bandwidth = 400 Gb/s; latency = 8 us }
+}
+plan huge {
+    model MODEL {
+        layers = 65536; hidden = 4096; heads = 32; kv_heads = 8
+        ffn = 14336; vocab = 32000; seq_len = 65536
+    }
+    EXPERTS
+    cluster = big
+    mesh { MESH }
+    train { steps = 10; micro_batch = 1; global_batch = BATCH; precision = bf16; data = synthetic }
+}
+"""
+
+
+@pytest.mark.parametrize("model, experts, mesh, batch", [
+    ("mixtral", "experts { count = 65536; top_k = 2 }", "dp = 262144 on ib", 2**33),  # 8,165 shapes: still going after 45 s
+    ("llama", "", "dp = 32768 on ib; tp = 8 on nvlink", 2**15),  # every memory test walks 65,536 layers
+])
+def test_a_plan_at_every_bound_is_searched_within_the_bounds(tmp_path, model, experts, mesh, batch):
+    """2¹⁸ GPUs, 65,536 layers (and experts): the search probes at most MAX_DEGREES degree
+    combinations and stops at its work bound, says so, and ends in seconds (here about 7 and
+    14 s on 2 shared cores; it ran for minutes)."""
+    text = AT_THE_BOUNDS.replace("MODEL", model).replace("EXPERTS", experts).replace("MESH", mesh).replace("BATCH", str(batch))
+    (tmp_path / "huge.plan").write_text(text)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "dslc", "search", str(tmp_path / "huge.plan"), "-q", "--json"],
+                          capture_output=True, text=True, env=env, timeout=90)
+    assert "Traceback" not in done.stderr and "internal error" not in done.stderr, done.stderr
+    assert "more degree combinations not probed (the search's bound)" in done.stderr, done.stderr[-400:]
+    if done.returncode == 0:
+        doc = json.loads(done.stdout)
+        assert doc["unprobed_degrees"] > 0 and doc["seconds"] < 60
 
 
 def test_search_takes_a_plan_that_does_not_fit_and_refuses_one_with_other_errors(tmp_path, capsys):

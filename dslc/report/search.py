@@ -95,7 +95,9 @@ def summary(result: Result, seconds_taken: float) -> str:
             else "the plan as written does not fit or does not pass the rules on these GPUs")
     return (f"{p.name} on {where}: {result.shapes} shapes of the mesh ({result.memory_pruned} too large even at the most "
             f"frugal settings, {result.rule_pruned} refused by the rules), {result.costed} layouts costed, "
-            f"{len(result.ranked)} fit, in {seconds_taken:.1f} s; {mine}")
+            f"{len(result.ranked)} fit, in {seconds_taken:.1f} s; {mine}"
+            + (f"; {result.unprobed} more degree combinations not probed (the search's bound)" if result.unprobed else "")
+            + (f"; {result.unsearched} shapes and schedules left out once the search's work bound was spent" if result.unsearched else ""))
 
 
 def to_json(result: Result, shown: list[Row], seconds_taken: float) -> dict:
@@ -121,6 +123,8 @@ def to_json(result: Result, shown: list[Row], seconds_taken: float) -> dict:
         "gpus": p.cluster.world_size,
         "device": p.cluster.device.name,
         "shapes": result.shapes,
+        "unprobed_degrees": result.unprobed,
+        "unsearched": result.unsearched,
         "memory_pruned": result.memory_pruned,
         "rule_pruned": result.rule_pruned,
         "costed": result.costed,

@@ -28,7 +28,13 @@ too):
    then costed.
 
 It is a beam search: a layout whose shape or schedule probed slower than the beam's is
-not costed at its other micro-batch sizes. ``tests/test_search.py`` holds its
+not costed at its other micro-batch sizes. It is bounded: at most :data:`MAX_DEGREES` of
+the degree combinations are probed (the plan's own first, then a sample spread evenly over
+the rest), so that a plan at the language's bounds (2¹⁸ GPUs, 65,536 layers and experts:
+7,315 combinations) is searched in about the time of the largest published layouts
+(16,384 GPUs, 283 combinations), not in minutes; and its work is bounded (:data:`WORK`,
+counted in :class:`Searcher`): once spent, no further shape is probed and no further frame
+costed. The summary says how many were left out. ``tests/test_search.py`` holds its
 answers against published layouts.
 
 Dominated choices are not costed: gpipe (1f1b has its bubble with fewer activations held),
@@ -68,10 +74,16 @@ from .space import (
     zero_stages,
 )
 
-__all__ = ["AXIS_ORDER", "BEAM", "FIXABLE", "RECOMPUTE", "Found", "Result", "SearchError", "Searcher", "changes", "degrees", "knobs",
+__all__ = ["AXIS_ORDER", "BEAM", "MAX_DEGREES", "WORK", "FIXABLE", "RECOMPUTE", "Found", "Result", "SearchError", "Searcher", "changes", "degrees", "knobs",
            "layout_label", "meshes", "micro_batches", "resize", "schedules", "search", "with_layout", "zero_stages"]
 
 BEAM = 8  # shapes kept after the probe, and frames after the schedules
+MAX_DEGREES = 320  # degree combinations probed at most (16,384 GPUs of Llama 3 405B have 283; 2¹⁸ GPUs up to 7,315)
+# The work a search may do, in units of about 2.5 µs on the 2-core CI machine: a memory test
+# or an estimate costs the model's layers plus the schedule's chunk forwards (pp × v × m, at
+# most 2¹⁵), a rule check RULE_WORK. Llama 3 405B on 16,384 GPUs spends 2.9M of it.
+WORK = 2**22
+RULE_WORK = 1000
 
 
 @dataclass(frozen=True)
@@ -93,6 +105,8 @@ class Result:
     plan: Plan  # the plan as written (on the searched cluster)
     ranked: list[Found]  # fastest first
     shapes: int = 0  # degree and order combinations enumerated
+    unprobed: int = 0  # degree combinations left out by the bound (MAX_DEGREES)
+    unsearched: int = 0  # shapes and frames left out once the work (WORK) was spent
     memory_pruned: int = 0  # shapes dropped by the memory bound
     rule_pruned: int = 0  # shapes no layout of which passes the rules
     costed: int = 0  # layouts whose step was estimated
@@ -108,7 +122,7 @@ class Searcher:
 
     def __init__(self, plan: Plan, settings: mem.Settings = mem.DEFAULT, fixed=frozenset()):
         self.plan, self.settings, self.fixed = plan, settings, fixed
-        self.checked = self.costed = 0
+        self.checked = self.costed = self.work = 0
         self._ok: dict[Plan, bool] = {}
         self._fit: dict[Plan, tuple[bool, int]] = {}
         self._cost: dict[Plan, Found] = {}
@@ -117,11 +131,13 @@ class Searcher:
         """No error and no warning of any rule (the written plan must lint clean)."""
         if p not in self._ok:
             self.checked += 1
+            self.work += RULE_WORK
             self._ok[p] = not any(d.severity.value in ("error", "warning") for d in check_plan(p, files=False))
         return self._ok[p]
 
     def fit(self, p: Plan) -> tuple[bool, int]:
         if p not in self._fit:
+            self.work += _work(p)
             try:
                 self._fit[p] = fits(p, self.settings)
             except ValueError:  # no schedule for these numbers: the rules said why
@@ -131,6 +147,7 @@ class Searcher:
     def cost(self, p: Plan, peak: int) -> Found:
         if p not in self._cost:
             self.costed += 1
+            self.work += _work(p)
             t, _ = timing(p, Topology.of(p), self.settings)
             self._cost[p] = Found(p, t, peak, changes(self.plan, p))
         return self._cost[p]
@@ -197,8 +214,10 @@ def search(plan: Plan, gpus: int | None = None, beam: int = BEAM, progress=None,
     s = Searcher(own, settings, fixed)
     result = Result(own, [])
     written = {n: plan.mesh.size(n) for n in AXIS_ORDER}
-    shapes = [(m, sizes) for sizes in degrees(base, cluster.world_size) if "mesh" not in fixed or sizes == written
-              for m in meshes(base, sizes)]
+    combos = [sizes for sizes in degrees(base, cluster.world_size) if "mesh" not in fixed or sizes == written]
+    probed = bounded(combos, written, MAX_DEGREES)
+    result.unprobed = len(combos) - len(probed)
+    shapes = [(m, sizes) for sizes in probed for m in meshes(base, sizes)]
     result.shapes = len(shapes)
     bar = progress or _Silent()
     bar.total(len(shapes) + 2 * beam)
@@ -221,6 +240,9 @@ def search(plan: Plan, gpus: int | None = None, beam: int = BEAM, progress=None,
     probes = []
     for mesh, sizes in shapes:
         bar.advance(1, f"shapes ({s.costed} layouts costed)")
+        if s.work > WORK:
+            result.unsearched += 1
+            continue
         sp = sp_choices(base, sizes["tp"], fixed)[0]
         frugal = s.frugal(mesh, sp)
         if not frugal:
@@ -243,6 +265,9 @@ def search(plan: Plan, gpus: int | None = None, beam: int = BEAM, progress=None,
     ranked = []
     for frame in frames:
         bar.advance(beam / len(frames), f"schedules ({s.costed} layouts costed)")
+        if s.work > WORK:
+            result.unsearched += 1
+            continue
         ranked += best([frame])
     ranked.sort(key=lambda x: x[0])
     sizes_of = {id(mesh): sizes for _, _, mesh, sizes in kept}
@@ -250,6 +275,9 @@ def search(plan: Plan, gpus: int | None = None, beam: int = BEAM, progress=None,
               for mb in micro_batches(base, per_rank(sizes_of[id(mesh)]), fixed)]
     for frame in frames:  # every zero stage now, not only those that lighten the recompute
         bar.advance(beam / len(frames), f"micro-batches ({s.costed} layouts costed)")
+        if s.work > WORK:
+            result.unsearched += 1
+            continue
         best([frame], corners=False)
 
     if s.passes(own):
@@ -260,6 +288,21 @@ def search(plan: Plan, gpus: int | None = None, beam: int = BEAM, progress=None,
     result.ranked = sorted(unique.values(), key=lambda f: (f.timing.step, f.peak))
     result.costed, result.checked = s.costed, s.checked
     return result
+
+
+def _work(p: Plan) -> int:
+    """What a memory test or an estimate of ``p`` costs, in the units of :data:`WORK`."""
+    return p.model.layers + p.pp * p.pipeline.virtual_stages * p.microbatches
+
+
+def bounded(combos: list[dict], own: dict, most: int) -> list[dict]:
+    """At most ``most`` of ``combos``: all when they are as few, else ``own`` (the plan's
+    degrees, when among them) and a sample spread evenly over the others, in their order."""
+    if len(combos) <= most:
+        return combos
+    others = [c for c in combos if c != own]
+    kept = [others[i * len(others) // (most - 1)] for i in range(most - 1)]
+    return ([own] if own in combos else []) + kept
 
 
 class _Silent:
