@@ -33,7 +33,7 @@ from ..diagnostics import Diagnostic, error, warning
 from ..reading import NotAFile
 from ..source import Sources, Span
 from . import ast
-from .parse import MAX_BYTES, decode, parse, size_text, too_large
+from .parse import MAX_BYTES, decode, parse, too_large, too_large_text
 
 MAX_IMPORT_DEPTH = 64  # files in one chain of imports, the root included
 
@@ -42,7 +42,7 @@ MAX_IMPORT_DEPTH = 64  # files in one chain of imports, the root included
 _SAYS = {
     "E005": "import not found: {p} is {r}",
     "E007": "imported file {p} is not a plan file: {r}",
-    "E008": "imported file {p} is {r}; a plan file may be at most " + f"{MAX_BYTES // 2**20} MiB",
+    "E008": "imported file {p} {r}",
 }
 
 
@@ -235,7 +235,8 @@ class Loader:
         self.sources.texts.pop(path, None)  # never quoted: keep no copy of it
         d = next(d for d in diags if d.is_error)
         if d.code == "E008":
-            return _File(path, None, ("E008", size_text(max(got.size, len(got.data))), None))
+            size = max(got.size, len(got.data))
+            return _File(path, None, ("E008", too_large_text(size if size > MAX_BYTES else None), None))
         where = f"{CODES[d.code]} at line {d.span.line}, column {d.span.col}"
         hint = f"dslc never shows an imported file's text; `dslc lint {path}` shows the error"
         return _File(path, None, ("E007", where, hint))
