@@ -33,7 +33,7 @@ from ..diagnostics import Diagnostic, error, warning
 from ..reading import NotAFile
 from ..source import Sources, Span
 from . import ast
-from .parse import MAX_BYTES, decode, parse, too_large, too_large_text
+from .parse import MAX_BYTES, decode, parse, too_large_text
 
 MAX_IMPORT_DEPTH = 64  # files in one chain of imports, the root included
 
@@ -244,9 +244,7 @@ class Loader:
     # -- both ------------------------------------------------------------------
 
     def _parse(self, path: str, data: bytes, size: int | None) -> tuple[ast.File | None, list[Diagnostic]]:
-        if size is not None and size > MAX_BYTES:
-            return None, [too_large(size, path)]
-        text, diags = decode(data, path)
+        text, diags = decode(data, path, size)
         if text is None:
             return None, diags
         self.sources.texts[path] = text

@@ -214,11 +214,13 @@ def too_large_text(size: int | None) -> str:
     return f"is {size_text(size)}; a plan file may be at most {MAX_BYTES // 2**20} MiB"
 
 
-def decode(data: bytes, file: str) -> tuple[str | None, list[Diagnostic]]:
-    """Bytes → text, or a diagnostic for binary, non-UTF-8 or oversized input."""
+def decode(data: bytes, file: str, size: int | None = None) -> tuple[str | None, list[Diagnostic]]:
+    """Bytes → text, or a diagnostic for binary, non-UTF-8 or oversized input. ``size``: the
+    file's size as its reader found it (:func:`dslc.reading.read_bytes` returns no byte
+    of a file longer than ``MAX_BYTES``: its size says so)."""
     here = Span.point(file)
-    if len(data) > MAX_BYTES:
-        return None, [too_large(len(data), file)]
+    if max(len(data), size or 0) > MAX_BYTES:
+        return None, [too_large(max(len(data), size or 0), file)]
     if b"\0" in data:
         return None, [error("E004", here, "file is binary (contains NUL bytes), not a plan")]
     try:
