@@ -364,7 +364,31 @@ def test_formatting_replaces_the_text_with_dslc_fmts(client, work):
     assert broken["result"] == [] and client.wait(lambda m: m.get("method") == "window/showMessage")
 
 
+def test_formatting_a_text_over_4_mib_says_e008_as_lint_does(client, work):
+    """dslc fmt's bound in the editor: a text longer than a plan may be is not formatted
+    (it was, whole, and alignment could make it many times longer), and says why."""
+    uri = open_doc(client, work / "plans" / "huge.plan", "// x\n" * (1 << 20))
+    assert [d["code"] for d in client.diagnostics(uri)["diagnostics"]] == ["E008"]
+    client.drain(0)
+    r = client.request("textDocument/formatting", {"textDocument": {"uri": uri}, "options": {"tabSize": 4, "insertSpaces": True}})
+    assert r["result"] == []
+    said = client.wait(lambda m: m.get("method") == "window/showMessage")["params"]["message"]
+    assert "not formatted" in said and "file is 5.0 MiB; a plan file may be at most 4 MiB" in said
+    client.notify("textDocument/didClose", {"textDocument": {"uri": uri}})
+    assert client.diagnostics(uri)["diagnostics"] == []
+
+
 # -- bad input ----------------------------------------------------------------------------
+
+
+def test_a_document_whose_uri_is_percent_encoded_is_linted(client, work):
+    """An editor writes a space in a file's name as %20; pygls keeps documents by the
+    decoded URI, and the server found none to lint."""
+    text = (work / "plans" / "llama3_70b.plan").read_text().replace("micro_batch = 1", "micro_batch = 0")
+    uri = (work / "plans" / "with space.plan").as_uri()
+    assert "%20" in uri
+    client.notify("textDocument/didOpen", {"textDocument": {"uri": uri, "languageId": "dslc-plan", "version": 1, "text": text}})
+    assert [d["code"] for d in client.diagnostics(uri)["diagnostics"]] == ["E015"]
 
 
 @pytest.mark.parametrize("junk", [

@@ -98,7 +98,7 @@ def _read(path: str):
         data, st = (sys.stdin.buffer.read(MAX_BYTES + 1), None) if path == "-" else reading.read_bytes(path, MAX_BYTES)
     except OSError as e:
         raise _IOFailed(f"cannot read {path}: {e.strerror or e}") from None
-    text, diags = decode(data, "<stdin>" if path == "-" else path)
+    text, diags = decode(data, "<stdin>" if path == "-" else path, st and st.st_size)
     return text, st, diags
 
 
