@@ -481,8 +481,11 @@ def test_a_document_not_opened_is_read_as_lint_reads_a_plan(lone, work, tmp_path
 
 def test_a_file_not_opened_is_still_answered_from_disk(lone, work):
     path = work / "plans" / "llama3_70b.plan"
-    md = ask(lone, "textDocument/hover", path.as_uri(), at(path.read_text(), "recompute = selective", 2))["contents"]["value"]
+    where = at(path.read_text(), "recompute = selective", 2)
+    md = ask(lone, "textDocument/hover", path.as_uri(), where)["contents"]["value"]
     assert "train.recompute" in md and not logged(lone, 0)
+    # only a file: URI names a file (pygls read the path of any scheme's)
+    assert ask(lone, "textDocument/hover", f"untitled:{path}", where) is None and not logged(lone, 0)
 
 
 @pytest.mark.parametrize("params", [
