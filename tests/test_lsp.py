@@ -474,7 +474,7 @@ def test_a_document_not_opened_is_read_as_lint_reads_a_plan(lone, work, tmp_path
     r = lone.request("textDocument/formatting", {"textDocument": {"uri": uri}, "options": {"tabSize": 4, "insertSpaces": True}})
     assert r.get("result") is None and "error" not in r, r
     said = logged(lone)
-    why = {"fifo": "not a regular file (a FIFO", "/dev/zero": "not a regular file (a character device)",
+    why = {"fifo": "it is a FIFO, not a regular file", "/dev/zero": "it is a character device, not a regular file",
            "300 MB": "E008: file is 300.0 MiB; a plan file may be at most 4 MiB", "binary": "E004"}[kind]
     assert len(said) == 4 and all(why in m and "is not read" in m for m in said), said
 

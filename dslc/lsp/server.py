@@ -39,6 +39,7 @@ from .. import __version__
 from ..front.fmt import FormatError, format_text
 from ..front.load import read_bytes
 from ..front.parse import decode
+from ..reading import NotAFile
 from .analysis import Analysis
 from .complete import complete
 from .definition import definition
@@ -78,8 +79,9 @@ class PlanServer(LanguageServer):
             data, st = read_bytes(path)
         except FileNotFoundError:
             raise Unknown(uri) from None
-        except OSError as e:
-            self.log(f"{path} is not read: {e.strerror}", lsp.MessageType.Warning)
+        except OSError as e:  # a FIFO, a device, a directory: never opened
+            why = f"it is {e.kind}, not a regular file" if isinstance(e, NotAFile) else e.strerror or type(e).__name__
+            self.log(f"{path} is not read: {why}", lsp.MessageType.Warning)
             raise Unknown(uri) from None
         text, problems = decode(data, path, st.st_size)
         if text is None:
