@@ -284,7 +284,7 @@ def test_a_text_longer_than_a_plan_given_or_formatted_is_e008(monkeypatch):
     assert len(text) < 600
     with pytest.raises(FormatError) as e:
         format_text(text, "p.plan")
-    assert e.value.diagnostic.code == "E008" and "formatted, the file would be" in str(e.value)
+    assert e.value.diagnostic.code == "E008" and "formatted, the file is 0.0 MiB; a plan file may be at most" in str(e.value)
 
 
 # --------------------------------------------------------------------------

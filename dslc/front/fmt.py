@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from ..diagnostics import Diagnostic, error
 from ..units import UNITS
 from . import ast
-from .parse import MAX_BYTES, parse, size_text, split_quantity, too_large
+from .parse import MAX_BYTES, parse, split_quantity, too_large, too_large_text
 from .textedit import TOKEN
 
 INDENT = "    "
@@ -109,8 +109,7 @@ def _check_size(text: str, file: str, formatted: bool = False) -> None:
         return
     d = too_large(size, file)
     if formatted:
-        d = error("E008", d.span, f"formatted, the file would be {size_text(size)}; a plan file may be at most "
-                  f"{MAX_BYTES // 2**20} MiB", "it is left as it is; a file this large is rarely a plan")
+        d = error("E008", d.span, "formatted, the file " + too_large_text(size), "it is left as it is")
     raise FormatError(f"{d.span}: {d.message}", d)
 
 
