@@ -294,13 +294,17 @@ def tiles(shape, chunks):
     2**d corners (inclusion-exclusion), and such a sum is unique: the chunks tile the
     tensor when their corners' signed counts are the tensor's own (an overlap or a hole,
     anywhere, leaves a corner counted). 2**d updates a chunk, in any order."""
+    d = len(shape)  # corner c: at the box's end in dim k where bit k is set, its sign
+    corners = [
+        ([c >> k & 1 for k in range(d)], (-1) ** bin(c).count("1")) for c in range(2**d)
+    ]
     counts = {}  # a corner: its signed count
-    boxes = [([0] * len(shape), shape, -1)] + [(c.offsets, c.sizes, 1) for c in chunks]
-    for offsets, sizes, sign in boxes:
-        for corner in range(2 ** len(shape)):  # bit k: at the box's end in dim k
-            far = [corner >> k & 1 for k in range(len(shape))]
-            point = tuple(o + s * f for o, s, f in zip(offsets, sizes, far))
-            counts[point] = counts.get(point, 0) + sign * (-1) ** sum(far)
+    for offsets, sizes, sign in [([0] * d, shape, -1)] + [
+        (c.offsets, c.sizes, 1) for c in chunks
+    ]:
+        for far, parity in corners:
+            point = tuple([o + s * f for o, s, f in zip(offsets, sizes, far)])
+            counts[point] = counts.get(point, 0) + sign * parity
     return not any(counts.values())
 
 
