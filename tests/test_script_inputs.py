@@ -201,6 +201,29 @@ def test_a_dashboard_without_its_package_is_one_line(tmp_path, run_script):
     assert error_line(out) == f"--tensorboard {board}: is a file, not a directory"
 
 
+def test_a_dashboard_folder_is_checked_like_the_other_outputs(tmp_path, run_script):
+    """Issue 50: --tensorboard DIR is checked before anything starts, as the output files
+    and --export-hf's folder are (one rule): a folder of the kernel's is one line, where
+    TensorBoard's writer thread printed a traceback after the script's error line, and ''
+    is argparse's one line, as --dump-losses '' is, where it was ignored. A folder to make
+    two levels down in a writable one is made, and logged into."""
+    script = compile_plan(tmp_path)
+    for flag, folder in (("--tensorboard", "/proc/self"), ("--tensorboard", "/sys/kernel"), ("--tensorboard", "/dev"),
+                         ("--tensorboard", "/proc/self/new"), ("--export-hf", "/proc/self")):
+        out = run_script(script, 1, flag, folder)
+        assert out.returncode == 1 and out.stdout == ""
+        assert out.stderr.startswith(f"train.py: error: {flag} {folder}") and len(out.stderr.splitlines()) == 1, out.stderr
+        assert out.stderr.endswith(": a folder of the kernel's, not one to write into\n")  # /proc/self: (a link to /proc/PID)
+    for flag in ("--tensorboard", "--dump-losses"):
+        out = run_script(script, 1, flag, "")
+        assert out.returncode == 2 and out.stdout == "", out.stderr
+        assert out.stderr.splitlines()[-1] == f"train.py: error: argument {flag}: an empty file name"
+    board = tmp_path / "runs" / "first"
+    out = run_script(script, 1, "--steps", 1, "--tensorboard", board)
+    assert out.returncode == 0, out.stderr
+    assert [p.name.split(".")[0] for p in board.iterdir()] == ["events"]
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_device_cuda_without_cuda_is_one_line(tmp_path, run_script):
     out = run_script(compile_plan(tmp_path), 1, "--device", "cuda")

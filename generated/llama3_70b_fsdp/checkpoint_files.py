@@ -11,9 +11,10 @@ writing) and COMMIT.json last (the step, the layout, the model, the data and the
 manifest's SHA-256).
 
 A load never unpickles: it rebuilds DCP's metadata from manifest.json after checking
-every field (types, shapes, dtypes, chunks inside their tensor and covering it, files that
-are regular files of the folder itself, offsets and lengths inside them, lengths near the
-tensor's bytes), then checks each item's sum before torch.load (weights_only) reads it.
+every field (types, shapes, dtypes, chunks inside their tensor and tiling it, with no
+overlap and no hole; files that are regular files of the folder itself, offsets and
+lengths inside them, lengths near the tensor's bytes), then checks each item's sum before
+torch.load (weights_only) reads it.
 Cleaning up deletes only folders whose MADE_BY.json names this model and data."""
 
 import hashlib
@@ -248,6 +249,10 @@ def read_manifest(path, digest, wanted):
             fail(
                 f"{file}: {key}'s chunks hold {volume} elements, not the {math.prod(shape)} of its shape"
             )
+        if not tiles(shape, metas):
+            fail(
+                f"{file}: {key}'s chunks overlap, and leave as many of its {list(shape)} elements in none"
+            )
         state[key] = TensorStorageMetadata(
             TensorProperties(dtype=dtype), torch.Size(shape), metas
         )
@@ -281,6 +286,26 @@ def chunk_fields(chunk, shape, where):
             f"{where}: its file {chunk['file']!r} is not one DCP writes into the checkpoint's own folder"
         )
     return offsets, sizes, chunk["file"]
+
+
+def tiles(shape, chunks):
+    """Whether `chunks` (ChunkStorageMetadata) tile a tensor of `shape` exactly: each
+    element in one chunk. A box is the signed sum of the orthants {x >= corner} at its
+    2**d corners (inclusion-exclusion), and such a sum is unique: the chunks tile the
+    tensor when their corners' signed counts are the tensor's own (an overlap or a hole,
+    anywhere, leaves a corner counted). 2**d updates a chunk, in any order."""
+    d = len(shape)  # corner c: at the box's end in dim k where bit k is set, its sign
+    corners = [
+        ([c >> k & 1 for k in range(d)], (-1) ** bin(c).count("1")) for c in range(2**d)
+    ]
+    counts = {}  # a corner: its signed count
+    for offsets, sizes, sign in [([0] * d, shape, -1)] + [
+        (c.offsets, c.sizes, 1) for c in chunks
+    ]:
+        for far, parity in corners:
+            point = tuple([o + s * f for o, s, f in zip(offsets, sizes, far)])
+            counts[point] = counts.get(point, 0) + sign * parity
+    return not any(counts.values())
 
 
 def is_whole_number(v):
