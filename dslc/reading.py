@@ -45,10 +45,11 @@ def shown(path: str) -> str:
 
 def within(path: str, folder: str) -> bool:
     """Whether ``path`` is ``folder`` or lies below it, by their names (``..`` resolved,
-    no link followed: give real paths for that, as :func:`inside` does). The one
-    confinement rule of what dslc writes, reads from a commit and mounts in a pod."""
-    path, folder = os.path.normpath(path), os.path.normpath(folder)
-    return os.path.isabs(path) == os.path.isabs(folder) and os.path.commonpath([path, folder]) == folder
+    relative to the working directory; no link followed: give real paths for that, as
+    :func:`inside` does). The one confinement rule of what dslc writes, reads from a
+    commit and mounts in a pod."""
+    path, folder = os.path.abspath(path), os.path.abspath(folder)
+    return os.path.commonpath([path, folder]) == folder
 
 
 def inside(path: str, folder: str) -> bool:

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..ir import Plan
+from ..reading import inside
 from .errors import CodegenError
 from .package import MODULES
 from .render import SCHEDULE_FILE, render, shared_stamp
@@ -100,7 +101,7 @@ def _refuse(target: Path, root: Path, sources: Iterable[str]) -> None:
     folders = [os.path.realpath(root), os.path.realpath(target)]
     inside = [
         s for s in sources
-        if os.path.isfile(s) and any(os.path.realpath(s).startswith(os.path.join(f, "")) for f in folders)
+        if os.path.isfile(s) and any(inside(s, f) for f in folders)
     ]
     inside += [str(p) for p in (root.glob("*.plan") if root.is_dir() else ())]
     inside += [  # links are not followed: a folder of checkpoints is walked once
