@@ -365,10 +365,10 @@ plan p {{
 """
 
 
-def _pod_sees(project: Path, plan_file: str, out: str, data: str, blocks: str, files: dict[str, str]):
+def _pod_sees(project: Path, plan_file: str, out: str, data: str, blocks: str, files: dict[str, str]) -> dict:
     """Compiles the plan at ``project/plan_file`` with ``-o out`` (from ``project``, as the
     stamp's command runs), then follows each path the manifest's command and args use
-    through its volume mounts: (what serves it, the file on this machine it is)."""
+    through its volume mounts (:func:`_follow`)."""
     for name, text in files.items():
         path = project / name if not os.path.isabs(name) else Path(name)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -379,7 +379,14 @@ def _pod_sees(project: Path, plan_file: str, out: str, data: str, blocks: str, f
     done = subprocess.run([sys.executable, "-m", "dslc", "compile", "-q", plan_file, "-o", out], cwd=project, env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    folder = project / out / "p" if not os.path.isabs(out) else Path(out) / "p"
+    return _follow(project, project / out / "p" if not os.path.isabs(out) else Path(out) / "p")
+
+
+def _follow(project: Path, folder: Path) -> dict:
+    """What the pod of ``folder``'s trainjob.yaml finds at each path its command and args
+    use, the image holding ``project`` at /workspace: {"program": the file on this machine
+    (None when the folder is not in the project), "data": each data file as the data
+    claim must hold it, "checkpoints": --checkpoint-dir}."""
     doc = yaml.safe_load((folder / "trainjob.yaml").read_text())
     pod = doc["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
     spec = pod["template"]["spec"]["template"]["spec"]
@@ -468,6 +475,20 @@ def test_the_pod_finds_the_program_its_data_and_its_checkpoints(tmp_path, case):
               "absolute": [str(tmp_path / "shared data" / "a.txt"), "plans/sub/b.txt"]}[case]
     assert [os.path.realpath(f) for f in seen["data"]] == [os.path.realpath(project / w) for w in wanted]
     assert seen["checkpoints"] == (None if case in ("beside", "absolute") else "/checkpoints")
+
+
+@pytest.mark.parametrize("name", sorted(_plans()))
+def test_every_committed_trainjob_finds_its_program_and_data(name):
+    """generated/: the image holds this repository at /workspace; each data file the pod
+    reads through the data volume is the file the plan names."""
+    plan = _plans()[name]
+    seen = _follow(ROOT, ROOT / "generated" / name)
+    assert seen["program"] == ROOT / "generated" / name / "train.py"
+    ev = plan.train.eval
+    named = plan.train.data.files + (ev.data.files if ev else ())
+    wanted = [os.path.normpath(os.path.join(os.path.dirname(plan.file), s.path)) for s in named]
+    assert seen["data"] == wanted
+    assert seen["checkpoints"] == ("/checkpoints" if plan.train.checkpoint else None)
 
 
 @pytest.mark.parametrize("out, folder", [
