@@ -81,10 +81,8 @@ def _kubernetes(plan: Plan, name: str, out_dir: str, reads_files: bool) -> dict:
         # what the image must hold, for the comment: the project, or this folder alone
         "k8s_image_holds": f"the project (the folder the command above runs in) at {IMAGE_ROOT}" if whole else f"this folder at {comment_safe(program)}",
         "k8s_args": [_yaml(a) for a in args],
-        "k8s_volumes": ", ".join(
-            [f"the data files read-only at {POD_DATA}"] * reads_files
-            + [f"the checkpoints at {POD_CHECKPOINTS}, a volume every pod sees"] * bool(ck)
-        ),
+        "k8s_volumes": [f"{POD_DATA}: the data files, read-only"] * reads_files
+        + [f"{POD_CHECKPOINTS}: the checkpoints, on a volume every pod sees"] * bool(ck),
         "k8s_data_mount": _yaml(POD_DATA) if reads_files else None,
         "k8s_checkpoint_mount": _yaml(POD_CHECKPOINTS) if ck else None,
         "master_port": MASTER_PORT,
