@@ -261,6 +261,29 @@ def test_launch_sh_ignores_the_callers_shell(tmp_path):
     assert "step 1/1" in out.stdout and "hijacked" not in out.stdout
 
 
+def test_data_root_and_checkpoint_dir_move_what_the_plan_names(tmp_path, run_script):
+    """trainjob.yaml mounts the data volume at /data and the checkpoints' at /checkpoints
+    and says so in train.py's args (issue 49 item 1, issue 50 item 2): --data-root reads
+    each data file at its path below DATA_ROOT there, --checkpoint-dir saves and resumes
+    there; the plan's own folders are not touched."""
+    (tmp_path / "data" / "sub").mkdir(parents=True)
+    (tmp_path / "data" / "sub" / "v.txt").write_bytes(bytes(range(32)) * 8)
+    script = compile_plan(tmp_path, data='text("data/sub/v.txt"); checkpoint { every = 1; dir = "ck" }')
+    mounted = tmp_path / "volume"  # the data volume, holding what DATA_ROOT (data/sub) holds
+    mounted.mkdir()
+    (tmp_path / "data" / "sub" / "v.txt").rename(mounted / "v.txt")
+    run = tmp_path / "run"
+    run.mkdir()
+    out = run_script(script, 1, "--data-root", str(mounted), "--checkpoint-dir", str(tmp_path / "ckpt"), cwd=run)
+    assert out.returncode == 0, out.stderr
+    assert sorted(os.listdir(tmp_path / "ckpt")) == ["step0000001", "step0000002"] and not (run / "ck").exists()
+    again = run_script(script, 1, "--data-root", str(mounted), "--checkpoint-dir", str(tmp_path / "ckpt"), "--resume", cwd=run)
+    assert again.returncode == 0 and "step 2" in again.stdout, again.stdout + again.stderr
+    # without it the script reads DATA_ROOT beside itself, where the file no longer is
+    missing = run_script(script, 1, cwd=run)
+    assert missing.returncode == 1 and "v.txt" in error_line(missing)
+
+
 def test_a_checkpoint_folder_that_is_a_file_is_refused_at_start(tmp_path, run_script):
     script = compile_plan(tmp_path, data='synthetic; checkpoint { every = 1; dir = "ck" }')
     (tmp_path / "ck").write_text("")  # CHECKPOINT_DIR is relative to the working directory

@@ -18,6 +18,7 @@ from .. import reading
 from ..front.fmt import FormatError, format_text
 from ..front.load import linked, unquoted
 from ..front.parse import MAX_BYTES, decode
+from ..reading import inside, within
 from ..source import Sources
 from .inputs import UsageError, emit, expand, write_whole
 
@@ -28,6 +29,7 @@ class _IOFailed(Exception):
 
 def run(args) -> int:
     files = expand(args.paths)
+    folders = [p for p in args.paths if p != "-" and os.path.isdir(p)]
     if "-" in files and len(files) > 1:
         raise UsageError("'-' (standard input) cannot be mixed with files")
     changed, kept, failed, io_failed = [], 0, 0, 0
@@ -70,6 +72,7 @@ def run(args) -> int:
                 print(f"would reformat {name}", file=sys.stderr)
             continue
         try:
+            _confined(path, args.paths, folders)
             _write(path, out, st)
         except _IOFailed as e:
             print(f"dslc: error: {e}", file=sys.stderr)
@@ -100,6 +103,15 @@ def _read(path: str):
         raise _IOFailed(f"cannot read {path}: {e.strerror or e}") from None
     text, diags = decode(data, "<stdin>" if path == "-" else path, st and st.st_size)
     return text, st, diags
+
+
+def _confined(path: str, named: list[str], folders: list[str]) -> None:
+    """A file found in a folder given (not named itself) is rewritten only when it is in
+    that folder, links followed: a link in a pull request's folder may lead to any file
+    this user can write."""
+    found_in = [f for f in folders if within(path, f)] if path not in named else []
+    if found_in and not any(inside(path, f) for f in found_in):
+        raise _IOFailed(f"{path} is a symbolic link out of {found_in[0]}: not rewritten (name it to format the file it leads to)")
 
 
 def _write(path: str, text: str, st: os.stat_result) -> None:

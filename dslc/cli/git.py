@@ -6,7 +6,8 @@ git runs with an argument list, never a shell, and REV is first resolved to a co
 neither REV nor a path can become an option of git. A commit's files are read as the
 working tree's are (:class:`dslc.front.load.Files`): at most ``MAX_BYTES`` each, only
 blobs (a folder or a submodule is not a file), an import outside the repository from
-this machine, as the working tree's plans read it.
+this machine, as the working tree's plans read it; a symbolic link of the commit is
+followed only inside the repository (one out of it is an error, its target never read).
 
 A plan file is touched when it, or any file it imports at any depth, changed between
 REV and the working tree (a change to ``clusters/h100.plan`` touches every plan that
@@ -24,7 +25,7 @@ from ..diagnostics import printable
 from ..front import ast
 from ..front.load import Files, Loader, Read
 from ..front.parse import MAX_BYTES
-from ..reading import NotAFile
+from ..reading import NotAFile, within
 from ..source import Sources
 from .inputs import UsageError
 
@@ -117,8 +118,8 @@ class Repo:
 
     def rel(self, path: str) -> str | None:
         """``path`` relative to the repository's root, or None when it is outside it."""
-        r = os.path.relpath(os.path.normpath(os.path.join(self.cwd, path)), self.top)
-        return None if r == ".." or r.startswith("../") or os.path.isabs(r) else r
+        full = os.path.normpath(os.path.join(self.cwd, path))
+        return os.path.relpath(full, self.top) if within(full, self.top) else None
 
     def shown(self, rel: str) -> str:
         return os.path.relpath(os.path.join(self.top, rel), self.cwd)
@@ -191,9 +192,13 @@ class Tree(Files):
 
     def _resolve(self, path: str) -> tuple[str | None, str, tuple | None]:
         """(repository path, path on this machine, entry) after the commit's symbolic links;
-        repository path None: outside it, read from this machine."""
+        repository path None: a path outside it, read from this machine. A link of the
+        commit is followed only inside the repository: its target is the commit's text,
+        and one out of it would let the commit choose a file of this machine to read."""
         rel = self.repo.rel(path)
-        for _ in range(LINKS):
+        for hops in range(LINKS):
+            if rel is None and hops:
+                raise OSError(errno.EPERM, "a symbolic link out of the repository, not followed", path)
             if rel is None:
                 return None, path, None
             entry = self._entry(rel)

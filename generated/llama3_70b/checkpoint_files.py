@@ -50,7 +50,6 @@ from utils import (
     write_json,
 )
 
-CHECKPOINT_DIR = "checkpoints/llama3_70b"  # relative to the working directory
 CHECKPOINT_KEEP = 0  # the newest kept; 0: all
 FINGERPRINT = {
     "model": {
@@ -328,8 +327,8 @@ def data_file_size(path, name, where):
     return st.st_size
 
 
-def step_folder(step):
-    return os.path.join(CHECKPOINT_DIR, f"step{step:07d}")
+def step_folder(folder, step):
+    return os.path.join(folder, f"step{step:07d}")
 
 
 def claim(folder):
@@ -377,24 +376,23 @@ def commit(writer, final, step, began):
     ):  # a run resumed before it saves it again (save checked it is ours)
         shutil.rmtree(final)
     os.rename(partial, final)
-    fsync_folder(CHECKPOINT_DIR)
+    folder = os.path.dirname(final)  # the checkpoints' folder
+    fsync_folder(folder)
     size = sum(f.stat().st_size for f in os.scandir(final) if f.is_file())
-    committed = committed_steps()
+    committed = committed_steps(folder)
     for old in committed[:-CHECKPOINT_KEEP] if CHECKPOINT_KEEP else []:
         if old != step and ours(
-            step_folder(old)
+            step_folder(folder, old)
         ):  # never the one just made, even under newer ones
-            shutil.rmtree(step_folder(old), ignore_errors=True)
-    for name in os.listdir(
-        CHECKPOINT_DIR
-    ):  # this model's saves that crashed before this one
-        folder = os.path.join(CHECKPOINT_DIR, name)
+            shutil.rmtree(step_folder(folder, old), ignore_errors=True)
+    for name in os.listdir(folder):  # this model's saves that crashed before this one
+        crashed = os.path.join(folder, name)
         if (
             name.endswith(".partial")
             and name < os.path.basename(final)
-            and ours(folder)
+            and ours(crashed)
         ):
-            shutil.rmtree(folder, ignore_errors=True)
+            shutil.rmtree(crashed, ignore_errors=True)
     print(
         f"checkpoint {final}: step {step}, {human_size(size)} in {time.perf_counter() - began:.1f} s",
         flush=True,
@@ -409,19 +407,17 @@ def fsync_folder(path):
         os.close(fd)
 
 
-def committed_steps():
+def committed_steps(folder):
     """The steps of the committed checkpoints, oldest first."""
-    if not os.path.isdir(CHECKPOINT_DIR):
+    if not os.path.isdir(folder):
         return []
     names = [
-        n
-        for n in os.listdir(CHECKPOINT_DIR)
-        if n.startswith("step") and n[4:].isdecimal()
+        n for n in os.listdir(folder) if n.startswith("step") and n[4:].isdecimal()
     ]
     return sorted(
         int(n[4:])
         for n in names
-        if os.path.lexists(os.path.join(CHECKPOINT_DIR, n, "COMMIT.json"))
+        if os.path.lexists(os.path.join(folder, n, "COMMIT.json"))
     )
 
 

@@ -61,9 +61,10 @@ STEPS = 300
 SEED = 1234
 PRECISION = "fp32"
 GRAD_CLIP = 1.0  # max global gradient norm
-# (weight, format, path relative to this file, id type of a raw tokens file)
+DATA_ROOT = "../../data"  # the data files' folder, relative to this file (--data-root: elsewhere)
+# (weight, format, path below DATA_ROOT, id type of a raw tokens file)
 DATA = [
-    (1.0, "text", "../../data/verse.txt", "uint8"),
+    (1.0, "text", "verse.txt", "uint8"),
 ]
 COMPILE = None  # torch.compile each block; None: on CUDA, not on CPU
 # forward and backward, attention causal, as dslc explain counts
@@ -83,6 +84,12 @@ parser.add_argument("--share-gpu", action="store_true", help="all ranks on one G
 parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=COMPILE)
 parser.add_argument(
     "--data", metavar="FILE", type=file_name, help="instead of the plan's training data"
+)
+parser.add_argument(
+    "--data-root",
+    metavar="DIR",
+    type=file_name,
+    help="where DATA_ROOT is (a pod's data volume)",
 )
 outputs = {  # written after training, so refused now if they cannot be
     "--dump-losses": "the global loss of every step, as JSON",
@@ -129,7 +136,8 @@ if args.device == "cuda":
 init_process_group(RANK, WORLD_SIZE, TIMEOUT, args.device, args.share_gpu)
 build_process_groups(RANK, MESH, GROUP_AXES, TIMEOUT)
 master = RANK == 0  # logs and writes files
-TRAIN = open_data(DATA, here, seed=args.seed, override=args.data)
+data_root = args.data_root or os.path.join(here, DATA_ROOT)
+TRAIN = open_data(DATA, data_root, seed=args.seed, override=args.data)
 
 # -----------------------------------------------------------------------------
 # Model and optimizer
