@@ -33,7 +33,8 @@ failure is replayed alone, on any machine):
 A traceback is an exception that reaches the harness, an exit status 3 or "internal
 error" (dslc), a line on stderr that is not ``train.py: error: ...`` alone (the
 script), or a server that dies or logs an internal error; a hang is a case past
-``LIMIT`` seconds. Memory is each worker's peak resident set; the campaign fails above
+``LIMIT`` seconds (a SIGALRM, which Python takes between bytecodes: a loop that never
+left C code would stall its worker, and the campaign, rather than count). Memory is each worker's peak resident set; the campaign fails above
 ``MEMORY_BOUND``. The fixed-size samples in tests/test_fuzz.py run these targets in CI.
 """
 
@@ -446,11 +447,13 @@ def lsp_case(case: int, seed: int, state: dict) -> tuple[str, str]:
                 lsp_alive(own, state)
                 outcome = "bad frame: answered after it"
             except (TimeoutError, BrokenPipeError):
-                own.proc.kill()
-                code = own.proc.wait(LIMIT)
-                assert code in (0, 1, -9), f"exit {code}"
+                code = own.proc.poll()
+                if code is None:  # neither answered nor gone
+                    raise Hang() from None
+                assert code in (0, 1), f"exit {code}"
                 outcome = "bad frame: ended the stream"
             assert not own.errors, own.errors
+            state["peak"] = max(state.get("peak", 0), peak_of(own.proc.pid))
         finally:
             own.proc.kill()
         return outcome, ""
@@ -531,16 +534,20 @@ def worker(target: str, work: str, made: dict, cases: range, seed: int) -> Tally
         tally.cases += 1
         tally.slowest = max(tally.slowest, (time.perf_counter() - began, case))
     tally.peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    if state.get("client"):  # the server's peak, not this client's
-        tally.peak_rss = peak_of(state["client"].proc.pid)
+    if state.get("client"):  # the servers' peak, not this client's
+        tally.peak_rss = max(state.get("peak", 0), peak_of(state["client"].proc.pid))
         state["client"].proc.kill()
     return tally
 
 
 def peak_of(pid: int) -> int:
-    """The peak resident memory of a running process, in bytes (Linux's VmHWM)."""
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+    """The peak resident memory of a running process, in bytes (Linux's VmHWM; 0 once it
+    has ended)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next((int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:")), 0)
+    except FileNotFoundError:
+        return 0
 
 
 def _worker(args) -> Tally:

@@ -382,3 +382,25 @@ def test_a_link_out_of_the_repository_at_rev_is_not_followed(tmp_path, capsys, m
     assert plans["b"]["base"]["costed"] is False and "E005" in plans["b"]["base"]["errors"]
     assert "cannot read import ../clusters/c.plan: a symbolic link out of the repository, not followed" in json.dumps(out)
     assert plans["d"]["status"] == "unchanged"  # its import, a link inside, read from the commit
+
+
+def test_a_link_out_of_the_repository_in_the_working_tree_is_not_followed(tmp_path, capsys, monkeypatch):
+    """The working tree is the pull request's side: a plan added there as a symbolic link
+    out of the repository (to a file of the CI machine's) is refused in one line as the
+    commit's side refuses one, and its plan, cluster and costs reach no comment."""
+    outside, repo = tmp_path / "outside", tmp_path / "repo"
+    outside.mkdir()
+    (repo / "plans").mkdir(parents=True)
+    demo = (PLANS / "tiny_demo.plan").read_text()
+    (outside / "secret.plan").write_text(demo.replace("cpu4", "sekrit_cluster").replace("plan tiny_demo", "plan sekrit_plan"))
+    (repo / "plans" / "ok.plan").write_text(demo)
+    git(repo, "init", "-q")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "base")
+    (repo / "plans" / "x.plan").symlink_to("../../outside/secret.plan")
+    monkeypatch.chdir(repo)
+    errs: list[str] = []
+    status, out = diff(capsys, "--git", "HEAD", "--format", "markdown", err=errs)
+    (err,) = errs
+    assert status == 2 and out == "" and err.count("\n") == 1, err
+    assert "plans/x.plan" in err and "a symbolic link out of the repository, not followed" in err and "sekrit" not in err

@@ -327,26 +327,29 @@ def test_fmt_rewrites_in_place_through_links_with_the_files_mode_and_leaves_a_br
 
 def test_fmt_of_a_folder_rewrites_no_file_outside_it_through_a_link(tmp_path, capsys):
     """Issue 50 item 9: `dslc fmt DIR` rewrote the file a link inside DIR leads to outside
-    it (a pull request's folder may hold a link to any file the CI user can write). It is
-    refused in one line (exit 2) and left as it is, the other files formatted; a link to a
-    file inside DIR, or a link named on the command line, is still followed."""
+    it (a pull request's folder may hold a link to any file the CI user can write), and
+    `--diff` printed it whole. It is refused in one line (exit 2), never read, the other
+    files formatted; a link to a file inside DIR, or a link named on the command line, is
+    still followed."""
     folder, outside = tmp_path / "plans", tmp_path / "outside"
     folder.mkdir()
     outside.mkdir()
-    (outside / "victim.plan").write_text("plan v{x=1}\n")
+    (outside / "victim.plan").write_text("plan v{x=1} // secret\n")
     (folder / "out.plan").symlink_to("../outside/victim.plan")
     (folder / "mine.plan").write_text("plan m{x=1}\n")
     (folder / "to_mine.plan").symlink_to("mine.plan")
     (folder / "sub").symlink_to(outside, target_is_directory=True)  # a folder out: no walk through it
     assert main(["fmt", str(folder)]) == 2
     err = capsys.readouterr().err
-    assert (outside / "victim.plan").read_text() == "plan v{x=1}\n"
-    assert f"dslc: error: {folder / 'out.plan'} is a symbolic link out of {folder}: not rewritten" in err
+    assert (outside / "victim.plan").read_text() == "plan v{x=1} // secret\n"
+    assert f"dslc: error: {folder / 'out.plan'} is a symbolic link out of {folder}: not read" in err
     assert (folder / "mine.plan").read_text() == "plan m { x = 1 }\n" and (folder / "to_mine.plan").is_symlink()
-    assert main(["fmt", "--check", str(folder)]) == 1  # checked, as lint reads it; nothing written
-    assert "would reformat" in capsys.readouterr().err and (outside / "victim.plan").read_text() == "plan v{x=1}\n"
+    for flag in ("--check", "--diff"):
+        assert main(["fmt", flag, str(folder)]) == 2  # nothing outside read, shown or written
+        out, err = capsys.readouterr()
+        assert "secret" not in out + err and "not read" in err
     assert main(["fmt", str(folder / "out.plan")]) == 0  # named: the file it leads to
-    assert (outside / "victim.plan").read_text() == "plan v { x = 1 }\n"
+    assert (outside / "victim.plan").read_text() == "plan v { x = 1 }  // secret\n"
 
 
 def test_standard_input_goes_to_standard_output(monkeypatch, capsys):

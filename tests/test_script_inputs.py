@@ -285,8 +285,15 @@ def test_data_root_and_checkpoint_dir_move_what_the_plan_names(tmp_path, run_scr
 
 
 def test_a_checkpoint_folder_that_is_a_file_is_refused_at_start(tmp_path, run_script):
+    """The checkpoint folder, the plan's or --checkpoint-dir's, is checked as the other
+    output folders are (utils.output_folder): a file, a folder of the kernel's or one that
+    cannot be written is one line before training, not a traceback at the first save."""
     script = compile_plan(tmp_path, data='synthetic; checkpoint { every = 1; dir = "ck" }')
     (tmp_path / "ck").write_text("")  # CHECKPOINT_DIR is relative to the working directory
     out = run_script(script, 1, cwd=tmp_path)
     assert out.returncode == 1 and out.stdout == ""
-    assert error_line(out) == "checkpoints go into ck, which is a file, not a directory"
+    assert error_line(out) == "--checkpoint-dir ck: is a file, not a directory"
+    for folder in ("/proc/self", "/sys/kernel/new"):
+        out = run_script(script, 1, "--checkpoint-dir", folder, cwd=tmp_path)
+        assert out.returncode == 1 and out.stdout == "", out.stderr
+        assert error_line(out).endswith("a folder of the kernel's, not one to write into")

@@ -208,7 +208,7 @@ class Checkpoint:
 
     def path(self, name: str) -> str:
         path = os.path.join(self.folder, name)
-        if os.path.commonpath([os.path.realpath(path), self.root]) != self.root:
+        if not reading.inside(path, self.root):
             raise Refused("file", f"{reading.shown(path)}: leads out of the checkpoint's folder")
         return path
 

@@ -36,6 +36,8 @@ def run(args) -> int:
     for path in files:
         name = "<stdin>" if path == "-" else path
         try:
+            if path != "-":
+                _confined(path, args.paths, folders)
             text, st, problems = _read(path)
         except _IOFailed as e:
             print(f"dslc: error: {e}", file=sys.stderr)
@@ -72,7 +74,6 @@ def run(args) -> int:
                 print(f"would reformat {name}", file=sys.stderr)
             continue
         try:
-            _confined(path, args.paths, folders)
             _write(path, out, st)
         except _IOFailed as e:
             print(f"dslc: error: {e}", file=sys.stderr)
@@ -106,12 +107,12 @@ def _read(path: str):
 
 
 def _confined(path: str, named: list[str], folders: list[str]) -> None:
-    """A file found in a folder given (not named itself) is rewritten only when it is in
-    that folder, links followed: a link in a pull request's folder may lead to any file
-    this user can write."""
+    """A file found in a folder given (not named itself) is read, shown and rewritten only
+    when it is in that folder, links followed: a link in a pull request's folder may lead
+    to any file this user can read or write."""
     found_in = [f for f in folders if within(path, f)] if path not in named else []
     if found_in and not any(inside(path, f) for f in found_in):
-        raise _IOFailed(f"{path} is a symbolic link out of {found_in[0]}: not rewritten (name it to format the file it leads to)")
+        raise _IOFailed(f"{path} is a symbolic link out of {found_in[0]}: not read (name it to format the file it leads to)")
 
 
 def _write(path: str, text: str, st: os.stat_result) -> None:

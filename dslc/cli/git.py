@@ -25,7 +25,7 @@ from ..diagnostics import printable
 from ..front import ast
 from ..front.load import Files, Loader, Read
 from ..front.parse import MAX_BYTES
-from ..reading import NotAFile, within
+from ..reading import NotAFile, inside, within
 from ..source import Sources
 from .inputs import UsageError
 
@@ -124,28 +124,32 @@ class Repo:
     def shown(self, rel: str) -> str:
         return os.path.relpath(os.path.join(self.top, rel), self.cwd)
 
-    def touched(self, sha: str, within: list[str]) -> list[Touched]:
-        """The plan files under ``within`` (paths; the whole repository when empty) that a
+    def touched(self, sha: str, under: list[str]) -> list[Touched]:
+        """The plan files under the paths ``under`` (the whole repository when empty) that a
         change since ``sha`` touches, the working tree's order."""
-        scope = [self.rel(p) for p in within] or ["."]
+        scope = [self.rel(p) for p in under] or ["."]
         if None in scope:
-            raise UsageError(f"--git: {printable(within[scope.index(None)])} is outside the repository {printable(self.top)}")
+            raise UsageError(f"--git: {printable(under[scope.index(None)])} is outside the repository {printable(self.top)}")
         changed = changes(self.top, sha)
         paths = {p for pair in changed for p in pair if p}
         added = {new for old, new in changed if old is None}
         was = {new: old for old, new in changed if old and new}
 
-        def inside(rel: str) -> bool:
-            return rel.endswith(".plan") and any(s == "." or rel == s or rel.startswith(s + "/") for s in scope)
+        def in_scope(rel: str) -> bool:
+            return rel.endswith(".plan") and any(within(rel, s) for s in scope)
 
         tracked = _names(git(self.top, "ls-files", "-z", "--full-name").stdout) + untracked(self.top)
         loader = Loader(Sources(), [])
         out = []
         for rel in dict.fromkeys(tracked):
-            if inside(rel) and os.path.isfile(os.path.join(self.top, rel)) and self._closure(loader, self.shown(rel)) & paths:
+            if not in_scope(rel) or not os.path.isfile(os.path.join(self.top, rel)):
+                continue
+            if not inside(os.path.join(self.top, rel), self.top):  # as the commit's side: a pull request's link
+                raise UsageError(f"cannot read {printable(self.shown(rel))}: a symbolic link out of the repository, not followed")
+            if self._closure(loader, self.shown(rel)) & paths:
                 base = None if rel in added else self.shown(was.get(rel, rel))
                 out.append(Touched(base, self.shown(rel)))
-        out += [Touched(self.shown(old), None) for old, new in changed if new is None and old and inside(old)]
+        out += [Touched(self.shown(old), None) for old, new in changed if new is None and old and in_scope(old)]
         return out
 
     def _closure(self, loader: Loader, path: str) -> set[str]:

@@ -115,8 +115,7 @@ for flag in outputs:
 if args.export_hf:
     check_export_folder(args.export_hf)  # now, not after training
 output_folder("--tensorboard", args.tensorboard)  # before its writer's thread starts
-if os.path.exists(args.checkpoint_dir) and not os.path.isdir(args.checkpoint_dir):
-    fail(f"checkpoints go into {args.checkpoint_dir}, which is a file, not a directory")
+output_folder("--checkpoint-dir", args.checkpoint_dir)
 here = os.path.dirname(os.path.abspath(__file__))
 SCHEDULE = load_schedule(os.path.join(here, "schedule.json"))  # [pp rank][action]
 env = [os.environ.get(k, "unset") for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK")]
