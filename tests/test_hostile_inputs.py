@@ -194,13 +194,14 @@ def test_imported_plan_errors_are_located_but_not_quoted(tmp_path):
 
 @pytest.mark.parametrize("command", [("lint",), ("fmt", "--check"), ("fmt", "--diff"), ("fmt",)])
 def test_symlinked_root_is_not_echoed(tmp_path, command):
-    """`dslc lint plans/` or `dslc fmt --check plans/` in CI: a plan in the pull request
-    may be a symlink to a secret; dslc shows where its error is, not what it says (fmt
-    quotes what lint quotes, and leaves the file as it is)."""
+    """`dslc lint plans/` or `dslc fmt --check plans/evil.plan` in CI: a plan in the pull
+    request may be a symlink to a secret; dslc shows where its error is, not what it says
+    (fmt quotes what lint quotes, and leaves the file as it is; `fmt plans/` reads no file
+    linked out of plans/ at all: tests/test_fmt.py)."""
     (tmp_path / "secret").write_text(f"url = https://me:{SECRET}@example.com\n")
     (tmp_path / "plans").mkdir()
     (tmp_path / "plans" / "evil.plan").symlink_to(tmp_path / "secret")
-    r = RUN["dslc"](*command, "plans", cwd=tmp_path)
+    r = RUN["dslc"](*command, "plans" if command == ("lint",) else "plans/evil.plan", cwd=tmp_path)
     out = (r.stdout + r.stderr).decode()
     assert r.returncode == 1 and "plans/evil.plan:1:" in out, out
     assert SECRET not in out and "Traceback" not in out

@@ -14,9 +14,8 @@ import difflib
 import os
 import sys
 
-from .. import reading
 from ..front.fmt import FormatError, format_text
-from ..front.load import linked, unquoted
+from ..front.load import linked, read_text, unquoted
 from ..front.parse import MAX_BYTES, decode
 from ..reading import inside, within
 from ..source import Sources
@@ -98,12 +97,13 @@ def _summary(changed: int, kept: int, failed: int, dry: bool) -> str:
 def _read(path: str):
     """(text, status, []) of a plan file, or (None, status, diagnostics) when it is not
     UTF-8 text of a plan's size; standard input has no status."""
+    if path == "-":
+        text, diags = decode(sys.stdin.buffer.read(MAX_BYTES + 1), "<stdin>")
+        return text, None, diags
     try:
-        data, st = (sys.stdin.buffer.read(MAX_BYTES + 1), None) if path == "-" else reading.read_bytes(path, MAX_BYTES)
+        return read_text(path)
     except OSError as e:
         raise _IOFailed(f"cannot read {path}: {e.strerror or e}") from None
-    text, diags = decode(data, "<stdin>" if path == "-" else path, st and st.st_size)
-    return text, st, diags
 
 
 def _confined(path: str, named: list[str], folders: list[str]) -> None:

@@ -52,6 +52,15 @@ def read_bytes(path: str) -> tuple[bytes, os.stat_result]:
     return reading.read_bytes(path, MAX_BYTES)
 
 
+def read_text(path: str) -> tuple[str | None, os.stat_result, list[Diagnostic]]:
+    """The text of the plan file at ``path`` and its status, or None and why not (E004 not
+    UTF-8, E008 too large): the one bounded read and decoding of every reader of a plan
+    (the loader, fmt, the language server). OSError when it cannot be read at all."""
+    data, st = read_bytes(path)
+    text, diags = decode(data, path, st.st_size)
+    return text, st, diags
+
+
 def linked(path: str) -> bool:
     """Whether ``path`` reaches its file through a symbolic link: then the file may be any
     file on the machine (a plan's folder comes from a pull request), and its text is never

@@ -37,8 +37,7 @@ from pygls.workspace import TextDocument
 
 from .. import __version__
 from ..front.fmt import FormatError, format_text
-from ..front.load import read_bytes
-from ..front.parse import decode
+from ..front.load import read_text
 from ..reading import NotAFile
 from .analysis import Analysis
 from .complete import complete
@@ -76,14 +75,13 @@ class PlanServer(LanguageServer):
         if path is None:
             raise Unknown(uri)  # an untitled buffer never opened: nothing to read
         try:
-            data, st = read_bytes(path)
+            text, _, problems = read_text(path)
         except FileNotFoundError:
             raise Unknown(uri) from None
         except OSError as e:  # a FIFO, a device, a directory: never opened
             why = f"it is {e.kind}, not a regular file" if isinstance(e, NotAFile) else e.strerror or type(e).__name__
             self.log(f"{path} is not read: {why}", lsp.MessageType.Warning)
             raise Unknown(uri) from None
-        text, problems = decode(data, path, st.st_size)
         if text is None:
             self.log(f"{path} is not read: {problems[0].code}: {problems[0].message}", lsp.MessageType.Warning)
             raise Unknown(uri)
