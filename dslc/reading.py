@@ -43,6 +43,21 @@ def shown(path: str) -> str:
     return f"{path} (a link to {os.path.realpath(path)})" if os.path.islink(path) else path
 
 
+def within(path: str, folder: str) -> bool:
+    """Whether ``path`` is ``folder`` or lies below it, by their names (``..`` resolved,
+    relative to the working directory; no link followed: give real paths for that, as
+    :func:`inside` does). The one confinement rule of what dslc writes, reads from a
+    commit and mounts in a pod."""
+    path, folder = os.path.abspath(path), os.path.abspath(folder)
+    return os.path.commonpath([path, folder]) == folder
+
+
+def inside(path: str, folder: str) -> bool:
+    """Whether the file ``path`` leads to, through any links, lies in the folder
+    ``folder`` leads to."""
+    return within(os.path.realpath(path), os.path.realpath(folder))
+
+
 def require_regular(st: os.stat_result, path: str) -> None:
     """IsADirectoryError or NotAFile unless ``st`` is a regular file's status."""
     if stat.S_ISREG(st.st_mode):

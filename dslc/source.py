@@ -38,6 +38,7 @@ class Sources:
 
     texts: dict[str, str] = field(default_factory=dict)
     quoted: set[str] = field(default_factory=set)
+    _lines: dict[str, list[str]] = field(default_factory=dict, repr=False, compare=False)
 
     def line(self, file: str, line: int) -> str | None:
         """Line ``line`` of ``file`` as the parser counts lines (at '\\n' only, so a
@@ -45,5 +46,7 @@ class Sources:
         text = self.texts.get(file)
         if text is None or file not in self.quoted:
             return None
-        lines = text.split("\n")
+        if file not in self._lines:  # split once: a file may have 10^5 diagnostics
+            self._lines[file] = text.split("\n")
+        lines = self._lines[file]
         return lines[line - 1].removesuffix("\r") if 0 < line <= len(lines) else ""

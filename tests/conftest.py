@@ -117,7 +117,9 @@ def run_script(tmp_path_factory):
     The processes are forked from tests/forkserver.py, which has imported torch once,
     unless ``env`` sets a PYTHON* variable (read when an interpreter starts: a
     sitecustomize on PYTHONPATH) or ``torchrun`` is given (its flags, such as
-    --max-restarts): then a real interpreter, under torchrun for several ranks."""
+    --max-restarts): then a real interpreter, under torchrun for several ranks.
+    ``max_bytes``: a forked process's address space (a regression that keeps too much
+    fails with MemoryError, it does not take the machine)."""
     base = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
     base |= {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     outputs = tmp_path_factory.mktemp("runs")
@@ -143,11 +145,13 @@ def run_script(tmp_path_factory):
             raise subprocess.TimeoutExpired(argv, timeout, stdout, stderr)
         return subprocess.CompletedProcess(argv, code, stdout, stderr)
 
-    def run(train_py: Path, nproc: int, *args: str, timeout: float = 600, cwd=None, env=None, torchrun=None):
+    def run(train_py: Path, nproc: int, *args: str, timeout: float = 600, cwd=None, env=None, torchrun=None,
+            max_bytes=None):
         env = base | (env or {})
         args = [str(a) for a in args]
         if torchrun is None and all(env[k] == base.get(k) for k in env if k.startswith("PYTHON")):
-            return forked([str(train_py), *args], env, cwd, timeout, nproc)
+            return forked([str(train_py), *args], env, cwd, timeout, nproc, **({"max_bytes": max_bytes} if max_bytes else {}))
+        assert max_bytes is None, "max_bytes bounds a forked process only"
         if nproc > 1 or torchrun is not None:
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", *map(str, torchrun or ())]
             cmd += [f"--nproc-per-node={nproc}", str(train_py)]

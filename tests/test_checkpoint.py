@@ -306,6 +306,13 @@ def swap_chunks(m: dict) -> None:
         a[k], b[k] = b[k], a[k]
 
 
+def twice(m: dict) -> None:
+    """The weights' chunks [chunk 0, chunk 0]: their volume is the tensor's, rows 125 to
+    249 are in none (the issue's hole: a load that read rows 0 to 124 twice)."""
+    chunks = m["tensors"]["model.wte.weight"]["chunks"]
+    chunks[1] = dict(chunks[0])
+
+
 def flip_byte(path: Path, at: int) -> None:
     data = bytearray(path.read_bytes())
     data[at] ^= 0xFF
@@ -354,6 +361,8 @@ RECEIVED = {  # how a received checkpoint was changed -> what the error line say
     "a forged item": (forged_item, "not a saved tensor"),
     "a 2**50-element tensor": (lambda s: rewrite_manifest(s, lambda m: m["tensors"]["model.wte.weight"].update(shape=[2**50])), "model.wte.weight is [1125899906842624] 'float32' there"),
     "a chunk left out": (lambda s: rewrite_manifest(s, lambda m: m["tensors"]["model.wte.weight"]["chunks"].pop()), "model.wte.weight's chunks hold"),
+    "a chunk listed twice, the other left out": (lambda s: rewrite_manifest(s, twice), "model.wte.weight's chunks overlap, and leave as many"),
+    "a chunk moved onto the other": (lambda s: rewrite_manifest(s, lambda m: m["tensors"]["model.wte.weight"]["chunks"][1].update(offsets=[124, 0])), "model.wte.weight's chunks overlap"),
     "a float64 tensor": (lambda s: rewrite_manifest(s, lambda m: m["tensors"]["model.wte.weight"].update(dtype="float64")), "model.wte.weight is [250, 64] 'float64' there"),
     "step true": (lambda s: edit_json(s / "COMMIT.json", lambda c: c.update(step=True)), "step True, but the folder is step 2's"),
     "step 1,000,000": (lambda s: edit_json(s / "COMMIT.json", lambda c: c.update(step=10**6)), "step 1000000, but the folder is step 2's"),

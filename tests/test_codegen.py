@@ -462,17 +462,17 @@ def test_plan_strings_reach_the_script_only_as_literals():
         for line in files[name].splitlines():  # only in comments, escaped
             assert "pwned" not in line or line.startswith("# "), (name, line)
     # the manifest: in comments, or as a quoted string that YAML reads back whole (the
-    # data and checkpoint volumes' mount paths)
+    # program's path); the volumes are mounted at fixed paths, never the plan's
     manifest = yaml.safe_load(files["trainjob.yaml"])
     pod = manifest["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]
     mounts = pod["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
     assert {m["name"]: m["mountPath"] for m in mounts} == {
         "dshm": "/dev/shm",
-        "data": "/workspace/plans",  # the folder of plans/<HOSTILE>.txt, which the script reads
-        "checkpoints": os.path.normpath("/workspace/" + HOSTILE),
+        "data": "/data",  # plans/<HOSTILE>.txt is read there, as DATA_ROOT's
+        "checkpoints": "/checkpoints",
     }
     for line in files["trainjob.yaml"].splitlines():
-        assert "pwned" not in line or line.lstrip().startswith(("# ", "mountPath: \"")), line
+        assert "pwned" not in line or line.lstrip().startswith(("# ", "- \"/workspace/")), line
 
 
 @pytest.mark.parametrize("name", ["x; import os", "../../etc", "a b", "", "ö"])
@@ -643,8 +643,10 @@ def test_every_unsupported_feature_is_named_at_once(tmp_path, capsys):
 def test_data_path_is_relative_to_the_generated_script(tmp_path):
     plan = make_plan(tmp_path / "plans", data='text("../data/verse.txt")')
     view = codegen.view_model(plan, tmp_path / "generated")
-    # generated/p/ -> ../../data/verse.txt: the output moves with the repository
-    assert view["data_sources"] == [("1.0", "text", repr(os.path.join("..", "..", "data", "verse.txt")), "uint8")]
+    # generated/p/ -> ../../data/verse.txt: the output moves with the repository (the
+    # file below DATA_ROOT, which --data-root moves, as a pod's data volume)
+    assert view["data_root"] == repr(os.path.join("..", "..", "data"))
+    assert view["data_sources"] == [("1.0", "text", repr("verse.txt"), "uint8")]
     assert view["regenerate"] == "dslc compile plans/p.plan"
     assert (
         codegen.view_model(plan, tmp_path / "out")["regenerate"]

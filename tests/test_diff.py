@@ -335,3 +335,72 @@ def test_a_file_broken_on_both_sides_says_so_instead_of_no_change(tmp_path, caps
         (tmp_path / name).write_text(f'import "missing.plan"\nplan p {{ model = m; cluster = c; train {{ steps = {steps} }} }}\n')
     status, out = diff(capsys, tmp_path / "a.plan", tmp_path / "b.plan")
     assert status == 0 and "has errors on both sides (E005" in out and "not costed" in out
+
+
+def test_a_link_out_of_the_repository_at_rev_is_not_followed(tmp_path, capsys, monkeypatch):
+    """Issue 50 item 9: a plan committed at REV as a symbolic link (mode 120000) out of the
+    repository was read from this machine, and the plan there (its cluster's name) reached
+    the pull request's comment. A link of the commit is followed only inside the
+    repository: the plan is refused in one line, an import through one is E005; neither
+    shows a byte of the file outside. A link inside the repository is still followed."""
+    outside, repo = tmp_path / "outside", tmp_path / "repo"
+    outside.mkdir()
+    (repo / "plans").mkdir(parents=True)
+    (repo / "clusters").mkdir()
+    demo = (PLANS / "tiny_demo.plan").read_text()
+    secret = demo.replace("cpu4", "sekrit_cluster").replace("plan tiny_demo", "plan sekrit_plan")
+    (outside / "secret.plan").write_text(secret)
+    cluster, body = demo.split("plan tiny_demo", 1)
+    (outside / "cluster.plan").write_text(cluster.replace("bandwidth = 10 GB/s", "bandwidth = 7 GB/s"))
+    (repo / "plans" / "a.plan").symlink_to("../../outside/secret.plan")
+    (repo / "clusters" / "c.plan").symlink_to("../../outside/cluster.plan")
+    (repo / "clusters" / "in.plan").write_text(cluster)
+    (repo / "clusters" / "inside.plan").symlink_to("in.plan")  # a link inside: followed
+    b = 'import "../clusters/c.plan"\nplan b' + body
+    (repo / "plans" / "b.plan").write_text(b)
+    (repo / "plans" / "d.plan").write_text('import "../clusters/inside.plan"\nplan d' + body)
+    git(repo, "init", "-q")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "links")
+    # the working tree: a.plan a file of its own, the import a file of the repository's
+    (repo / "plans" / "a.plan").unlink()
+    (repo / "plans" / "a.plan").write_text(demo)
+    (repo / "clusters" / "c.plan").unlink()
+    (repo / "clusters" / "c.plan").write_text(cluster)
+    (repo / "plans" / "b.plan").write_text(b + "\n")
+    (repo / "plans" / "d.plan").write_text('import "../clusters/inside.plan"\nplan d' + body + "\n")
+    monkeypatch.chdir(repo)
+    errs: list[str] = []
+    status, out = diff(capsys, "--git", "HEAD", "--format", "markdown", "plans/a.plan", err=errs)
+    (err,) = errs
+    assert status == 2 and out == "" and err.count("\n") == 1, err
+    assert "plans/a.plan" in err and "a symbolic link out of the repository, not followed" in err
+    assert "sekrit" not in err
+    status, out = as_json(capsys, "--git", "HEAD", "plans/b.plan", "plans/d.plan")
+    plans = {p["plan"]: p for p in out["plans"]}
+    # the base side is not costed from the file outside (its link 7 GB/s, the repository's 10)
+    assert plans["b"]["base"]["costed"] is False and "E005" in plans["b"]["base"]["errors"]
+    assert "cannot read import ../clusters/c.plan: a symbolic link out of the repository, not followed" in json.dumps(out)
+    assert plans["d"]["status"] == "unchanged"  # its import, a link inside, read from the commit
+
+
+def test_a_link_out_of_the_repository_in_the_working_tree_is_not_followed(tmp_path, capsys, monkeypatch):
+    """The working tree is the pull request's side: a plan added there as a symbolic link
+    out of the repository (to a file of the CI machine's) is refused in one line as the
+    commit's side refuses one, and its plan, cluster and costs reach no comment."""
+    outside, repo = tmp_path / "outside", tmp_path / "repo"
+    outside.mkdir()
+    (repo / "plans").mkdir(parents=True)
+    demo = (PLANS / "tiny_demo.plan").read_text()
+    (outside / "secret.plan").write_text(demo.replace("cpu4", "sekrit_cluster").replace("plan tiny_demo", "plan sekrit_plan"))
+    (repo / "plans" / "ok.plan").write_text(demo)
+    git(repo, "init", "-q")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "base")
+    (repo / "plans" / "x.plan").symlink_to("../../outside/secret.plan")
+    monkeypatch.chdir(repo)
+    errs: list[str] = []
+    status, out = diff(capsys, "--git", "HEAD", "--format", "markdown", err=errs)
+    (err,) = errs
+    assert status == 2 and out == "" and err.count("\n") == 1, err
+    assert "plans/x.plan" in err and "a symbolic link out of the repository, not followed" in err and "sekrit" not in err

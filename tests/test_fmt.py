@@ -252,6 +252,41 @@ def test_windows_newlines_stay_windows_newlines():
     assert out == "plan p {\r\n    x = 1  // c\r\n}\r\n"
 
 
+@pytest.mark.parametrize("kind", ["comments", "blocks", "axes"])
+def test_one_long_line_does_not_pad_every_line_after_it(kind):
+    """Issue 50: a 4,000-character import before 5,000 commented imports (134 KB) became
+    19.1 MiB, each line padded to the long one's width. A line more than ALIGN_SPREAD
+    wider than its neighbours starts a column of its own; the rest still align."""
+    long = "a" * 4000
+    if kind == "comments":
+        text = f'import "{long}.plan"  // the long one\n' + "".join(f'import "c{i}.plan"  // c\n' for i in range(5000))
+    elif kind == "blocks":
+        text = "cluster c {\n" + f"    link {long} {{ scope = node }}\n" + "".join(f"    link l{i} {{ scope = node }}\n" for i in range(2000)) + "}\n"
+    else:
+        text = "plan p {\n    mesh {\n" + f"        {long} = 1 on ib\n" + "".join(f"        dp = {i} on ib\n" for i in range(2000)) + "    }\n}\n"
+    out = format_text(text, "p.plan")
+    assert len(out) < 1.2 * len(text) and format_text(out, "p.plan") == out
+    first, marker = {"comments": (1, "//"), "blocks": (2, "{"), "axes": (3, " on ")}[kind]
+    short = out.splitlines()[first : first + 12]  # the 0th to the 11th short line: 1 and 2 digits
+    assert len({line.index(marker) for line in short}) == 1, short  # still aligned among themselves
+
+
+def test_a_text_longer_than_a_plan_given_or_formatted_is_e008(monkeypatch):
+    """The bound lint holds plans to (4 MiB): a longer text (an editor's) is not formatted,
+    and neither is one that formatting would make longer (made small here: 600 bytes)."""
+    with pytest.raises(FormatError) as e:
+        format_text("// x\n" * (1 << 20), "big.plan")
+    assert e.value.diagnostic.code == "E008" and "5.0 MiB; a plan file may be at most 4 MiB" in str(e.value)
+    import dslc.front.fmt as fmt
+
+    monkeypatch.setattr(fmt, "MAX_BYTES", 600)
+    text = "plan p {\n    " + "k" * 30 + "=1//\n" + "    a=1//\n" * 50 + "}\n"
+    assert len(text) < 600
+    with pytest.raises(FormatError) as e:
+        format_text(text, "p.plan")
+    assert e.value.diagnostic.code == "E008" and "formatted, the file is 0.0 MiB; a plan file may be at most" in str(e.value)
+
+
 # --------------------------------------------------------------------------
 # the command
 
@@ -290,6 +325,33 @@ def test_fmt_rewrites_in_place_through_links_with_the_files_mode_and_leaves_a_br
     assert "reformatted" in capsys.readouterr().err
 
 
+def test_fmt_of_a_folder_rewrites_no_file_outside_it_through_a_link(tmp_path, capsys):
+    """Issue 50 item 9: `dslc fmt DIR` rewrote the file a link inside DIR leads to outside
+    it (a pull request's folder may hold a link to any file the CI user can write), and
+    `--diff` printed it whole. It is refused in one line (exit 2), never read, the other
+    files formatted; a link to a file inside DIR, or a link named on the command line, is
+    still followed."""
+    folder, outside = tmp_path / "plans", tmp_path / "outside"
+    folder.mkdir()
+    outside.mkdir()
+    (outside / "victim.plan").write_text("plan v{x=1} // secret\n")
+    (folder / "out.plan").symlink_to("../outside/victim.plan")
+    (folder / "mine.plan").write_text("plan m{x=1}\n")
+    (folder / "to_mine.plan").symlink_to("mine.plan")
+    (folder / "sub").symlink_to(outside, target_is_directory=True)  # a folder out: no walk through it
+    assert main(["fmt", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert (outside / "victim.plan").read_text() == "plan v{x=1} // secret\n"
+    assert f"dslc: error: {folder / 'out.plan'} is a symbolic link out of {folder}: not read" in err
+    assert (folder / "mine.plan").read_text() == "plan m { x = 1 }\n" and (folder / "to_mine.plan").is_symlink()
+    for flag in ("--check", "--diff"):
+        assert main(["fmt", flag, str(folder)]) == 2  # nothing outside read, shown or written
+        out, err = capsys.readouterr()
+        assert "secret" not in out + err and "not read" in err
+    assert main(["fmt", str(folder / "out.plan")]) == 0  # named: the file it leads to
+    assert (outside / "victim.plan").read_text() == "plan v { x = 1 }  // secret\n"
+
+
 def test_standard_input_goes_to_standard_output(monkeypatch, capsys):
     import io
     import sys
@@ -305,6 +367,18 @@ def test_bad_inputs_are_one_line(folder, capsys):
     (folder / "bin.plan").write_bytes(b"plan \0")
     assert main(["fmt", "--check", str(folder / "bin.plan")]) == 1
     assert "E004" in capsys.readouterr().err
+
+
+def test_a_file_over_4_mib_is_e008_as_lint_says(tmp_path, capsys):
+    """The reader returns no byte of a file past the bound: fmt said "already formatted",
+    exit 0, where lint says E008."""
+    with open(tmp_path / "big.plan", "wb") as f:
+        f.truncate(5 << 20)  # sparse
+    for args in (["--check"], ["--diff"], []):
+        assert main(["fmt", *args, str(tmp_path / "big.plan")]) == 1
+        err = capsys.readouterr().err
+        assert "big.plan:1:1: error[E008]: file is 5.0 MiB; a plan file may be at most 4 MiB" in err and "already formatted" not in err
+    assert (tmp_path / "big.plan").stat().st_size == 5 << 20
 
 
 def test_the_pre_commit_hooks_run_fmt_on_plan_files():

@@ -8,6 +8,7 @@ import io
 import sys
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -68,3 +69,32 @@ def test_mutated_plans(seed, data):
 @given(st.binary(max_size=2000))
 def test_random_bytes(data):
     lint_in_process(data)
+
+
+# --------------------------------------------------------------------------
+# the campaign's sample: benchmarks/fuzz.py's targets, a few hundred cases each
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import fuzz  # noqa: E402
+
+SAMPLE = {"plans": 300, "checkpoints": 150, "hf": 150, "lsp": 300}  # the campaign's: CASES
+REACHED = {  # endings each sample must reach, so that its mutations are neither all fatal nor all harmless
+    "plans": ["lint 0, fmt 0", "lint 1, fmt 0", "lint 1, fmt 1"],
+    "checkpoints": ["loaded the same", "refused in one line"],
+    "hf": ["loaded the same", "refused in one line"],
+    "lsp": ["hover: result", "hover: error", "notification", "bad frame"],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", list(SAMPLE))
+def test_the_fuzz_campaign_sample_finds_no_traceback_and_no_hang(target):
+    """The first cases of each target of the fuzz campaign (the README's counts are its
+    full run): every case ends as it should, within fuzz.LIMIT seconds, in bounded memory."""
+    tally, seconds = fuzz.campaign(target, SAMPLE[target], jobs=1)
+    print(fuzz.report(target, tally, seconds))
+    assert tally.cases == SAMPLE[target]
+    assert not tally.failures, sorted(tally.failures.items())[:5]
+    assert tally.peak_rss < fuzz.MEMORY_BOUND
+    for ending in REACHED[target]:
+        assert any(ending in outcome for outcome in tally.outcomes), (ending, tally.outcomes)

@@ -428,6 +428,46 @@ def test_bad_checkpoints_stop_with_one_line(run_script, tmp_path):
     assert sum(one_line(name, script=gpt2) is None for what, name in cases) == len(HOSTILE) == 19
 
 
+def test_a_folder_whose_headers_grow_with_its_names_reads_each_file_once(run_script, tmp_path):
+    """Issue 50: an index naming 72 files, links (symbolic and hard) to one
+    model.safetensors whose header has 50,000 empty entries besides the model's (4 MB).
+    The script reads that file once (its header parsed once, the model's entries kept)
+    and starts from it within a 2 GiB address space, where it kept 72 parsed headers
+    (some 2 GB) and ended in a MemoryError; lint, which counted the file 72 times against
+    its 256 MiB of headers, agrees. Three real files whose headers are 270 MB together are
+    one line from the script, and from lint, which has the same bound."""
+    model = MODELS["gpt2"] + "; tie_embeddings = true"
+    hf = tmp_path / "hf"
+    tensors = saved_by_transformers(hf, "gpt2", tie=True)
+    path, empty = hf / "model.safetensors", {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]}
+    data = path.read_bytes()
+    start = 8 + int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:start]) | {f"transformer.unused.{i:05d}": empty for i in range(50_000)}
+    text = json.dumps(header).encode()
+    path.write_bytes(len(text).to_bytes(8, "little") + text + data[start:])
+    files = [f"model-{k:05d}-of-00072.safetensors" for k in range(1, 73)]
+    for k, name in enumerate(files):
+        os.link(path, hf / name) if k % 2 else (hf / name).symlink_to(path.name)
+    weight_map = {f"transformer.unused.{k:05d}": name for k, name in enumerate(files)}
+    weight_map |= {t: files[k % 72] for k, t in enumerate(sorted(tensors))}
+    (hf / INDEX).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    assert 72 * len(text) > 256 * 2**20  # lint's bound, had each name been a file
+    script = compile_plan(tmp_path, "grown", model, "hf")  # lint: no error
+    run = run_script(script, 1, "--steps", 0, timeout=120, max_bytes=2 << 30)
+    assert run.returncode == 0, run.stderr[-3000:]
+
+    for k, name in enumerate(files[:3]):  # three files of their own, 90 MB of header each
+        padded = b'{"__metadata__": {"format": "pt"}}'.ljust(90_000_000)
+        (hf / name).unlink()
+        (hf / name).write_bytes(len(padded).to_bytes(8, "little") + padded)
+    too_much = "cannot read it as safetensors (the headers of the checkpoint's files are more than 256 MiB)"
+    run = run_script(script, 1, "--steps", 0, timeout=120, max_bytes=2 << 30)
+    assert run.returncode == 1 and run.stderr.startswith("train.py: error: "), run.stderr[-3000:]
+    assert run.stderr.endswith(f"{files[2]}: {too_much}\n") and len(run.stderr.splitlines()) == 1, run.stderr
+    errors, _ = lint_init(tmp_path, model)
+    assert [d.code for d in errors] == ["E048"] and too_much in errors[0].message, errors
+
+
 @contextlib.contextmanager
 def deadline(seconds: int):
     """TimeoutError in the block once it has run ``seconds`` (a blocking read included)."""

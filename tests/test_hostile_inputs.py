@@ -95,6 +95,18 @@ def test_oversized_import_is_refused_at_the_import(tmp_path):
     diagnosed(lint("main.plan", cwd=tmp_path), "E008", "main.plan:1:1")
 
 
+def test_a_file_of_too_many_tokens_is_refused_where_they_pass_the_bound(tmp_path):
+    """1.3 MB of tokens (within 4 MiB) took Lark 16 s to parse and lint 60 s to report (a
+    fuzzed plan): parsing stops at token 65,537, in the file given and at an import."""
+    block, columns = "model m { layers = 1 }\n", [1, 7, 9, 11, 18, 20, 22]  # its 7 tokens
+    (tmp_path / "big.plan").write_text(block * 60_000)
+    (tmp_path / "main.plan").write_text('import "big.plan"\n')
+    diagnosed(lint("big.plan", cwd=tmp_path), "E008", f"big.plan:{65_536 // 7 + 1}:{columns[65_536 % 7]}")
+    r = lint("main.plan", cwd=tmp_path)
+    diagnosed(r, "E008", "main.plan:1:1")
+    assert b"imported file big.plan has more than 65,536 tokens" in r.stdout
+
+
 def _chain(tmp_path: Path, n: int) -> None:
     for i in range(n - 1):
         (tmp_path / f"f{i}.plan").write_text(f'import "f{i + 1}.plan"\n')
@@ -182,13 +194,14 @@ def test_imported_plan_errors_are_located_but_not_quoted(tmp_path):
 
 @pytest.mark.parametrize("command", [("lint",), ("fmt", "--check"), ("fmt", "--diff"), ("fmt",)])
 def test_symlinked_root_is_not_echoed(tmp_path, command):
-    """`dslc lint plans/` or `dslc fmt --check plans/` in CI: a plan in the pull request
-    may be a symlink to a secret; dslc shows where its error is, not what it says (fmt
-    quotes what lint quotes, and leaves the file as it is)."""
+    """`dslc lint plans/` or `dslc fmt --check plans/evil.plan` in CI: a plan in the pull
+    request may be a symlink to a secret; dslc shows where its error is, not what it says
+    (fmt quotes what lint quotes, and leaves the file as it is; `fmt plans/` reads no file
+    linked out of plans/ at all: tests/test_fmt.py)."""
     (tmp_path / "secret").write_text(f"url = https://me:{SECRET}@example.com\n")
     (tmp_path / "plans").mkdir()
     (tmp_path / "plans" / "evil.plan").symlink_to(tmp_path / "secret")
-    r = RUN["dslc"](*command, "plans", cwd=tmp_path)
+    r = RUN["dslc"](*command, "plans" if command == ("lint",) else "plans/evil.plan", cwd=tmp_path)
     out = (r.stdout + r.stderr).decode()
     assert r.returncode == 1 and "plans/evil.plan:1:" in out, out
     assert SECRET not in out and "Traceback" not in out

@@ -6,6 +6,7 @@ of Kubeflow Trainer's release (tests/fixtures/kubeflow/README.md says which)."""
 
 from __future__ import annotations
 
+import ast
 import copy
 import dataclasses
 import json
@@ -20,8 +21,9 @@ import pytest
 import yaml
 
 from dslc import codegen
-from dslc.codegen.launchers import k8s_name
+from dslc.codegen.launchers import in_image, k8s_name
 from dslc.driver import load_paths
+from dslc.reading import within
 
 ROOT = Path(__file__).resolve().parents[1]
 CRD = ROOT / "tests" / "fixtures" / "kubeflow" / "trainer.kubeflow.org_trainjobs.yaml"
@@ -300,18 +302,19 @@ def test_every_trainjob_is_valid_against_the_crd(repo, validator, name):
     mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
     assert mounts["dshm"] == "/dev/shm"
     assert ("data" in mounts) == bool(plan.train.data.files)
-    if ck:
-        assert mounts["checkpoints"] == os.path.normpath(f"/workspace/{ck.dir}")
+    if ck:  # at a fixed path, never the plan's (the pod's view: test_the_pod_finds_...)
+        assert mounts["checkpoints"] == "/checkpoints" and "--checkpoint-dir=/checkpoints" in trainer["args"]
 
 
 def test_the_data_volume_holds_the_data_files(monkeypatch):
-    """tiny_demo reads ../../data/verse.txt from generated/tiny_demo/: the volume is
-    mounted at /workspace/data, where that path leads in the image."""
+    """tiny_demo reads verse.txt below DATA_ROOT, ../../data from generated/tiny_demo/:
+    the volume is mounted at /data, and train.py told so."""
     monkeypatch.chdir(ROOT)
     doc = yaml.safe_load(codegen.render(_plans()["tiny_demo"], Path("generated"))["trainjob.yaml"])
     pod = doc["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]
     container = pod["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
-    assert {"name": "data", "mountPath": "/workspace/data", "readOnly": True} in container["volumeMounts"]
+    assert {"name": "data", "mountPath": "/data", "readOnly": True} in container["volumeMounts"]
+    assert doc["spec"]["trainer"]["args"] == ["--data-root=/data"]
 
 
 @pytest.mark.parametrize("breakage, path", [
@@ -341,3 +344,159 @@ def test_a_plan_named_like_a_yaml_keyword_stays_a_string(tmp_path):
     plan = dataclasses.replace(_plans()["tiny_demo"], name="null")
     doc = yaml.safe_load(codegen.render(plan, tmp_path)["trainjob.yaml"])
     assert doc["metadata"]["name"] == "null"
+
+
+# --------------------------------------------------------------------------------------
+# trainjob.yaml as the pod sees it: every path its command and args use, through the mounts
+
+POD_PLAN = """
+cluster c {{ nodes = 1; gpus_per_node = 2; device = cpu; link shm {{ scope = node; bandwidth = 10 GB/s; latency = 10 us }} }}
+plan p {{
+    model gpt2 {{ layers = 2; hidden = 64; heads = 8; vocab = 256; seq_len = 32 }}
+    cluster = c
+    mesh {{ dp = 2 on shm }}
+    train {{
+        steps = 3; micro_batch = 2; global_batch = 4; precision = fp32
+        optimizer adamw {{ lr = 1e-3 }}; lr_schedule cosine {{ warmup = 1 }}
+        data = {data}
+        {blocks}
+    }}
+}}
+"""
+
+
+def _pod_sees(project: Path, plan_file: str, out: str, data: str, blocks: str, files: dict[str, str]) -> dict:
+    """Compiles the plan at ``project/plan_file`` with ``-o out`` (from ``project``, as the
+    stamp's command runs), then follows each path the manifest's command and args use
+    through its volume mounts (:func:`_follow`)."""
+    for name, text in files.items():
+        path = project / name if not os.path.isabs(name) else Path(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    (project / plan_file).parent.mkdir(parents=True, exist_ok=True)
+    (project / plan_file).write_text(POD_PLAN.format(data=data, blocks=blocks))
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-m", "dslc", "compile", "-q", plan_file, "-o", out], cwd=project, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return _follow(project, project / out / "p" if not os.path.isabs(out) else Path(out) / "p")
+
+
+def _follow(project: Path, folder: Path) -> dict:
+    """What the pod of ``folder``'s trainjob.yaml finds at each path its command and args
+    use, the image holding ``project`` at /workspace: {"program": the file on this machine
+    (None when the folder is not in the project), "data": each data file as the data
+    claim must hold it, "checkpoints": --checkpoint-dir}."""
+    doc = yaml.safe_load((folder / "trainjob.yaml").read_text())
+    pod = doc["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+    spec = pod["template"]["spec"]["template"]["spec"]
+    claims = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["mountPath"]: m for m in spec["containers"][0]["volumeMounts"]}
+    # no mount in another, none over the image's project, none but at a fixed path
+    assert set(mounts) <= {"/dev/shm", "/data", "/checkpoints"}
+    for a in mounts:
+        assert not within("/workspace", a) and not within(a, "/workspace")
+        assert not any(a != b and within(a, b) for b in mounts), (a, list(mounts))
+
+    def serves(path: str) -> dict | None:
+        assert os.path.isabs(path) and os.path.normpath(path) == path, path
+        found = [m for m in mounts if within(path, m)]
+        return mounts[max(found, key=len)] if found else None  # None: the image
+
+    command, args = doc["spec"]["trainer"]["command"], doc["spec"]["trainer"]["args"]
+    program = command[-1]
+    assert serves(program) is None and within(program, "/workspace"), program
+    seen = {"program": Path(project, os.path.relpath(program, "/workspace")) if folder.is_relative_to(project) else None}
+    if seen["program"] is not None:
+        assert seen["program"].samefile(folder / "train.py")
+    flags = dict(a.split("=", 1) for a in args)
+    assert set(flags) <= {"--data-root", "--checkpoint-dir"}
+    # the data files: DATA_ROOT as this machine has it is what the claim must hold, and
+    # each file is read at --data-root/<its path below DATA_ROOT>
+    script = ast.parse((folder / "train.py").read_text())
+    consts = {t.id: ast.literal_eval(n.value) for n in script.body if isinstance(n, ast.Assign)
+              for t in n.targets if isinstance(t, ast.Name) and t.id in ("DATA_ROOT", "DATA", "EVAL_DATA")}
+    seen["data"] = []
+    if "DATA_ROOT" in consts:
+        root = flags["--data-root"]
+        mount = serves(root)
+        assert mount is not None and mount["name"] == "data" and mount["readOnly"] and claims["data"]["persistentVolumeClaim"]["readOnly"]
+        held = os.path.normpath(os.path.join(folder, consts["DATA_ROOT"]))  # what the claim holds
+        for _, _, below, _ in consts.get("DATA", []) + consts.get("EVAL_DATA", []):
+            in_pod = os.path.normpath(os.path.join(root, below))
+            assert serves(in_pod) is mount
+            seen["data"].append(os.path.join(held, os.path.relpath(in_pod, mount["mountPath"])))
+    else:
+        assert "--data-root" not in flags and "/data" not in mounts
+    ck = flags.get("--checkpoint-dir")
+    if ck is not None:
+        mount = serves(ck)
+        assert mount is not None and mount["name"] == "checkpoints" and not mount.get("readOnly")
+    else:
+        assert "/checkpoints" not in mounts
+    seen["checkpoints"] = ck
+    return seen
+
+
+@pytest.mark.parametrize("case", ["normal", "etc", "dot", "beside", "spaces", "absolute"])
+def test_the_pod_finds_the_program_its_data_and_its_checkpoints(tmp_path, case):
+    """Issue 49 item 1, issue 50 item 2: a mount point never comes from a plan's path.
+    `checkpoint { dir = "/etc" }` mounted the read-write volume at /etc, `dir = "."` at
+    /workspace over the program; a data file beside a plan at the project's root mounted
+    the read-only data volume at /workspace, over train.py; `-o "out put"` dropped the
+    folder from the command. Now the program is at its own path in the image, the data at
+    /data and the checkpoints at /checkpoints, whatever the plan says."""
+    project = tmp_path / "proj"
+    text = {"verse.txt": "x" * 4096}
+    plan_file, out, data, blocks, files = "plans/p.plan", "generated", 'text("../data/verse.txt")', "", {"data/verse.txt": "x" * 4096}
+    if case == "normal":
+        blocks = 'checkpoint { every = 2; dir = "checkpoints/p" }'
+    elif case == "etc":
+        blocks = 'checkpoint { every = 2; dir = "/etc" }'
+    elif case == "dot":
+        blocks = 'checkpoint { every = 2; dir = "." }'
+    elif case == "beside":  # the plan and its data at the project's root
+        plan_file, out, data, files = "p.plan", "build", 'text("verse.txt")', text
+    elif case == "spaces":
+        project = tmp_path / "my project"
+        plan_file, out, files = "plans dir/p.plan", "out put", {"my data/v erse.txt": "x" * 4096, "eval s/e.txt": "y" * 4096}
+        data = 'blend(0.5, text("../my data/v erse.txt"), 0.5, text("../eval s/e.txt")) eval { every = 1; batches = 1; data = text("../eval s/e.txt") }'
+        blocks = 'checkpoint { every = 2; dir = "ck dir" }'
+    elif case == "absolute":  # a data file named by its absolute path, another in a subfolder
+        elsewhere = tmp_path / "shared data" / "a.txt"
+        files = {str(elsewhere): "z" * 4096, "plans/sub/b.txt": "w" * 4096}
+        data = f'blend(0.5, text("{elsewhere}"), 0.5, text("sub/b.txt"))'
+    seen = _pod_sees(project, plan_file, out, data, blocks, files)
+    program = seen["program"]
+    assert program is not None and program.name == "train.py" and program.parent.name == "p"
+    assert program.parent.parent == (project / out).resolve() or program.parent.parent.samefile(project / out)
+    wanted = {"normal": ["data/verse.txt"], "etc": ["data/verse.txt"], "dot": ["data/verse.txt"], "beside": ["verse.txt"],
+              "spaces": ["my data/v erse.txt", "eval s/e.txt", "eval s/e.txt"],
+              "absolute": [str(tmp_path / "shared data" / "a.txt"), "plans/sub/b.txt"]}[case]
+    assert [os.path.realpath(f) for f in seen["data"]] == [os.path.realpath(project / w) for w in wanted]
+    assert seen["checkpoints"] == (None if case in ("beside", "absolute") else "/checkpoints")
+
+
+@pytest.mark.parametrize("name", sorted(_plans()))
+def test_every_committed_trainjob_finds_its_program_and_data(name):
+    """generated/: the image holds this repository at /workspace; each data file the pod
+    reads through the data volume is the file the plan names."""
+    plan = _plans()[name]
+    seen = _follow(ROOT, ROOT / "generated" / name)
+    assert seen["program"] == ROOT / "generated" / name / "train.py"
+    ev = plan.train.eval
+    named = plan.train.data.files + (ev.data.files if ev else ())
+    wanted = [os.path.normpath(os.path.join(os.path.dirname(plan.file), s.path)) for s in named]
+    assert seen["data"] == wanted
+    assert seen["checkpoints"] == ("/checkpoints" if plan.train.checkpoint else None)
+
+
+@pytest.mark.parametrize("out, folder", [
+    ("generated", "/workspace/generated/p"),
+    ("out put", "/workspace/out put/p"),
+    (".", "/workspace/p"),
+    ("/abs/out", "/workspace/p"),  # the output shares no folder with the plan: the folder alone
+    ("../x", "/workspace/p"),
+])
+def test_the_program_is_inside_the_image_root(out, folder):
+    assert in_image(out, "p")[0] == folder

@@ -6,8 +6,10 @@ diagnostics and estimates come from the command line (``dslc lint --format json`
 from __future__ import annotations
 
 import json
+import os
 import queue
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -26,8 +28,11 @@ class Client:
     stdio, read by a thread; messages not yet asked for wait in ``inbox``."""
 
     def __init__(self, cwd: Path):
+        # a 4 GiB address space, as conftest's run_script.dslc: a regression that reads
+        # without bound fails with MemoryError, it does not take the machine
         self.proc = subprocess.Popen([sys.executable, "-m", "dslc", "lsp"], cwd=cwd, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30)))
         self.messages: queue.Queue = queue.Queue()
         self.inbox: list[dict] = []
         self.ids = 0
@@ -98,16 +103,21 @@ def work(tmp_path_factory) -> Path:
     return root
 
 
-@pytest.fixture(scope="module")
-def client(work):
+def started(work: Path) -> tuple[Client, dict]:
+    """A server in ``work``, initialised (as VS Code does), and its capabilities."""
     c = Client(work)
     init = c.request("initialize", {"processId": None, "rootUri": work.as_uri(), "capabilities": {
         "textDocument": {"completion": {"completionItem": {"snippetSupport": True}}}}})
-    caps = init["result"]["capabilities"]
+    c.notify("initialized", {})
+    return c, init["result"]["capabilities"]
+
+
+@pytest.fixture(scope="module")
+def client(work):
+    c, caps = started(work)
     assert caps["textDocumentSync"] in (1, {"openClose": True, "change": 1, "save": True} | caps["textDocumentSync"])
     assert caps["hoverProvider"] and caps["definitionProvider"] and caps["documentFormattingProvider"]
     assert "completionProvider" in caps and caps.get("positionEncoding", "utf-16") == "utf-16"
-    c.notify("initialized", {})
     yield c
     assert c.request("shutdown", None).get("error") is None
     c.notify("exit", None)
@@ -354,7 +364,31 @@ def test_formatting_replaces_the_text_with_dslc_fmts(client, work):
     assert broken["result"] == [] and client.wait(lambda m: m.get("method") == "window/showMessage")
 
 
+def test_formatting_a_text_over_4_mib_says_e008_as_lint_does(client, work):
+    """dslc fmt's bound in the editor: a text longer than a plan may be is not formatted
+    (it was, whole, and alignment could make it many times longer), and says why."""
+    uri = open_doc(client, work / "plans" / "huge.plan", "// x\n" * (1 << 20))
+    assert [d["code"] for d in client.diagnostics(uri)["diagnostics"]] == ["E008"]
+    client.drain(0)
+    r = client.request("textDocument/formatting", {"textDocument": {"uri": uri}, "options": {"tabSize": 4, "insertSpaces": True}})
+    assert r["result"] == []
+    said = client.wait(lambda m: m.get("method") == "window/showMessage")["params"]["message"]
+    assert "not formatted" in said and "file is 5.0 MiB; a plan file may be at most 4 MiB" in said
+    client.notify("textDocument/didClose", {"textDocument": {"uri": uri}})
+    assert client.diagnostics(uri)["diagnostics"] == []
+
+
 # -- bad input ----------------------------------------------------------------------------
+
+
+def test_a_document_whose_uri_is_percent_encoded_is_linted(client, work):
+    """An editor writes a space in a file's name as %20; pygls keeps documents by the
+    decoded URI, and the server found none to lint."""
+    text = (work / "plans" / "llama3_70b.plan").read_text().replace("micro_batch = 1", "micro_batch = 0")
+    uri = (work / "plans" / "with space.plan").as_uri()
+    assert "%20" in uri
+    client.notify("textDocument/didOpen", {"textDocument": {"uri": uri, "languageId": "dslc-plan", "version": 1, "text": text}})
+    assert [d["code"] for d in client.diagnostics(uri)["diagnostics"]] == ["E015"]
 
 
 @pytest.mark.parametrize("junk", [
@@ -394,3 +428,90 @@ def test_bad_messages_are_answered_and_the_server_goes_on(client, work):
     path = work / "plans" / "llama3_70b.plan"
     assert ask(client, "textDocument/hover", path.as_uri(), at(path.read_text(), "recompute", 1))
     assert not [m for m in client.drain(0) if m.get("method") == "window/logMessage"]  # no internal error
+
+
+# -- what the server reads, and that it answers (issue 50) -------------------------------
+
+
+@pytest.fixture
+def lone(work):
+    """A server of its own, for input that may stop one (the module's goes on meanwhile):
+    it must still answer at the end, and its standard error hold no traceback."""
+    c, _ = started(work)
+    yield c
+    try:
+        assert c.request("shutdown", None).get("error") is None
+        c.notify("exit", None)
+        assert c.proc.wait(10) == 0
+    finally:
+        c.proc.kill()
+        c.proc.wait()
+    stderr = c.proc.stderr.read().decode()
+    assert "Traceback" not in stderr, stderr
+
+
+def logged(client: Client, seconds: float = 0.5) -> list[str]:
+    return [m["params"]["message"] for m in client.drain(seconds) if m.get("method") == "window/logMessage"]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero", "300 MB", "binary"])
+def test_a_document_not_opened_is_read_as_lint_reads_a_plan(lone, work, tmp_path, kind):
+    """A request about a file the editor has not opened reads it through dslc's bounded
+    reader, not pygls's (which reads any path whole): a FIFO is not opened (it blocked the
+    server for good), /dev/zero is not read (it read until MemoryError), a 300 MB file is
+    E008, unread; each is answered with nothing and one line saying why."""
+    path = tmp_path / "x.plan"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "300 MB":
+        with open(path, "wb") as f:
+            f.truncate(300 << 20)  # sparse
+    elif kind == "binary":
+        path.write_bytes(b"plan p { \0 }")
+    uri = "file:///dev/zero" if kind == "/dev/zero" else path.as_uri()
+    for method in ("textDocument/hover", "textDocument/definition", "textDocument/completion"):
+        assert ask(lone, method, uri, {"line": 0, "character": 0}) in (None, [], {"isIncomplete": False, "items": []})
+    r = lone.request("textDocument/formatting", {"textDocument": {"uri": uri}, "options": {"tabSize": 4, "insertSpaces": True}})
+    assert r.get("result") is None and "error" not in r, r
+    said = logged(lone)
+    why = {"fifo": "it is a FIFO, not a regular file", "/dev/zero": "it is a character device, not a regular file",
+           "300 MB": "E008: file is 300.0 MiB; a plan file may be at most 4 MiB", "binary": "E004"}[kind]
+    assert len(said) == 4 and all(why in m and "is not read" in m for m in said), said
+
+
+def test_a_file_not_opened_is_still_answered_from_disk(lone, work):
+    path = work / "plans" / "llama3_70b.plan"
+    where = at(path.read_text(), "recompute = selective", 2)
+    md = ask(lone, "textDocument/hover", path.as_uri(), where)["contents"]["value"]
+    assert "train.recompute" in md and not logged(lone, 0)
+    # only a file: URI names a file (pygls read the path of any scheme's)
+    assert ask(lone, "textDocument/hover", f"untitled:{path}", where) is None and not logged(lone, 0)
+
+
+@pytest.mark.parametrize("params", [
+    None,
+    5,
+    {"textDocument": {"uri": "file:///x.plan"}},
+    {"textDocument": {"uri": "file:///x.plan"}, "position": {"line": -1, "character": 0}},
+    {"textDocument": {"uri": "file:///x.plan"}, "position": {"line": 0, "character": -3}},
+    {"textDocument": {"uri": "file:///x.plan"}, "position": {"line": 2**31, "character": 0}},
+], ids=["null", "a number", "no position", "line -1", "character -3", "line 2^31"])
+def test_a_request_whose_parameters_cannot_be_read_is_answered(lone, params):
+    """Not silence: InvalidParams (-32602), naming the method, for every request kind."""
+    for method in ("textDocument/hover", "textDocument/definition", "textDocument/completion", "textDocument/formatting"):
+        lone.ids += 1
+        lone.send({"id": lone.ids, "method": method, "params": params})
+        r = lone.wait(lambda m, i=lone.ids: m.get("id") == i)
+        assert r["error"]["code"] == -32602 and method in r["error"]["message"], r
+    assert lone.request("textDocument/hover", {"textDocument": {"uri": "file:///x.plan"}, "position": {"line": 0, "character": 0}})["result"] is None
+
+
+@pytest.mark.parametrize("length", [b"1000000000000", b"9" * 2000, b"%d" % (64 << 20)])
+def test_a_message_longer_than_the_bound_is_dropped_and_the_server_goes_on(lone, work, length):
+    """``Content-Length: 1000000000000`` ended the server (MemoryError, exit 3): now the
+    message is dropped unread, one line says so, and the next message is answered."""
+    lone.proc.stdin.write(b"Content-Length: " + length + b"\r\n\r\n{}")
+    lone.proc.stdin.flush()
+    path = work / "plans" / "llama3_70b.plan"
+    assert ask(lone, "textDocument/hover", path.as_uri(), at(path.read_text(), "recompute", 1))
+    assert lone.proc.poll() is None

@@ -201,6 +201,29 @@ def test_a_dashboard_without_its_package_is_one_line(tmp_path, run_script):
     assert error_line(out) == f"--tensorboard {board}: is a file, not a directory"
 
 
+def test_a_dashboard_folder_is_checked_like_the_other_outputs(tmp_path, run_script):
+    """Issue 50: --tensorboard DIR is checked before anything starts, as the output files
+    and --export-hf's folder are (one rule): a folder of the kernel's is one line, where
+    TensorBoard's writer thread printed a traceback after the script's error line, and ''
+    is argparse's one line, as --dump-losses '' is, where it was ignored. A folder to make
+    two levels down in a writable one is made, and logged into."""
+    script = compile_plan(tmp_path)
+    for flag, folder in (("--tensorboard", "/proc/self"), ("--tensorboard", "/sys/kernel"), ("--tensorboard", "/dev"),
+                         ("--tensorboard", "/proc/self/new"), ("--export-hf", "/proc/self")):
+        out = run_script(script, 1, flag, folder)
+        assert out.returncode == 1 and out.stdout == ""
+        assert out.stderr.startswith(f"train.py: error: {flag} {folder}") and len(out.stderr.splitlines()) == 1, out.stderr
+        assert out.stderr.endswith(": a folder of the kernel's, not one to write into\n")  # /proc/self: (a link to /proc/PID)
+    for flag in ("--tensorboard", "--dump-losses"):
+        out = run_script(script, 1, flag, "")
+        assert out.returncode == 2 and out.stdout == "", out.stderr
+        assert out.stderr.splitlines()[-1] == f"train.py: error: argument {flag}: an empty file name"
+    board = tmp_path / "runs" / "first"
+    out = run_script(script, 1, "--steps", 1, "--tensorboard", board)
+    assert out.returncode == 0, out.stderr
+    assert [p.name.split(".")[0] for p in board.iterdir()] == ["events"]
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_device_cuda_without_cuda_is_one_line(tmp_path, run_script):
     out = run_script(compile_plan(tmp_path), 1, "--device", "cuda")
@@ -238,9 +261,39 @@ def test_launch_sh_ignores_the_callers_shell(tmp_path):
     assert "step 1/1" in out.stdout and "hijacked" not in out.stdout
 
 
+def test_data_root_and_checkpoint_dir_move_what_the_plan_names(tmp_path, run_script):
+    """trainjob.yaml mounts the data volume at /data and the checkpoints' at /checkpoints
+    and says so in train.py's args (issue 49 item 1, issue 50 item 2): --data-root reads
+    each data file at its path below DATA_ROOT there, --checkpoint-dir saves and resumes
+    there; the plan's own folders are not touched."""
+    (tmp_path / "data" / "sub").mkdir(parents=True)
+    (tmp_path / "data" / "sub" / "v.txt").write_bytes(bytes(range(32)) * 8)
+    script = compile_plan(tmp_path, data='text("data/sub/v.txt"); checkpoint { every = 1; dir = "ck" }')
+    mounted = tmp_path / "volume"  # the data volume, holding what DATA_ROOT (data/sub) holds
+    mounted.mkdir()
+    (tmp_path / "data" / "sub" / "v.txt").rename(mounted / "v.txt")
+    run = tmp_path / "run"
+    run.mkdir()
+    out = run_script(script, 1, "--data-root", str(mounted), "--checkpoint-dir", str(tmp_path / "ckpt"), cwd=run)
+    assert out.returncode == 0, out.stderr
+    assert sorted(os.listdir(tmp_path / "ckpt")) == ["step0000001", "step0000002"] and not (run / "ck").exists()
+    again = run_script(script, 1, "--data-root", str(mounted), "--checkpoint-dir", str(tmp_path / "ckpt"), "--resume", cwd=run)
+    assert again.returncode == 0 and "step 2" in again.stdout, again.stdout + again.stderr
+    # without it the script reads DATA_ROOT beside itself, where the file no longer is
+    missing = run_script(script, 1, cwd=run)
+    assert missing.returncode == 1 and "v.txt" in error_line(missing)
+
+
 def test_a_checkpoint_folder_that_is_a_file_is_refused_at_start(tmp_path, run_script):
+    """The checkpoint folder, the plan's or --checkpoint-dir's, is checked as the other
+    output folders are (utils.output_folder): a file, a folder of the kernel's or one that
+    cannot be written is one line before training, not a traceback at the first save."""
     script = compile_plan(tmp_path, data='synthetic; checkpoint { every = 1; dir = "ck" }')
     (tmp_path / "ck").write_text("")  # CHECKPOINT_DIR is relative to the working directory
     out = run_script(script, 1, cwd=tmp_path)
     assert out.returncode == 1 and out.stdout == ""
-    assert error_line(out) == "checkpoints go into ck, which is a file, not a directory"
+    assert error_line(out) == "--checkpoint-dir ck: is a file, not a directory"
+    for folder in ("/proc/self", "/sys/kernel/new"):
+        out = run_script(script, 1, "--checkpoint-dir", folder, cwd=tmp_path)
+        assert out.returncode == 1 and out.stdout == "", out.stderr
+        assert error_line(out).endswith("a folder of the kernel's, not one to write into")

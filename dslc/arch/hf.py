@@ -208,7 +208,7 @@ class Checkpoint:
 
     def path(self, name: str) -> str:
         path = os.path.join(self.folder, name)
-        if os.path.commonpath([os.path.realpath(path), self.root]) != self.root:
+        if not reading.inside(path, self.root):
             raise Refused("file", f"{reading.shown(path)}: leads out of the checkpoint's folder")
         return path
 
@@ -237,7 +237,8 @@ class Checkpoint:
             for name in weight_map.values():
                 if not name or "/" in name or "\0" in name or name in (".", ".."):
                     raise Refused("file", f"{reading.shown(self.path(INDEX))}: names {name!r}, not a file of the folder")
-        headers = {name: self.header(name) for name in sorted(set(weight_map.values()))}
+        read = {}  # a real file's (device, inode): the entries of its header the model reads
+        headers = {name: self.header(name, read, want) for name in sorted(set(weight_map.values()))}
         for theirs, (shape, ours) in want.items():
             name = weight_map.get(theirs)
             entry = headers[name].get(theirs) if name else None
@@ -248,9 +249,12 @@ class Checkpoint:
             if entry["shape"] != shape:
                 raise Refused("model", f"{reading.shown(self.path(name))}: {theirs} has shape {entry['shape']}, not the {shape} of the model's {ours}")
 
-    def header(self, name: str) -> dict:
-        """The header of the safetensors file ``name``, every entry checked: a known
-        dtype, a shape and the bytes they take, inside the file, no two overlapping."""
+    def header(self, name: str, read: dict, keep) -> dict:
+        """The entries named in ``keep`` of the header of the safetensors file ``name``,
+        every entry checked: a known dtype, a shape and the bytes they take, inside the
+        file, no two overlapping. ``read``: those of the files read so far by (device,
+        inode): each real file is read once however many names (links, hard links) lead
+        to it, as the script reads them."""
         path = self.path(name)
 
         def refuse(why: str):
@@ -258,6 +262,8 @@ class Checkpoint:
 
         try:
             data, st = reading.read_bytes(path, 8, 0, 8)
+            if (st.st_dev, st.st_ino) in read:
+                return read[st.st_dev, st.st_ino]
             n = int.from_bytes(data, "little") if len(data) == 8 else 0
             if not 0 < n <= min(MAX_HEADER, st.st_size - 8):
                 raise refuse(f"{st.st_size} bytes, with a header of {n}")
@@ -285,7 +291,8 @@ class Checkpoint:
         for ((_, end), a), ((begin, _), b) in zip(spans, spans[1:]):
             if begin < end:
                 raise refuse(f"the bytes of {a!r} and {b!r} overlap")
-        return header
+        read[st.st_dev, st.st_ino] = {k: e for k, e in header.items() if k in keep}
+        return read[st.st_dev, st.st_ino]
 
 
 def _span(entry: object, start: int, size: int) -> tuple[int, int] | None:

@@ -14,10 +14,10 @@ import difflib
 import os
 import sys
 
-from .. import reading
 from ..front.fmt import FormatError, format_text
-from ..front.load import linked, unquoted
+from ..front.load import linked, read_text, unquoted
 from ..front.parse import MAX_BYTES, decode
+from ..reading import inside, within
 from ..source import Sources
 from .inputs import UsageError, emit, expand, write_whole
 
@@ -28,12 +28,15 @@ class _IOFailed(Exception):
 
 def run(args) -> int:
     files = expand(args.paths)
+    folders = [p for p in args.paths if p != "-" and os.path.isdir(p)]
     if "-" in files and len(files) > 1:
         raise UsageError("'-' (standard input) cannot be mixed with files")
     changed, kept, failed, io_failed = [], 0, 0, 0
     for path in files:
         name = "<stdin>" if path == "-" else path
         try:
+            if path != "-":
+                _confined(path, args.paths, folders)
             text, st, problems = _read(path)
         except _IOFailed as e:
             print(f"dslc: error: {e}", file=sys.stderr)
@@ -94,12 +97,22 @@ def _summary(changed: int, kept: int, failed: int, dry: bool) -> str:
 def _read(path: str):
     """(text, status, []) of a plan file, or (None, status, diagnostics) when it is not
     UTF-8 text of a plan's size; standard input has no status."""
+    if path == "-":
+        text, diags = decode(sys.stdin.buffer.read(MAX_BYTES + 1), "<stdin>")
+        return text, None, diags
     try:
-        data, st = (sys.stdin.buffer.read(MAX_BYTES + 1), None) if path == "-" else reading.read_bytes(path, MAX_BYTES)
+        return read_text(path)
     except OSError as e:
         raise _IOFailed(f"cannot read {path}: {e.strerror or e}") from None
-    text, diags = decode(data, "<stdin>" if path == "-" else path)
-    return text, st, diags
+
+
+def _confined(path: str, named: list[str], folders: list[str]) -> None:
+    """A file found in a folder given (not named itself) is read, shown and rewritten only
+    when it is in that folder, links followed: a link in a pull request's folder may lead
+    to any file this user can read or write."""
+    found_in = [f for f in folders if within(path, f)] if path not in named else []
+    if found_in and not any(inside(path, f) for f in found_in):
+        raise _IOFailed(f"{path} is a symbolic link out of {found_in[0]}: not read (name it to format the file it leads to)")
 
 
 def _write(path: str, text: str, st: os.stat_result) -> None:

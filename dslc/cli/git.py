@@ -6,7 +6,8 @@ git runs with an argument list, never a shell, and REV is first resolved to a co
 neither REV nor a path can become an option of git. A commit's files are read as the
 working tree's are (:class:`dslc.front.load.Files`): at most ``MAX_BYTES`` each, only
 blobs (a folder or a submodule is not a file), an import outside the repository from
-this machine, as the working tree's plans read it.
+this machine, as the working tree's plans read it; a symbolic link of the commit is
+followed only inside the repository (one out of it is an error, its target never read).
 
 A plan file is touched when it, or any file it imports at any depth, changed between
 REV and the working tree (a change to ``clusters/h100.plan`` touches every plan that
@@ -24,7 +25,7 @@ from ..diagnostics import printable
 from ..front import ast
 from ..front.load import Files, Loader, Read
 from ..front.parse import MAX_BYTES
-from ..reading import NotAFile
+from ..reading import NotAFile, inside, within
 from ..source import Sources
 from .inputs import UsageError
 
@@ -117,34 +118,38 @@ class Repo:
 
     def rel(self, path: str) -> str | None:
         """``path`` relative to the repository's root, or None when it is outside it."""
-        r = os.path.relpath(os.path.normpath(os.path.join(self.cwd, path)), self.top)
-        return None if r == ".." or r.startswith("../") or os.path.isabs(r) else r
+        full = os.path.normpath(os.path.join(self.cwd, path))
+        return os.path.relpath(full, self.top) if within(full, self.top) else None
 
     def shown(self, rel: str) -> str:
         return os.path.relpath(os.path.join(self.top, rel), self.cwd)
 
-    def touched(self, sha: str, within: list[str]) -> list[Touched]:
-        """The plan files under ``within`` (paths; the whole repository when empty) that a
+    def touched(self, sha: str, under: list[str]) -> list[Touched]:
+        """The plan files under the paths ``under`` (the whole repository when empty) that a
         change since ``sha`` touches, the working tree's order."""
-        scope = [self.rel(p) for p in within] or ["."]
+        scope = [self.rel(p) for p in under] or ["."]
         if None in scope:
-            raise UsageError(f"--git: {printable(within[scope.index(None)])} is outside the repository {printable(self.top)}")
+            raise UsageError(f"--git: {printable(under[scope.index(None)])} is outside the repository {printable(self.top)}")
         changed = changes(self.top, sha)
         paths = {p for pair in changed for p in pair if p}
         added = {new for old, new in changed if old is None}
         was = {new: old for old, new in changed if old and new}
 
-        def inside(rel: str) -> bool:
-            return rel.endswith(".plan") and any(s == "." or rel == s or rel.startswith(s + "/") for s in scope)
+        def in_scope(rel: str) -> bool:
+            return rel.endswith(".plan") and any(within(rel, s) for s in scope)
 
         tracked = _names(git(self.top, "ls-files", "-z", "--full-name").stdout) + untracked(self.top)
         loader = Loader(Sources(), [])
         out = []
         for rel in dict.fromkeys(tracked):
-            if inside(rel) and os.path.isfile(os.path.join(self.top, rel)) and self._closure(loader, self.shown(rel)) & paths:
+            if not in_scope(rel) or not os.path.isfile(os.path.join(self.top, rel)):
+                continue
+            if not inside(os.path.join(self.top, rel), self.top):  # as the commit's side: a pull request's link
+                raise UsageError(f"cannot read {printable(self.shown(rel))}: a symbolic link out of the repository, not followed")
+            if self._closure(loader, self.shown(rel)) & paths:
                 base = None if rel in added else self.shown(was.get(rel, rel))
                 out.append(Touched(base, self.shown(rel)))
-        out += [Touched(self.shown(old), None) for old, new in changed if new is None and old and inside(old)]
+        out += [Touched(self.shown(old), None) for old, new in changed if new is None and old and in_scope(old)]
         return out
 
     def _closure(self, loader: Loader, path: str) -> set[str]:
@@ -191,9 +196,13 @@ class Tree(Files):
 
     def _resolve(self, path: str) -> tuple[str | None, str, tuple | None]:
         """(repository path, path on this machine, entry) after the commit's symbolic links;
-        repository path None: outside it, read from this machine."""
+        repository path None: a path outside it, read from this machine. A link of the
+        commit is followed only inside the repository: its target is the commit's text,
+        and one out of it would let the commit choose a file of this machine to read."""
         rel = self.repo.rel(path)
-        for _ in range(LINKS):
+        for hops in range(LINKS):
+            if rel is None and hops:
+                raise OSError(errno.EPERM, "a symbolic link out of the repository, not followed", path)
             if rel is None:
                 return None, path, None
             entry = self._entry(rel)

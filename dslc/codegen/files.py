@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..ir import Plan
+from ..reading import inside
 from .errors import CodegenError
 from .package import MODULES
 from .render import SCHEDULE_FILE, render, shared_stamp
@@ -98,17 +99,17 @@ def _refuse(target: Path, root: Path, sources: Iterable[str]) -> None:
         what = "a link" if target.is_symlink() else "not a folder"
         raise CodegenError(f"cannot write {target}: it is {what}; remove it or choose another -o")
     folders = [os.path.realpath(root), os.path.realpath(target)]
-    inside = [
+    held = [
         s for s in sources
-        if os.path.isfile(s) and any(os.path.realpath(s).startswith(os.path.join(f, "")) for f in folders)
+        if os.path.isfile(s) and any(inside(s, f) for f in folders)
     ]
-    inside += [str(p) for p in (root.glob("*.plan") if root.is_dir() else ())]
-    inside += [  # links are not followed: a folder of checkpoints is walked once
+    held += [str(p) for p in (root.glob("*.plan") if root.is_dir() else ())]
+    held += [  # links are not followed: a folder of checkpoints is walked once
         os.path.join(d, f) for d, _, names in os.walk(target) for f in names if f.endswith(".plan")
     ]
-    if inside:
+    if held:
         raise CodegenError(
-            f"output folder {root} holds plan sources ({inside[0]}); "
+            f"output folder {root} holds plan sources ({held[0]}); "
             "choose a folder of its own, e.g. -o generated"
         )
 

@@ -23,7 +23,7 @@ def hf_view(plan: Plan, init_path: str | None) -> dict:
         "hf_export_refused": repr(arch.hf.exportable(m)),
         "hf_init": init_path is not None,
         # what the script reads of the folder: lint's bounds and tables (dslc.arch.hf)
-        "hf_read_bytes": f"{arch.hf.MAX_CONFIG}, {arch.hf.MAX_INDEX}, {arch.hf.MAX_HEADER}",
+        "hf_read_bytes": f"{arch.hf.MAX_CONFIG}, {arch.hf.MAX_INDEX}, {arch.hf.MAX_HEADER}, {arch.hf.MAX_HEADERS}",
         "hf_dtype_bits": repr(arch.hf.DTYPE_BITS),
         "hf_weight_dtypes": "{" + ", ".join(f'"{n}": torch.{t}' for n, t in arch.hf.WEIGHT_DTYPES.items()) + "}",
         "hf_max_dims": arch.hf.MAX_DIMS,

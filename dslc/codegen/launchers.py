@@ -14,14 +14,21 @@ import posixpath
 import re
 
 from ..ir import Plan
+from ..reading import within
+from .literals import comment_safe
 
 # The Kubeflow Trainer v2 release whose TrainJob CRD the manifest is written against
 # (tests/fixtures/kubeflow/ holds that CRD), and its runtime for torchrun.
 TRAINER_RELEASE = "v2.3.0"
 TORCH_RUNTIME = "torch-distributed"
-# Where the image holds this repository: the working directory of pytorch/pytorch images,
-# which the torch-distributed runtime uses.
+# Where the pod finds each thing, fixed, never a path from the plan (docs/security.md):
+# the image holds the project (the folder the stamp's command runs in) at IMAGE_ROOT, the
+# working directory of the runtime's pytorch/pytorch images; the data volume is mounted
+# read-only at POD_DATA and the checkpoint volume at POD_CHECKPOINTS, and train.py is
+# told both (--data-root, --checkpoint-dir). No mount lies in another, or in IMAGE_ROOT.
 IMAGE_ROOT = "/workspace"
+POD_DATA = "/data"
+POD_CHECKPOINTS = "/checkpoints"
 MASTER_PORT = 29500  # torchrun's default; the Trainer's PET_MASTER_PORT too
 # A TrainJob's name is an RFC 1035 label (the CRD's rule); the runtime names the first
 # pod <name>-node-0-0, which must be a label too (at most 63 characters).
@@ -30,10 +37,10 @@ _K8S_NAME_MAX = 63 - len("-node-0-0")
 _PLAIN_PATH = re.compile(r"[A-Za-z0-9._/][A-Za-z0-9._/-]*\Z")
 
 
-def launcher_view(plan: Plan, name: str, out_dir: str, data_paths: list[str]) -> dict:
+def launcher_view(plan: Plan, name: str, out_dir: str, reads_files: bool) -> dict:
     """``name``: the validated plan name; ``out_dir``: the output root as the stamp names
-    it (relative to the project, or absolute); ``data_paths``: the data files relative
-    to the generated script (or absolute)."""
+    it (relative to the project, or absolute); ``reads_files``: whether the script reads
+    data files."""
     gpus = plan.cluster.device.name != "cpu"
     folder = posixpath.join(out_dir, name) if _PLAIN_PATH.match(out_dir) else None
     return {
@@ -43,7 +50,7 @@ def launcher_view(plan: Plan, name: str, out_dir: str, data_paths: list[str]) ->
         # where sbatch.sh looks for this folder, from the folder sbatch was called in
         "slurm_folders": _slurm_folders(name, folder),
         "generated_folder": folder or name,  # for messages and comments only
-        **_kubernetes(plan, name, folder, data_paths),
+        **_kubernetes(plan, name, out_dir, reads_files),
     }
 
 
@@ -57,10 +64,11 @@ def _slurm_folders(name: str, folder: str | None) -> list[str]:
     return list(dict.fromkeys(words))
 
 
-def _kubernetes(plan: Plan, name: str, folder: str | None, data_paths: list[str]) -> dict:
-    in_image = posixpath.join(IMAGE_ROOT, folder or name)
-    mounts = [posixpath.dirname(posixpath.normpath(posixpath.join(in_image, p))) for p in data_paths]
+def _kubernetes(plan: Plan, name: str, out_dir: str, reads_files: bool) -> dict:
+    program, whole = in_image(out_dir, name)
     ck = plan.train.checkpoint
+    # train.py's flags for the volumes below: each mounted at its fixed path
+    args = [f"--data-root={POD_DATA}"] * reads_files + [f"--checkpoint-dir={POD_CHECKPOINTS}"] * bool(ck)
     return {
         "k8s_name": k8s_name(name),  # for comments
         "k8s_name_yaml": _yaml(k8s_name(name)),  # quoted: a plan named yes or null stays a string
@@ -68,13 +76,28 @@ def _kubernetes(plan: Plan, name: str, folder: str | None, data_paths: list[str]
         "torch_runtime": TORCH_RUNTIME,
         "image_root": IMAGE_ROOT,
         "k8s_image": _yaml(f"registry.example.com/EDIT/{k8s_name(name)}:latest"),
-        "k8s_train_py": _yaml(posixpath.join(in_image, "train.py")),
-        # one volume for every data file: the folder that holds them all
-        "k8s_data_mount": _yaml(posixpath.commonpath(mounts)) if mounts else None,
-        # the checkpoint folder is relative to the working directory, the image's
-        "k8s_checkpoint_mount": _yaml(posixpath.normpath(posixpath.join(IMAGE_ROOT, ck.dir))) if ck else None,
+        "k8s_train_py": _yaml(posixpath.join(program, "train.py")),
+        # what the image must hold there, for the comment
+        # what the image must hold, for the comment: the project, or this folder alone
+        "k8s_image_holds": f"the project (the folder the command above runs in) at {IMAGE_ROOT}" if whole else f"this folder at {comment_safe(program)}",
+        "k8s_args": [_yaml(a) for a in args],
+        "k8s_volumes": [f"{POD_DATA}: the data files, read-only"] * reads_files
+        + [f"{POD_CHECKPOINTS}: the checkpoints, on a volume every pod sees"] * bool(ck),
+        "k8s_data_mount": _yaml(POD_DATA) if reads_files else None,
+        "k8s_checkpoint_mount": _yaml(POD_CHECKPOINTS) if ck else None,
         "master_port": MASTER_PORT,
     }
+
+
+def in_image(out_dir: str, name: str) -> tuple[str, bool]:
+    """The generated folder in the pod, and whether it is there as part of the project:
+    where the project's copy at IMAGE_ROOT holds it (any name, spaces included), or
+    IMAGE_ROOT/<plan> when the output shares no folder with the plan (``out_dir``
+    absolute). Never outside IMAGE_ROOT, never IMAGE_ROOT itself."""
+    folder = posixpath.join(IMAGE_ROOT, posixpath.normpath(posixpath.join(out_dir, name)))
+    if posixpath.isabs(out_dir) or not within(folder, IMAGE_ROOT) or folder == IMAGE_ROOT:
+        return posixpath.join(IMAGE_ROOT, name), False
+    return folder, True
 
 
 def k8s_name(name: str) -> str:

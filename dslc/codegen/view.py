@@ -61,7 +61,7 @@ def view_model(plan: Plan, root: Path = DEFAULT_ROOT) -> dict:
         **_checkpoint(plan),
         **_data(plan, Path(root) / name),
         **hf_view(plan, _script_path(plan.train.init, Path(root) / name) if plan.train.init else None),
-        **launcher_view(plan, name, _project_paths(plan, Path(root))[1], _data_paths(plan, Path(root) / name)),
+        **launcher_view(plan, name, _project_paths(plan, Path(root))[1], bool(_data_files(plan))),
     }
     # schedule.json, the data files and init's checkpoint (unless absolute) are found from the script's folder
     view["needs_script_dir"] = view["pipeline_parallel"] or view["reads_files"] or view["hf_init"]
@@ -345,19 +345,25 @@ def _checkpoint(plan: Plan) -> dict:
 
 def _data(plan: Plan, out_dir: Path) -> dict:
     """The training data's sources and the validation's, as (weight, format, path
-    literal, raw id type) rows; paths relative to the generated script unless absolute,
-    so the output moves with the repository."""
+    literal, raw id type) rows, each path below the folder that holds them all
+    (``data_root``: relative to the generated script unless a file's path is absolute, so
+    the output moves with the repository; ``--data-root`` reads that folder elsewhere, as
+    a pod reads its data volume)."""
     d, m, ev = plan.train.data, plan.model, plan.train.eval
+    files = _data_files(plan)
+    root = os.path.commonpath([os.path.dirname(f) for f in files.values()]) if files else ""
 
     def sources(data) -> list[tuple[str, str, str, str]]:
         parts = data.parts or (((1.0, data),) if data.files else ())
-        return [(number(w, "weight"), s.kind, repr(_script_path(s, out_dir)), s.raw_dtype(m.vocab) if s.kind == "tokens" else "uint8") for w, s in parts]
+        return [(number(w, "weight"), s.kind, repr(os.path.relpath(files[s.path], root)), s.raw_dtype(m.vocab) if s.kind == "tokens" else "uint8") for w, s in parts]
 
     train = sources(d)
     evals = sources(ev.data) if ev else []
+    absolute = any(os.path.isabs(p) for p in files)
     return {
         "data_file": bool(train),
         "reads_files": bool(train or evals),  # the data section, mmap, a folder to look in
+        "data_root": repr(root if absolute else os.path.relpath(root, os.path.abspath(out_dir))) if files else None,
         "token_files": any(s[1] == "tokens" for s in train + evals),  # the formats' readers
         "data_blend": d.kind == "blend",
         "data_sources": train,
@@ -375,12 +381,12 @@ def _data(plan: Plan, out_dir: Path) -> dict:
     }
 
 
-def _data_paths(plan: Plan, out_dir: Path) -> list[str]:
-    """Every data file the script reads (training and validation), relative to it unless
-    absolute."""
+def _data_files(plan: Plan) -> dict[str, str]:
+    """{path as the plan writes it: the file on this machine, absolute} for every data file
+    the script reads (training and validation)."""
     ev = plan.train.eval
     sources = plan.train.data.files + (ev.data.files if ev else ())
-    return [_script_path(s, out_dir) for s in sources]
+    return {s.path: os.path.normpath(s.path if os.path.isabs(s.path) else os.path.abspath(s.resolved_path or s.path)) for s in sources}
 
 
 def _script_path(d, out_dir: Path) -> str:

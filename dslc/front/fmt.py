@@ -14,12 +14,14 @@ The layout keeps what the author chose and decides the rest:
 - aligned, over lines that follow each other in one block: the ``on`` of mesh axes each
   on its line, the ``{`` of one-line blocks each on its line (and their statements as
   columns when they set the same keys: the links of a cluster), and comments that end
-  lines of code.
+  lines of code; a line much wider than those around it is not aligned with them.
 
 A comment written inside a statement (between the items of a list spread over lines)
 cannot stay there once the statement is on one line: it goes on its own line just before.
 
-:func:`format_text` is safe: it parses what it wrote and raises :class:`FormatError`,
+:func:`format_text` is bounded: alignment pads a cell by at most :data:`ALIGN_SPREAD`
+characters, and a text longer than a plan file may be (4 MiB), given or formatted, is E008,
+left as it is. It is safe: it parses what it wrote and raises :class:`FormatError`,
 writing nothing, unless that is the same syntax tree (spans aside; numbers by value,
 units by meaning) with the same comments in the same order: the same tree lowers to the
 same IR, so a formatted plan means what it meant.
@@ -32,14 +34,21 @@ import re
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 
-from ..diagnostics import Diagnostic
+from ..diagnostics import Diagnostic, error
 from ..units import UNITS
 from . import ast
-from .parse import parse, split_quantity
+from .parse import MAX_BYTES, parse, split_quantity, too_large, too_large_text
 from .textedit import TOKEN
 
 INDENT = "    "
 MAX_DEPTH = 100  # blocks and brackets nested: a deeper file is left as it is
+# Alignment pads a cell (an axis's name or size, a one-line block's head or statement, the
+# code before a comment) to the widest of its column, but only among lines whose cells are
+# at most this many characters apart: a line much wider than its neighbours starts a
+# column of its own (as rustfmt's struct_field_align_threshold, or gofmt's ratio, cut a
+# run), so one long line cannot pad every line after it (a 4,000-character import before
+# 5,000 commented ones made 134 KB 19 MiB). A line grows by at most this much a cell.
+ALIGN_SPREAD = 32
 
 # a unit with two spellings is written one way
 _UNIT = {u: "us" for u, v in UNITS["time"].items() if v == 1e-6 and u != "us"}
@@ -57,12 +66,14 @@ class FormatError(Exception):
 
 def format_text(text: str, file: str = "<stdin>") -> str:
     """``text`` (a plan file's) in the canonical layout; :class:`FormatError` when it cannot be."""
+    _check_size(text, file)
     tree, diags = parse(text, file)
     if tree is None:
         raise FormatError(f"{diags[0].span}: {diags[0].message}", diags[0])
     marks = [m for m in TOKEN.finditer(text) if m.lastgroup in ("comment", "other")]
     _check_depth(marks, file)
     out = _Formatter(text, marks).file(tree)
+    _check_size(out, file, formatted=True)
     again, _ = parse(out, file)
     if again is None or _shape(again.items) != _shape(tree.items):
         raise FormatError(f"{file}: the formatted text would not mean the same; left as it is (a bug of dslc fmt: please report it)")
@@ -88,6 +99,18 @@ def number_text(text: str) -> str:
 
 # --------------------------------------------------------------------------
 # the checks around formatting
+
+
+def _check_size(text: str, file: str, formatted: bool = False) -> None:
+    """E008, as lint says it, for a text longer than a plan file may be: the text given (an
+    editor's), or the formatted one (spaces added to a file near the bound)."""
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size <= MAX_BYTES:
+        return
+    d = too_large(size, file)
+    if formatted:
+        d = error("E008", d.span, "formatted, the file " + too_large_text(size), "it is left as it is")
+    raise FormatError(f"{d.span}: {d.message}", d)
 
 
 def _check_depth(marks, file: str) -> None:
@@ -320,22 +343,44 @@ def _runs(lines: list[_Line], member) -> list[list[_Line]]:
     return runs
 
 
+def _groups(run: list[_Line], cells) -> list[list[_Line]]:
+    """``run`` cut, in order, into groups whose every column is at most :data:`ALIGN_SPREAD`
+    characters wider in one line than in another: ``cells(line)`` the widths of a line's
+    columns (None: a comment under the one that ends the line above, which goes with it)."""
+    groups: list[list[_Line]] = [[]]
+    lo = hi = None  # each column's narrowest and widest in the group
+    for ln in run:
+        widths = cells(ln)
+        if widths is not None:
+            lo2 = widths if lo is None else tuple(map(min, lo, widths))
+            hi2 = widths if hi is None else tuple(map(max, hi, widths))
+            if any(b - a > ALIGN_SPREAD for a, b in zip(lo2, hi2)):
+                groups.append([])
+                lo2 = hi2 = widths
+            lo, hi = lo2, hi2
+        groups[-1].append(ln)
+    return groups
+
+
 def _align(lines: list[_Line]) -> None:
     for run in _runs(lines, lambda ln: ln.axis is not None):
-        names = max(len(ln.axis[0]) for ln in run)
-        sizes = max(len(ln.axis[1]) for ln in run)
-        for ln in run:
-            name, size, link = ln.axis
-            ln.code = f"{name:<{names}} = {size:<{sizes}} on {link}"
+        for group in _groups(run, lambda ln: (len(ln.axis[0]), len(ln.axis[1]))):
+            names = max(len(ln.axis[0]) for ln in group)
+            sizes = max(len(ln.axis[1]) for ln in group)
+            for ln in group:
+                name, size, link = ln.axis
+                ln.code = f"{name:<{names}} = {size:<{sizes}} on {link}"
     for run in _runs(lines, lambda ln: ln.block is not None):
-        heads = max(len(ln.block[0]) for ln in run)
-        same = len({ln.block[2] for ln in run}) == 1 and "" not in run[0].block[2]
-        widths = [max(len(ln.block[1][i]) + 1 for ln in run) for i in range(len(run[0].block[1]) - 1)] if same else []
-        for ln in run:
-            head, stmts, _ = ln.block
-            cells = [f"{s};".ljust(w) for s, w in zip(stmts, widths)] if same else [f"{s};" for s in stmts[:-1]]
-            ln.code = f"{head:<{heads}} {{ {' '.join(cells + [stmts[-1]])} }}"
+        for group in _groups(run, lambda ln: (len(ln.block[0]), *(len(s) for s in ln.block[1][:-1]))):
+            heads = max(len(ln.block[0]) for ln in group)
+            same = len({ln.block[2] for ln in group}) == 1 and "" not in group[0].block[2]
+            widths = [max(len(ln.block[1][i]) + 1 for ln in group) for i in range(len(group[0].block[1]) - 1)] if same else []
+            for ln in group:
+                head, stmts, _ = ln.block
+                cells = [f"{s};".ljust(w) for s, w in zip(stmts, widths)] if same else [f"{s};" for s in stmts[:-1]]
+                ln.code = f"{head:<{heads}} {{ {' '.join(cells + [stmts[-1]])} }}"
     for run in _runs(lines, lambda ln: bool(ln.comment)):
-        width = max(len(ln.code) for ln in run) or 1
-        for ln in run:
-            ln.code = ln.code.ljust(width)
+        for group in _groups(run, lambda ln: None if ln.follows else (len(ln.code),)):
+            width = max(len(ln.code) for ln in group) or 1
+            for ln in group:
+                ln.code = ln.code.ljust(width)

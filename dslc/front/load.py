@@ -33,7 +33,7 @@ from ..diagnostics import Diagnostic, error, warning
 from ..reading import NotAFile
 from ..source import Sources, Span
 from . import ast
-from .parse import MAX_BYTES, decode, parse, size_text, too_large
+from .parse import MAX_BYTES, decode, parse, too_large_text
 
 MAX_IMPORT_DEPTH = 64  # files in one chain of imports, the root included
 
@@ -42,7 +42,7 @@ MAX_IMPORT_DEPTH = 64  # files in one chain of imports, the root included
 _SAYS = {
     "E005": "import not found: {p} is {r}",
     "E007": "imported file {p} is not a plan file: {r}",
-    "E008": "imported file {p} is {r}; a plan file may be at most " + f"{MAX_BYTES // 2**20} MiB",
+    "E008": "imported file {p} {r}",
 }
 
 
@@ -50,6 +50,15 @@ def read_bytes(path: str) -> tuple[bytes, os.stat_result]:
     """The bytes of the plan file at ``path``, at most ``MAX_BYTES + 1`` of them (none
     when its size is already larger), and its status: :mod:`dslc.reading`'s bounds."""
     return reading.read_bytes(path, MAX_BYTES)
+
+
+def read_text(path: str) -> tuple[str | None, os.stat_result, list[Diagnostic]]:
+    """The text of the plan file at ``path`` and its status, or None and why not (E004 not
+    UTF-8, E008 too large): the one bounded read and decoding of every reader of a plan
+    (the loader, fmt, the language server). OSError when it cannot be read at all."""
+    data, st = read_bytes(path)
+    text, diags = decode(data, path, st.st_size)
+    return text, st, diags
 
 
 def linked(path: str) -> bool:
@@ -235,7 +244,8 @@ class Loader:
         self.sources.texts.pop(path, None)  # never quoted: keep no copy of it
         d = next(d for d in diags if d.is_error)
         if d.code == "E008":
-            return _File(path, None, ("E008", size_text(max(got.size, len(got.data))), None))
+            size = max(got.size, len(got.data))
+            return _File(path, None, ("E008", too_large_text(size if size > MAX_BYTES else None), None))
         where = f"{CODES[d.code]} at line {d.span.line}, column {d.span.col}"
         hint = f"dslc never shows an imported file's text; `dslc lint {path}` shows the error"
         return _File(path, None, ("E007", where, hint))
@@ -243,9 +253,7 @@ class Loader:
     # -- both ------------------------------------------------------------------
 
     def _parse(self, path: str, data: bytes, size: int | None) -> tuple[ast.File | None, list[Diagnostic]]:
-        if size is not None and size > MAX_BYTES:
-            return None, [too_large(size, path)]
-        text, diags = decode(data, path)
+        text, diags = decode(data, path, size)
         if text is None:
             return None, diags
         self.sources.texts[path] = text

@@ -22,6 +22,9 @@ from ..source import Span
 from . import ast
 
 MAX_BYTES = 4 * 1024 * 1024
+# words, numbers, strings and symbols of one file (the largest example plan has 925): Lark
+# parses some 50,000 a second, so no file within MAX_BYTES keeps a command for minutes
+MAX_TOKENS = 2**16
 
 # What each terminal is, in words a plan author knows.
 _WORDS = {
@@ -200,19 +203,24 @@ def size_text(size: int) -> str:
 
 
 def too_large(size: int, file: str) -> Diagnostic:
-    return error(
-        "E008",
-        Span.point(file),
-        f"file is {size_text(size)}; a plan file may be at most {MAX_BYTES // 2**20} MiB",
-        "is this really a plan file?",
-    )
+    return error("E008", Span.point(file), "file " + too_large_text(size), "is this really a plan file?")
 
 
-def decode(data: bytes, file: str) -> tuple[str | None, list[Diagnostic]]:
-    """Bytes → text, or a diagnostic for binary, non-UTF-8 or oversized input."""
+def too_large_text(size: int | None) -> str:
+    """What E008 says of a file of ``size`` bytes (None: one within MAX_BYTES, but past
+    MAX_TOKENS)."""
+    if size is None:
+        return f"has more than {MAX_TOKENS:,} tokens (words, numbers, strings and symbols); a plan file may have at most {MAX_TOKENS:,}"
+    return f"is {size_text(size)}; a plan file may be at most {MAX_BYTES // 2**20} MiB"
+
+
+def decode(data: bytes, file: str, size: int | None = None) -> tuple[str | None, list[Diagnostic]]:
+    """Bytes → text, or a diagnostic for binary, non-UTF-8 or oversized input. ``size``: the
+    file's size as its reader found it (:func:`dslc.reading.read_bytes` returns no byte
+    of a file longer than ``MAX_BYTES``: its size says so)."""
     here = Span.point(file)
-    if len(data) > MAX_BYTES:
-        return None, [too_large(len(data), file)]
+    if max(len(data), size or 0) > MAX_BYTES:
+        return None, [too_large(max(len(data), size or 0), file)]
     if b"\0" in data:
         return None, [error("E004", here, "file is binary (contains NUL bytes), not a plan")]
     try:
@@ -232,9 +240,14 @@ def decode(data: bytes, file: str) -> tuple[str | None, list[Diagnostic]]:
 
 
 def parse(text: str, file: str) -> tuple[ast.File | None, list[Diagnostic]]:
-    """Parse one file's text. On a syntax error returns (None, [diagnostic])."""
+    """Parse one file's text. On a syntax error, or past MAX_TOKENS tokens, returns
+    (None, [diagnostic])."""
     try:
-        tree = _Build(file).transform(parser().parse(text))
+        steps = parser().parse_interactive(text)
+        for n, tok in enumerate(steps.iter_parse(), 1):
+            if n > MAX_TOKENS:
+                return None, [error("E008", _span(file, tok), "file " + too_large_text(None), "is this really a plan file?")]
+        tree = _Build(file).transform(steps.feed_eof())
     except UnexpectedInput as e:
         return None, [_syntax_error(e, text, file)]
     items = tuple(c for c in tree.children if isinstance(c, (ast.Import, ast.Block)))

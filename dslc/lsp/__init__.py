@@ -5,6 +5,7 @@ questions from what they found:
 
 - :mod:`.server` wires the protocol: documents opened, changed (linted once the typing
   pauses), saved and closed; hover, completion, go to definition and formatting;
+- :mod:`.wire` bounds what arrives before pygls reads it, and answers a request it cannot read;
 - :mod:`.analysis` lints a document's text as ``dslc lint`` lints its file and turns the
   diagnostics into the protocol's, and indexes the definitions of the file and its imports;
 - :mod:`.positions` converts between dslc's spans and the protocol's positions;

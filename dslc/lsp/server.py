@@ -9,11 +9,16 @@ Documents are synchronised whole (a plan file is small), and linted:
   last text;
 - when closed, its diagnostics are cleared.
 
-Every request is answered from the document's current text; a request about a document
-that is neither open nor on disk is answered with nothing. No input, however broken, gets
-a traceback back: a request that fails on a bug answers nothing and logs one line
-(``window/logMessage``), and what pygls logs on standard error (a message that is not
-JSON, parameters of the wrong shape) is one line too, unless ``DSLC_DEBUG`` is set.
+Every request is answered from the document's current text. A document the editor has
+not opened is read from its ``file:`` path as ``dslc lint`` reads a plan (:mod:`dslc.reading`:
+a regular file of at most 4 MiB, never a FIFO or a device), and nothing else is read (pygls
+would read any path whole); a request about a document that is neither open nor such a file
+is answered with nothing, and one that is not a plan with nothing and one line saying why
+(``window/logMessage``). No input, however broken, gets a traceback back: a request that
+fails on a bug answers nothing and logs one line, a request pygls cannot read is answered
+with InvalidParams (:mod:`.wire`, which also bounds a message's length), and what pygls
+logs on standard error (a message that is not JSON, parameters of the wrong shape) is one
+line too, unless ``DSLC_DEBUG`` is set.
 """
 
 from __future__ import annotations
@@ -23,24 +28,30 @@ import functools
 import logging
 import os
 import sys
+from urllib.parse import unquote
 
 from lsprotocol import types as lsp
+from pygls import uris
 from pygls.lsp.server import LanguageServer
+from pygls.workspace import TextDocument
 
 from .. import __version__
 from ..front.fmt import FormatError, format_text
+from ..front.load import read_text
+from ..reading import NotAFile
 from .analysis import Analysis
 from .complete import complete
 from .definition import definition
 from .hover import hover
 from .positions import Text
+from .wire import Framed, Protocol
 
 DEBOUNCE = 0.3  # seconds without a change before a document is linted
 
 
 class PlanServer(LanguageServer):
     def __init__(self):
-        super().__init__("dslc", __version__, text_document_sync_kind=lsp.TextDocumentSyncKind.Full)
+        super().__init__("dslc", __version__, text_document_sync_kind=lsp.TextDocumentSyncKind.Full, protocol_cls=Protocol)
         self.analyses: dict[str, Analysis] = {}  # of each document's text last analysed
         self.parsed: dict[str, Analysis] = {}  # the last that parsed: the names completion offers
         self.pending: dict[str, asyncio.TimerHandle] = {}
@@ -49,35 +60,57 @@ class PlanServer(LanguageServer):
     def encoding(self) -> str:
         return str(self.workspace.position_encoding or "utf-16")
 
+    def opened(self, uri: str) -> TextDocument | None:
+        """The document as the editor sent it; None when it has not opened it."""
+        return self.workspace.text_documents.get(unquote(uri))
+
     def source(self, uri: str) -> str:
-        """The document's text; :class:`Unknown` when it is neither open nor a file."""
+        """The document's text: the editor's, or its file's as ``dslc lint`` reads a plan
+        (pygls's fallback, ``TextDocument.source``, would read any path whole: a FIFO
+        blocks, /dev/zero never ends); :class:`Unknown` when it is neither."""
+        doc = self.opened(uri)
+        if doc is not None:
+            return doc.source
+        path = uris.to_fs_path(uri)
+        if path is None:
+            raise Unknown(uri)  # an untitled buffer never opened: nothing to read
         try:
-            return self.workspace.get_text_document(uri).source
-        except (OSError, ValueError):
+            text, _, problems = read_text(path)
+        except FileNotFoundError:
             raise Unknown(uri) from None
+        except OSError as e:  # a FIFO, a device, a directory: never opened
+            why = f"it is {e.kind}, not a regular file" if isinstance(e, NotAFile) else e.strerror or type(e).__name__
+            self.log(f"{path} is not read: {why}", lsp.MessageType.Warning)
+            raise Unknown(uri) from None
+        if text is None:
+            self.log(f"{path} is not read: {problems[0].code}: {problems[0].message}", lsp.MessageType.Warning)
+            raise Unknown(uri)
+        return text
 
     def analysis(self, uri: str) -> Analysis:
-        """The analysis of the document's current text (kept until the text changes)."""
+        """The analysis of the document's current text (kept, for an open document, until
+        the text changes)."""
         source = self.source(uri)
         an = self.analyses.get(uri)
         if an is None or an.text.text != source or an.text.encoding != self.encoding:
-            an = self.analyses[uri] = Analysis(uri, source, self.encoding)
-            if an.tree is not None:
-                self.parsed[uri] = an
+            an = Analysis(uri, source, self.encoding)
+            if self.opened(uri) is not None:  # a file on disk is read again at each request
+                self.analyses[uri] = an
+                if an.tree is not None:
+                    self.parsed[uri] = an
         return an
 
     def publish(self, uri: str) -> None:
         self.pending.pop(uri, None)
-        if uri not in self.workspace.text_documents:
+        doc = self.opened(uri)
+        if doc is None:
             return  # closed meanwhile
         try:
             diagnostics = self.analysis(uri).diagnostics()
-        except Unknown:
-            return
         except Exception as e:  # a bug: say so in one line, keep serving
             self.log(f"cannot lint {uri}: {type(e).__name__}: {e}")
             return
-        version = self.workspace.get_text_document(uri).version
+        version = doc.version
         self.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(uri, diagnostics, version))
 
     def later(self, uri: str) -> None:
@@ -197,4 +230,4 @@ def serve() -> None:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(_OneLine())
         logging.basicConfig(level=logging.WARNING, handlers=[handler])
-    build().start_io()
+    build().start_io(Framed(sys.stdin.buffer))

@@ -44,7 +44,6 @@ from torch.distributed.checkpoint.planner_helpers import (
 )
 
 from checkpoint_files import (
-    CHECKPOINT_DIR,
     CheckpointReader,
     CheckpointWriter,
     claim,
@@ -66,7 +65,10 @@ class Checkpoints:
     any layout wrote: the optimizer's tensors opt_params[i] (of parameter owners[i],
     from element starts[i] of it, flattened) and their state."""
 
-    def __init__(self, model, optimizer, owners, opt_params, starts, weights, buckets):
+    def __init__(
+        self, folder, model, optimizer, owners, opt_params, starts, weights, buckets
+    ):
+        self.folder = folder  # CHECKPOINT_DIR, or --checkpoint-dir
         self.model, self.optimizer = model, optimizer
         self.owners, self.opt_params = owners, opt_params
         self.starts = starts
@@ -120,7 +122,7 @@ class Checkpoints:
 
     def save(self, step):
         """Every rank writes its pieces into step<N>.partial; the master commits it."""
-        began, final = time.perf_counter(), step_folder(step)
+        began, final = time.perf_counter(), step_folder(self.folder, step)
         partial = final + ".partial"
         for folder in (partial, final):  # replaced below: only this model's own
             if os.path.lexists(folder) and not ours(folder):
@@ -156,15 +158,15 @@ class Checkpoints:
     def load(self):
         """Loads the newest committed checkpoint, written by any layout of this model;
         returns its step (0: there is none)."""
-        steps = committed_steps()
+        steps = committed_steps(self.folder)
         if not steps:
             if self.master:
                 print(
-                    f"--resume: no checkpoint in {CHECKPOINT_DIR}; starting at step 0",
+                    f"--resume: no checkpoint in {self.folder}; starting at step 0",
                     flush=True,
                 )
             return 0
-        path = step_folder(steps[-1])
+        path = step_folder(self.folder, steps[-1])
         marker = read_marker(path)
         for q in self.opt_params:  # written into in place
             self.optimizer.state[q].update(fresh_state(q))

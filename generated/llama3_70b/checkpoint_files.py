@@ -11,9 +11,10 @@ writing) and COMMIT.json last (the step, the layout, the model, the data and the
 manifest's SHA-256).
 
 A load never unpickles: it rebuilds DCP's metadata from manifest.json after checking
-every field (types, shapes, dtypes, chunks inside their tensor and covering it, files that
-are regular files of the folder itself, offsets and lengths inside them, lengths near the
-tensor's bytes), then checks each item's sum before torch.load (weights_only) reads it.
+every field (types, shapes, dtypes, chunks inside their tensor and tiling it, with no
+overlap and no hole; files that are regular files of the folder itself, offsets and
+lengths inside them, lengths near the tensor's bytes), then checks each item's sum before
+torch.load (weights_only) reads it.
 Cleaning up deletes only folders whose MADE_BY.json names this model and data."""
 
 import hashlib
@@ -49,7 +50,6 @@ from utils import (
     write_json,
 )
 
-CHECKPOINT_DIR = "checkpoints/llama3_70b"  # relative to the working directory
 CHECKPOINT_KEEP = 0  # the newest kept; 0: all
 FINGERPRINT = {
     "model": {
@@ -248,6 +248,10 @@ def read_manifest(path, digest, wanted):
             fail(
                 f"{file}: {key}'s chunks hold {volume} elements, not the {math.prod(shape)} of its shape"
             )
+        if not tiles(shape, metas):
+            fail(
+                f"{file}: {key}'s chunks overlap, and leave as many of its {list(shape)} elements in none"
+            )
         state[key] = TensorStorageMetadata(
             TensorProperties(dtype=dtype), torch.Size(shape), metas
         )
@@ -283,6 +287,26 @@ def chunk_fields(chunk, shape, where):
     return offsets, sizes, chunk["file"]
 
 
+def tiles(shape, chunks):
+    """Whether `chunks` (ChunkStorageMetadata) tile a tensor of `shape` exactly: each
+    element in one chunk. A box is the signed sum of the orthants {x >= corner} at its
+    2**d corners (inclusion-exclusion), and such a sum is unique: the chunks tile the
+    tensor when their corners' signed counts are the tensor's own (an overlap or a hole,
+    anywhere, leaves a corner counted). 2**d updates a chunk, in any order."""
+    d = len(shape)  # corner c: at the box's end in dim k where bit k is set, its sign
+    corners = [
+        ([c >> k & 1 for k in range(d)], (-1) ** bin(c).count("1")) for c in range(2**d)
+    ]
+    counts = {}  # a corner: its signed count
+    for offsets, sizes, sign in [([0] * d, shape, -1)] + [
+        (c.offsets, c.sizes, 1) for c in chunks
+    ]:
+        for far, parity in corners:
+            point = tuple([o + s * f for o, s, f in zip(offsets, sizes, far)])
+            counts[point] = counts.get(point, 0) + sign * parity
+    return not any(counts.values())
+
+
 def is_whole_number(v):
     return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**62
 
@@ -303,8 +327,8 @@ def data_file_size(path, name, where):
     return st.st_size
 
 
-def step_folder(step):
-    return os.path.join(CHECKPOINT_DIR, f"step{step:07d}")
+def step_folder(folder, step):
+    return os.path.join(folder, f"step{step:07d}")
 
 
 def claim(folder):
@@ -352,24 +376,23 @@ def commit(writer, final, step, began):
     ):  # a run resumed before it saves it again (save checked it is ours)
         shutil.rmtree(final)
     os.rename(partial, final)
-    fsync_folder(CHECKPOINT_DIR)
+    folder = os.path.dirname(final)  # the checkpoints' folder
+    fsync_folder(folder)
     size = sum(f.stat().st_size for f in os.scandir(final) if f.is_file())
-    committed = committed_steps()
+    committed = committed_steps(folder)
     for old in committed[:-CHECKPOINT_KEEP] if CHECKPOINT_KEEP else []:
         if old != step and ours(
-            step_folder(old)
+            step_folder(folder, old)
         ):  # never the one just made, even under newer ones
-            shutil.rmtree(step_folder(old), ignore_errors=True)
-    for name in os.listdir(
-        CHECKPOINT_DIR
-    ):  # this model's saves that crashed before this one
-        folder = os.path.join(CHECKPOINT_DIR, name)
+            shutil.rmtree(step_folder(folder, old), ignore_errors=True)
+    for name in os.listdir(folder):  # this model's saves that crashed before this one
+        crashed = os.path.join(folder, name)
         if (
             name.endswith(".partial")
             and name < os.path.basename(final)
-            and ours(folder)
+            and ours(crashed)
         ):
-            shutil.rmtree(folder, ignore_errors=True)
+            shutil.rmtree(crashed, ignore_errors=True)
     print(
         f"checkpoint {final}: step {step}, {human_size(size)} in {time.perf_counter() - began:.1f} s",
         flush=True,
@@ -384,19 +407,17 @@ def fsync_folder(path):
         os.close(fd)
 
 
-def committed_steps():
+def committed_steps(folder):
     """The steps of the committed checkpoints, oldest first."""
-    if not os.path.isdir(CHECKPOINT_DIR):
+    if not os.path.isdir(folder):
         return []
     names = [
-        n
-        for n in os.listdir(CHECKPOINT_DIR)
-        if n.startswith("step") and n[4:].isdecimal()
+        n for n in os.listdir(folder) if n.startswith("step") and n[4:].isdecimal()
     ]
     return sorted(
         int(n[4:])
         for n in names
-        if os.path.lexists(os.path.join(CHECKPOINT_DIR, n, "COMMIT.json"))
+        if os.path.lexists(os.path.join(folder, n, "COMMIT.json"))
     )
 
 

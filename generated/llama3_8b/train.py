@@ -25,7 +25,6 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from checkpoint import Checkpoints
-from checkpoint_files import CHECKPOINT_DIR
 from data_parallel import GradientBuckets
 from hf import add_export_flags, check_export_folder, export_hf, gather_weights
 from mesh import (
@@ -56,7 +55,7 @@ from plan import (
     WORLD_SIZE,
     kind_of,
 )
-from utils import copy_all, fail, file_name, generator, to_device
+from utils import copy_all, fail, file_name, generator, output_folder, to_device
 
 # -----------------------------------------------------------------------------
 # Settings of the run, from the plan (the model's, the mesh's and the batch's are in plan.py)
@@ -64,7 +63,8 @@ STEPS = 1000
 SEED = 1234
 PRECISION = "bf16"
 GRAD_CLIP = 1.0  # max global gradient norm
-CHECKPOINT_EVERY = 200  # steps (checkpoint.py: where, how many kept)
+CHECKPOINT_EVERY = 200  # steps (checkpoint.py: how many kept)
+CHECKPOINT_DIR = "checkpoints/llama3_8b"  # relative to the working directory (--checkpoint-dir: elsewhere)
 COMPILE = None  # torch.compile each block; None: on CUDA, not on CPU
 # forward and backward, attention causal, as dslc explain counts
 MODEL_FLOPS_PER_TOKEN = 51_470_401_536
@@ -82,6 +82,13 @@ parser.add_argument("--device", choices=["cpu", "cuda"], help="cuda if present")
 parser.add_argument("--share-gpu", action="store_true", help="all ranks on one GPU")
 parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=COMPILE)
 parser.add_argument("--resume", action="store_true", help="from the latest checkpoint")
+parser.add_argument(
+    "--checkpoint-dir",
+    metavar="DIR",
+    type=file_name,
+    default=CHECKPOINT_DIR,
+    help="where checkpoints go (default: %(default)s)",
+)
 outputs = {  # written after training, so refused now if they cannot be
     "--dump-losses": "the global loss of every step, as JSON",
     "--dump-weights": "the full weights, gathered (torch.save)",
@@ -91,7 +98,9 @@ outputs = {  # written after training, so refused now if they cannot be
 for flag, what in outputs.items():
     parser.add_argument(flag, metavar="FILE", type=file_name, help="write " + what)
 add_export_flags(parser)  # --export-hf DIR, --export-dtype, --export-shard-size (hf.py)
-parser.add_argument("--tensorboard", metavar="DIR", help="log to TensorBoard, in DIR")
+parser.add_argument(
+    "--tensorboard", metavar="DIR", type=file_name, help="log to TensorBoard, in DIR"
+)
 parser.add_argument("--wandb", metavar="PROJECT", help="log to W&B, in PROJECT")
 args = parser.parse_args()
 args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -105,8 +114,8 @@ for flag in outputs:
         fail(f"{flag} {path}: is a directory, not a file")
 if args.export_hf:
     check_export_folder(args.export_hf)  # now, not after training
-if os.path.exists(CHECKPOINT_DIR) and not os.path.isdir(CHECKPOINT_DIR):
-    fail(f"checkpoints go into {CHECKPOINT_DIR}, which is a file, not a directory")
+output_folder("--tensorboard", args.tensorboard)  # before its writer's thread starts
+output_folder("--checkpoint-dir", args.checkpoint_dir)
 here = os.path.dirname(os.path.abspath(__file__))
 SCHEDULE = load_schedule(os.path.join(here, "schedule.json"))  # [pp rank][action]
 env = [os.environ.get(k, "unset") for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK")]
@@ -149,7 +158,14 @@ master_params = [w.detach().float() for w in weights]
 opt_params = master_params
 optimizer = build_optimizer(owners, opt_params)
 checkpoints = Checkpoints(
-    model, optimizer, owners, opt_params, starts, weights, grad_buckets
+    args.checkpoint_dir,
+    model,
+    optimizer,
+    owners,
+    opt_params,
+    starts,
+    weights,
+    grad_buckets,
 )
 if args.compile and not args.measure:  # --measure counts what eager autograd saves
     compile_model(model)

@@ -54,7 +54,7 @@ from plan import (
     WORLD_SIZE,
     kind_of,
 )
-from utils import copy_all, fail, file_name, generator, to_device
+from utils import copy_all, fail, file_name, generator, output_folder, to_device
 
 # -----------------------------------------------------------------------------
 # Settings of the run, from the plan (the model's, the mesh's and the batch's are in plan.py)
@@ -86,7 +86,9 @@ outputs = {  # written after training, so refused now if they cannot be
 for flag, what in outputs.items():
     parser.add_argument(flag, metavar="FILE", type=file_name, help="write " + what)
 add_export_flags(parser)  # --export-hf DIR, --export-dtype, --export-shard-size (hf.py)
-parser.add_argument("--tensorboard", metavar="DIR", help="log to TensorBoard, in DIR")
+parser.add_argument(
+    "--tensorboard", metavar="DIR", type=file_name, help="log to TensorBoard, in DIR"
+)
 parser.add_argument("--wandb", metavar="PROJECT", help="log to W&B, in PROJECT")
 args = parser.parse_args()
 args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -100,6 +102,7 @@ for flag in outputs:
         fail(f"{flag} {path}: is a directory, not a file")
 if args.export_hf:
     check_export_folder(args.export_hf)  # now, not after training
+output_folder("--tensorboard", args.tensorboard)  # before its writer's thread starts
 env = [os.environ.get(k, "unset") for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK")]
 got, rank, local_rank = ["1", "0", "0"] if env == ["unset"] * 3 else env  # no torchrun
 if got != str(WORLD_SIZE):

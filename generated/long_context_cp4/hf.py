@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from mesh import CALLING, COORDS
 from plan import N_LAYER, WORLD_SIZE
-from utils import fail, human_size, import_safetensors, write_json
+from utils import fail, human_size, import_safetensors, output_folder, write_json
 
 # (our name, theirs, stored transposed, (piece k, of n) of their outputs, one per expert):
 # {i} is a layer, {e} an expert
@@ -113,12 +113,7 @@ def shard_size(text):
 
 def check_export_folder(path):
     """--export-hf: refused before training if it could not be written after it."""
-    folder = os.path.abspath(path)
-    if os.path.exists(folder) and not os.path.isdir(folder):
-        fail(f"--export-hf {path}: is a file, not a directory")
-    parent = folder if os.path.isdir(folder) else os.path.dirname(folder)
-    if not (os.path.isdir(parent) and os.access(parent, os.W_OK)):
-        fail(f"--export-hf {path}: cannot write into {parent}")
+    output_folder("--export-hf", path)
     import_safetensors()
 
 

@@ -7,7 +7,6 @@ The collectives count through METER; while it is off, each hook is one test.
 
 import contextlib
 import json
-import os
 import weakref
 
 import torch
@@ -151,8 +150,6 @@ class Dashboard:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
                 fail("--tensorboard needs tensorboard: pip install tensorboard", 2)
-            if os.path.exists(tensorboard) and not os.path.isdir(tensorboard):
-                fail(f"--tensorboard {tensorboard}: is a file, not a directory")
             try:
                 self.writer = SummaryWriter(tensorboard)
             except OSError as e:

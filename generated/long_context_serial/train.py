@@ -26,7 +26,7 @@ from meter import DASHBOARD, METER, measure_block
 from model import Transformer, compile_model, init_weights, materialize
 from optimizer import build_optimizer, get_lr, grad_norm
 from plan import DP, GLOBAL_BATCH, LAYOUT, MICRO_BATCH, MICRO_STEPS, SEQ_LEN, WORLD_SIZE
-from utils import fail, file_name, to_device
+from utils import fail, file_name, output_folder, to_device
 
 # -----------------------------------------------------------------------------
 # Settings of the run, from the plan (the model's, the mesh's and the batch's are in plan.py)
@@ -34,9 +34,10 @@ STEPS = 60
 SEED = 1234
 PRECISION = "fp32"
 GRAD_CLIP = 1.0  # max global gradient norm
-# (weight, format, path relative to this file, id type of a raw tokens file)
+DATA_ROOT = "../../data"  # the data files' folder, relative to this file (--data-root: elsewhere)
+# (weight, format, path below DATA_ROOT, id type of a raw tokens file)
 DATA = [
-    (1.0, "text", "../../data/verse.txt", "uint8"),
+    (1.0, "text", "verse.txt", "uint8"),
 ]
 COMPILE = None  # torch.compile each block; None: on CUDA, not on CPU
 # forward and backward, attention causal, as dslc explain counts
@@ -56,6 +57,12 @@ parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=
 parser.add_argument(
     "--data", metavar="FILE", type=file_name, help="instead of the plan's training data"
 )
+parser.add_argument(
+    "--data-root",
+    metavar="DIR",
+    type=file_name,
+    help="where DATA_ROOT is (a pod's data volume)",
+)
 outputs = {  # written after training, so refused now if they cannot be
     "--dump-losses": "the global loss of every step, as JSON",
     "--dump-weights": "the full weights, gathered (torch.save)",
@@ -64,7 +71,9 @@ outputs = {  # written after training, so refused now if they cannot be
 for flag, what in outputs.items():
     parser.add_argument(flag, metavar="FILE", type=file_name, help="write " + what)
 add_export_flags(parser)  # --export-hf DIR, --export-dtype, --export-shard-size (hf.py)
-parser.add_argument("--tensorboard", metavar="DIR", help="log to TensorBoard, in DIR")
+parser.add_argument(
+    "--tensorboard", metavar="DIR", type=file_name, help="log to TensorBoard, in DIR"
+)
 parser.add_argument("--wandb", metavar="PROJECT", help="log to W&B, in PROJECT")
 args = parser.parse_args()
 args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -78,6 +87,7 @@ for flag in outputs:
         fail(f"{flag} {path}: is a directory, not a file")
 if args.export_hf:
     check_export_folder(args.export_hf)  # now, not after training
+output_folder("--tensorboard", args.tensorboard)  # before its writer's thread starts
 here = os.path.dirname(os.path.abspath(__file__))
 env = [os.environ.get(k, "unset") for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK")]
 got, rank, local_rank = ["1", "0", "0"] if env == ["unset"] * 3 else env  # no torchrun
@@ -94,7 +104,8 @@ if args.device == "cuda":
         fail(f"--device cuda: torch {torch.__version__} sees no GPU")
     torch.set_float32_matmul_precision("high")  # tf32 matmuls for fp32 work
 master = RANK == 0  # logs and writes files
-TRAIN = open_data(DATA, here, seed=args.seed, override=args.data)
+data_root = args.data_root or os.path.join(here, DATA_ROOT)
+TRAIN = open_data(DATA, data_root, seed=args.seed, override=args.data)
 
 # -----------------------------------------------------------------------------
 # Model and optimizer

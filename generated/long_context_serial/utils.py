@@ -47,6 +47,25 @@ def file_name(text):
     return text
 
 
+def output_folder(flag, path):
+    """Refuses, in one line and before the run starts, a folder `flag` would write into
+    that is a file (or a link to none), the kernel's (under /proc, /sys or /dev), or
+    neither writable nor makeable in a writable folder above it (None: the flag not given).
+    """
+    if path is None:
+        return
+    folder = os.path.abspath(path)
+    if os.path.lexists(folder) and not os.path.isdir(folder):
+        fail(f"{flag} {shown(path)}: is a file, not a directory")
+    if (os.path.realpath(folder) + "/").startswith(SYSTEM_FILES):
+        fail(f"{flag} {shown(path)}: a folder of the kernel's, not one to write into")
+    parent = folder
+    while not os.path.lexists(parent):  # made, with the folders above it
+        parent = os.path.dirname(parent)
+    if not (os.path.isdir(parent) and os.access(parent, os.W_OK)):
+        fail(f"{flag} {shown(path)}: cannot write into {parent}")
+
+
 def shown(path):
     """The path as a message names it: quoted when it holds a control character, with
     the file it leads to when it is a link."""

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from mesh import CALLING, COORDS, GROUPS, all_gather
 from pipeline_parallel import pp_peer
 from plan import EP, LOCAL_EXPERTS, N_EXPERTS, N_LAYER, PP, TP, WORLD_SIZE
-from utils import fail, human_size, import_safetensors, write_json
+from utils import fail, human_size, import_safetensors, output_folder, write_json
 
 # (our name, theirs, stored transposed, (piece k, of n) of their outputs, one per expert):
 # {i} is a layer, {e} an expert
@@ -124,12 +124,7 @@ def check_export_folder(path):
         "--export-hf: "
         + "capacity_factor = 1.25: transformers' Mixtral drops no tokens"
     )
-    folder = os.path.abspath(path)
-    if os.path.exists(folder) and not os.path.isdir(folder):
-        fail(f"--export-hf {path}: is a file, not a directory")
-    parent = folder if os.path.isdir(folder) else os.path.dirname(folder)
-    if not (os.path.isdir(parent) and os.access(parent, os.W_OK)):
-        fail(f"--export-hf {path}: cannot write into {parent}")
+    output_folder("--export-hf", path)
     import_safetensors()
 
 

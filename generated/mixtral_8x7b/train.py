@@ -55,7 +55,7 @@ from plan import (
     WORLD_SIZE,
     kind_of,
 )
-from utils import copy_all, fail, file_name, generator, to_device
+from utils import copy_all, fail, file_name, generator, output_folder, to_device
 
 # -----------------------------------------------------------------------------
 # Settings of the run, from the plan (the model's, the mesh's and the batch's are in plan.py)
@@ -88,7 +88,9 @@ outputs = {  # written after training, so refused now if they cannot be
 for flag, what in outputs.items():
     parser.add_argument(flag, metavar="FILE", type=file_name, help="write " + what)
 add_export_flags(parser)  # --export-hf DIR, --export-dtype, --export-shard-size (hf.py)
-parser.add_argument("--tensorboard", metavar="DIR", help="log to TensorBoard, in DIR")
+parser.add_argument(
+    "--tensorboard", metavar="DIR", type=file_name, help="log to TensorBoard, in DIR"
+)
 parser.add_argument("--wandb", metavar="PROJECT", help="log to W&B, in PROJECT")
 args = parser.parse_args()
 args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -102,6 +104,7 @@ for flag in outputs:
         fail(f"{flag} {path}: is a directory, not a file")
 if args.export_hf:
     check_export_folder(args.export_hf)  # now, not after training
+output_folder("--tensorboard", args.tensorboard)  # before its writer's thread starts
 here = os.path.dirname(os.path.abspath(__file__))
 SCHEDULE = load_schedule(os.path.join(here, "schedule.json"))  # [pp rank][action]
 env = [os.environ.get(k, "unset") for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK")]

@@ -152,8 +152,6 @@ class Dashboard:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
                 fail("--tensorboard needs tensorboard: pip install tensorboard", 2)
-            if os.path.exists(tensorboard) and not os.path.isdir(tensorboard):
-                fail(f"--tensorboard {tensorboard}: is a file, not a directory")
             try:
                 self.writer = SummaryWriter(tensorboard)
             except OSError as e:
