@@ -160,9 +160,10 @@ def test_a_plan_at_every_bound_is_searched_within_the_bounds(tmp_path, model, ex
                           capture_output=True, text=True, env=env, timeout=90)
     assert "Traceback" not in done.stderr and "internal error" not in done.stderr, done.stderr
     assert "more degree combinations not probed (the search's bound)" in done.stderr, done.stderr[-400:]
+    took = float(re.search(r", in ([0-9.]+) s;", done.stderr).group(1))
+    assert took < 45, done.stderr[-400:]  # the issue's: still enumerating after 45 s (64 s on main's code here)
     if done.returncode == 0:
-        doc = json.loads(done.stdout)
-        assert doc["unprobed_degrees"] > 0 and doc["seconds"] < 60
+        assert json.loads(done.stdout)["unprobed_degrees"] > 0
 
 
 def test_search_takes_a_plan_that_does_not_fit_and_refuses_one_with_other_errors(tmp_path, capsys):
