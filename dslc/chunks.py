@@ -43,8 +43,13 @@ class Placement:
         return (rank, 2 * p - 1 - rank) if self.v_shape else tuple(c * p + rank for c in range(self.v))
 
     def global_chunk(self, rank: int, local: int) -> int:
-        """The global chunk of local chunk ``local`` on ``rank``."""
-        return self.ids(rank)[local]
+        """The global chunk of local chunk ``local`` on ``rank`` (``ids(rank)[local]``, without
+        building the tuple: a rank may hold 8,192 chunks)."""
+        if self.v_shape:
+            return (rank, 2 * self.pp - 1 - rank)[local]
+        if not 0 <= local < self.v:
+            raise IndexError(local)
+        return local * self.pp + rank
 
     def rank(self, g: int) -> int:
         """The pp rank holding global chunk ``g``."""

@@ -142,6 +142,20 @@ def test_the_shrunk_model_is_small_at_the_extremes_of_every_bound(case):
         assert s.plan.world_size <= procs and s.plan.model.layers <= 128
 
 
+@pytest.mark.parametrize("case", EXTREMES)
+def test_lint_of_a_plan_at_the_extremes_of_every_bound_ends_in_seconds(case):
+    """The extremes above through the whole of lint, the fit (E090's fixes) included: 8,192
+    virtual stages took 135 s (every block's activations costed one by one, a rank's chunk
+    ids rebuilt for each chunk, the ZeRO-3 replay summing every chunk at every action), where
+    docs/security.md promises seconds. A guard against a hang, not a speed target (each
+    takes 0.1-1.4 s on the 2-core machine)."""
+    values = dict(nodes=32768, batch=16, arch="llama", heads=2**14, kv=2**14, moe="", options="", recompute="full every 4611686018427387904")
+    began = time.perf_counter()
+    result = load_text(EXTREME.format(**(values | EXTREMES[case])), "x.plan")
+    assert time.perf_counter() - began < 30, case
+    assert result.program.plans and all(d.code in ("E090", "E091") for d in result.diagnostics if d.is_error)
+
+
 @pytest.mark.parametrize("experts", [262144, 1048576])
 def test_a_plan_of_many_experts_shrinks_to_a_few(experts):
     text = (ROOT / "plans/tiny_moe.plan").read_text().replace("experts = 4;", f"experts = {experts};")

@@ -216,18 +216,32 @@ def _peak_units(shape: tuple[str, int, int, int], stage: int, layers: tuple[int,
     acts = [a for a in sched.build(*shape)[stage] if a.kind in ("F", "B", "W")]
     done = "W" if any(a.kind == "W" for a in acts) else "B"  # the action after which a chunk's gradients are whole
     last = {a.chunk: i for i, a in enumerate(acts) if a.kind == done}
-    gathered, grads, peak = [0] * len(layers), [0] * len(layers), 0
+    units = {"gathered": [0] * len(layers), "grads": [0] * len(layers)}
+    gathered, grads, peak, held = units["gathered"], units["grads"], 0, 0  # held: the sum of both (kept, not summed: 8,192 chunks)
+    flying = None  # the chunk whose gradients were whole last, its last unit still reducing
+
+    def hold(kind: str, c: int, n: int) -> None:
+        nonlocal held
+        held += n - units[kind][c]
+        units[kind][c] = n
+
+    def reduced(c: int) -> None:  # c's gradients whole: reducing them waited for the one left in flight before
+        nonlocal flying
+        if flying is not None:
+            hold("grads", flying, 0)
+        flying = c
+
     for i, a in enumerate(acts):
         c, L = a.chunk, layers[a.chunk]
-        others = sum(gathered) + sum(grads) - gathered[c] - grads[c]
+        others = held - gathered[c] - grads[c]
         if a.kind == "W":  # the weight gradients into the held buffers
             during = grads[c]
             if i == last[c]:
-                grads[c] = min(1, L)
-                grads = [g if x == c or x not in last or last[x] > i else 0 for x, g in enumerate(grads)]
+                hold("grads", c, min(1, L))
+                reduced(c)
         elif a.kind == "F":
             during = (min(2, L) if reshard else L) + grads[c]
-            gathered[c] = 0 if reshard else L
+            hold("gathered", c, 0 if reshard else L)
         else:
             if grads[c]:
                 during = (gathered[c] or min(2, L)) + L
@@ -235,10 +249,10 @@ def _peak_units(shape: tuple[str, int, int, int], stage: int, layers: tuple[int,
                 during = L + 1 if L else 0
             else:
                 during = L + 1 if gathered[c] else {0: 0, 1: 2, 2: 3}.get(L, 4)
-            gathered[c] = 0
-            grads[c] = min(1, L) if i == last[c] and done == "B" else L
-            if i == last[c] and done == "B":  # reducing this chunk waited for the one left in flight before
-                grads = [g if x == c or x not in last or last[x] > i else 0 for x, g in enumerate(grads)]
+            hold("gathered", c, 0)
+            hold("grads", c, min(1, L) if i == last[c] and done == "B" else L)
+            if i == last[c] and done == "B":
+                reduced(c)
         peak = max(peak, others + during)
     return peak
 
@@ -269,7 +283,11 @@ def layer_activation_bytes(plan: Plan, settings: Settings = DEFAULT, layer: int 
     mask = 1 if (settings.dropout if settings.dropout is not None else m.dropout > 0) else 0
     if not isinstance(layer, int) and (plan.train.recompute_every > 1 or len(arch.kinds(m)) > 1):
         ids = range(m.layers) if layer is None else layer
-        return sum(layer_activation_bytes(plan, settings, i) for i in ids) / max(1, len(ids))
+        prefix = m.is_moe and m.dense_layers
+        alike: dict[tuple, list[int]] = {}  # blocks of one kind and one policy keep alike: one block costed for each
+        for i in ids:
+            alike.setdefault((prefix and i < m.dense_layers, rc.layer_policy(plan, i)), []).append(i)
+        return sum(len(b) * layer_activation_bytes(plan, settings, b[0]) for b in alike.values()) / max(1, len(ids))
     rec = rc.layer_policy(plan, layer if isinstance(layer, int) else None)
     if rec in rc.RERUNS:  # the block's input (and the ops selective_ops keeps)
         kept = rc.kept_bytes(plan, T, e, routed_tokens(plan), routed_slots(plan, settings.imbalance)) if rec == "selective_ops" else 0
