@@ -83,10 +83,19 @@ def disagreements(result: LoadResult) -> list[str]:
     return [f"{p.file}: {p.name}: lint clean, compile refused" for p in result.plans if result.clean(p) and not generates(p)]
 
 
+PER_FILE = 400  # plans a file (a plan file holds at most 65,536 tokens: some 90 a plan here)
+
+
 @pytest.fixture(scope="module")
-def every_layout():
-    cases = list(layouts())
-    result = load_text(HEADER + "".join(plan_text(i, *c) for i, c in enumerate(cases)), "layouts.plan")
+def every_layout(tmp_path_factory):
+    """Every layout's plan, linted: files of PER_FILE plans, each importing the clusters and
+    models."""
+    cases, folder = list(layouts()), tmp_path_factory.mktemp("layouts")
+    (folder / "defs.plan").write_text(HEADER)
+    files = [folder / f"layouts{n}.plan" for n in range(0, len(cases), PER_FILE)]
+    for path, start in zip(files, range(0, len(cases), PER_FILE)):
+        path.write_text('import "defs.plan"\n' + "".join(plan_text(i, *c) for i, c in enumerate(cases[start : start + PER_FILE], start)))
+    result = load_paths(files)
     assert len(result.plans) == len(cases)
     return cases, result
 

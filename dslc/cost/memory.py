@@ -196,17 +196,16 @@ def transient_bytes(plan: Plan, stage: int) -> int:
 
 
 def zero3_peak_units(plan: Plan, stage: int) -> int:
-    """Block units (weights or gradients, each one unit's flat buffer) held at once at the
-    peak, replaying the rank's F and B actions (as :func:`dslc.cost.traffic.chunk_gathers`).
-    Within a chunk of L blocks: a forward holds two gathered (the running one and the
-    prefetched one; all L without resharding, by its end); a backward holds the weights
-    of the block running and the prefetched one (all L still gathered without
-    resharding) and the gradients accumulated by earlier micro-batches (all L), or, in the
-    first backward, the gradient filling and the one reducing. Between actions a chunk
-    keeps its weights when reshard_after_forward is false and a forward gathered them,
-    and its gradients (all L) until its last backward reduces them (one left in flight).
-    zb_h1: B frees each unit's weights as the 1f1b backward does, but the gradients are
-    whole only after W (which gathers nothing), so the last W reduces them."""
+    """Block units (weights or gradients, each one unit's flat buffer) held at once at the peak,
+    replaying the rank's F and B actions (as :func:`dslc.cost.traffic.chunk_gathers`). Within a
+    chunk of L blocks: a forward holds two gathered (the running one and the prefetched one; all
+    L without resharding, by its end); a backward holds the weights of the block running and the
+    prefetched one (all L still gathered without resharding) and the gradients accumulated by
+    earlier micro-batches (all L), or, in the first backward, the gradient filling and the one
+    reducing. Between actions a chunk keeps its weights when reshard_after_forward is false and
+    a forward gathered them, and its gradients (all L) until its last backward reduces them (one
+    left in flight). zb_h1: B frees each unit's weights as the 1f1b backward does, but the
+    gradients are whole only after W (which gathers nothing), so the last W reduces them."""
     shape = schedule_shape(plan) if plan.pp > 1 else ("1f1b", 1, plan.microbatches, 1)
     return _peak_units(shape, stage, tuple(chunk_layers(plan)[stage]), plan.data_parallel.reshard_after_forward)
 
@@ -216,20 +215,15 @@ def _peak_units(shape: tuple[str, int, int, int], stage: int, layers: tuple[int,
     acts = [a for a in sched.build(*shape)[stage] if a.kind in ("F", "B", "W")]
     done = "W" if any(a.kind == "W" for a in acts) else "B"  # the action after which a chunk's gradients are whole
     last = {a.chunk: i for i, a in enumerate(acts) if a.kind == done}
-    units = {"gathered": [0] * len(layers), "grads": [0] * len(layers)}
-    gathered, grads, peak, held = units["gathered"], units["grads"], 0, 0  # held: the sum of both (kept, not summed: 8,192 chunks)
-    flying = None  # the chunk whose gradients were whole last, its last unit still reducing
+    gathered, grads, held, flying, peak = [0] * len(layers), [0] * len(layers), 0, None, 0  # held: both lists' units, kept (8,192 chunks); flying: the chunk reduced last
 
-    def hold(kind: str, c: int, n: int) -> None:
-        nonlocal held
-        held += n - units[kind][c]
-        units[kind][c] = n
-
-    def reduced(c: int) -> None:  # c's gradients whole: reducing them waited for the one left in flight before
-        nonlocal flying
-        if flying is not None:
-            hold("grads", flying, 0)
-        flying = c
+    def hold(kept: list[int], c: int, n: int, whole: bool = False) -> None:
+        nonlocal held, flying
+        held, kept[c] = held + n - kept[c], n
+        if whole:  # c's gradients whole: reducing them waited for the one left in flight before
+            if flying is not None:
+                hold(grads, flying, 0)
+            flying = c
 
     for i, a in enumerate(acts):
         c, L = a.chunk, layers[a.chunk]
@@ -237,11 +231,10 @@ def _peak_units(shape: tuple[str, int, int, int], stage: int, layers: tuple[int,
         if a.kind == "W":  # the weight gradients into the held buffers
             during = grads[c]
             if i == last[c]:
-                hold("grads", c, min(1, L))
-                reduced(c)
+                hold(grads, c, min(1, L), whole=True)
         elif a.kind == "F":
             during = (min(2, L) if reshard else L) + grads[c]
-            hold("gathered", c, 0 if reshard else L)
+            hold(gathered, c, 0 if reshard else L)
         else:
             if grads[c]:
                 during = (gathered[c] or min(2, L)) + L
@@ -249,10 +242,9 @@ def _peak_units(shape: tuple[str, int, int, int], stage: int, layers: tuple[int,
                 during = L + 1 if L else 0
             else:
                 during = L + 1 if gathered[c] else {0: 0, 1: 2, 2: 3}.get(L, 4)
-            hold("gathered", c, 0)
-            hold("grads", c, min(1, L) if i == last[c] and done == "B" else L)
-            if i == last[c] and done == "B":
-                reduced(c)
+            hold(gathered, c, 0)
+            whole = i == last[c] and done == "B"
+            hold(grads, c, min(1, L) if whole else L, whole)
         peak = max(peak, others + during)
     return peak
 
@@ -283,10 +275,9 @@ def layer_activation_bytes(plan: Plan, settings: Settings = DEFAULT, layer: int 
     mask = 1 if (settings.dropout if settings.dropout is not None else m.dropout > 0) else 0
     if not isinstance(layer, int) and (plan.train.recompute_every > 1 or len(arch.kinds(m)) > 1):
         ids = range(m.layers) if layer is None else layer
-        prefix = m.is_moe and m.dense_layers
         alike: dict[tuple, list[int]] = {}  # blocks of one kind and one policy keep alike: one block costed for each
         for i in ids:
-            alike.setdefault((prefix and i < m.dense_layers, rc.layer_policy(plan, i)), []).append(i)
+            alike.setdefault((m.is_moe and m.dense_layers and i < m.dense_layers, rc.layer_policy(plan, i)), []).append(i)
         return sum(len(b) * layer_activation_bytes(plan, settings, b[0]) for b in alike.values()) / max(1, len(ids))
     rec = rc.layer_policy(plan, layer if isinstance(layer, int) else None)
     if rec in rc.RERUNS:  # the block's input (and the ops selective_ops keeps)
