@@ -386,10 +386,14 @@ def _data_files(plan: Plan) -> dict[str, str]:
     the script reads (training and validation)."""
     ev = plan.train.eval
     sources = plan.train.data.files + (ev.data.files if ev else ())
-    return {s.path: os.path.normpath(s.path if os.path.isabs(s.path) else os.path.abspath(s.resolved_path or s.path)) for s in sources}
+    return {s.path: _here(s) for s in sources}
+
+
+def _here(source) -> str:
+    """A file a plan names (data, init), absolute, where it is on this machine (a relative
+    path from the plan's folder)."""
+    return os.path.normpath(source.path if os.path.isabs(source.path) else os.path.abspath(source.resolved_path or source.path))
 
 
 def _script_path(d, out_dir: Path) -> str:
-    if os.path.isabs(d.path):
-        return d.path
-    return os.path.relpath(os.path.abspath(d.resolved_path or d.path), os.path.abspath(out_dir))
+    return d.path if os.path.isabs(d.path) else os.path.relpath(_here(d), os.path.abspath(out_dir))
