@@ -30,7 +30,7 @@ FORKSERVER = ROOT / "tests" / "forkserver.py"
 
 # The longest files first: make test runs each file on one worker (--dist loadfile),
 # and a long file handed out last would run on alone at the end.
-LONGEST = ("test_golden.py", "test_checkpoint.py", "test_measure.py", "test_codegen.py", "test_data.py", "test_hf.py",
+LONGEST = ("test_golden.py", "test_checkpoint.py", "test_measure.py", "test_codegen.py", "test_data.py", "test_hf.py", "test_fuzz.py",
            "test_search.py", "test_verify.py", "test_terminal.py", "test_edit.py")
 
 
