@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import io
 import json
 import multiprocessing
@@ -392,15 +393,14 @@ def lsp_message(rng: random.Random, state: dict) -> tuple[str, dict]:
               "contentChanges": [{"text": text}], "query": "plan", "id": 1, "settings": {}, "value": "off"}
     message = {"method": method, "params": params}
     for _ in range(rng.randint(0, 3)):  # a field, or the params, made hostile or dropped
-        holder, key = message, "params"
-        while key in (holder if isinstance(holder, dict) else range(len(holder))) and isinstance(holder[key], (dict, list)) \
-                and holder[key] and rng.random() < 0.7:
+        holder, key = message, "params"  # (the params may be gone: a round before dropped them)
+        while (key in holder or isinstance(holder, list)) and isinstance(holder[key], (dict, list)) and holder[key] and rng.random() < 0.7:
             holder = holder[key]
             key = rng.choice(list(holder)) if isinstance(holder, dict) else rng.randrange(len(holder))
-        if isinstance(holder, dict) and rng.random() < 0.2:
+        if isinstance(holder, dict) and key in holder and rng.random() < 0.2:
             del holder[key]
         else:
-            holder[key] = rng.choice(HOSTILE_JSON)
+            holder[key] = copy.deepcopy(rng.choice(HOSTILE_JSON))  # its own: a later round may change inside it
     return method, message
 
 
