@@ -43,7 +43,16 @@ class LoadResult:
         """The plans defined in the files asked for (compile and explain write and explain
         these; an imported plan is its own file's)."""
         roots = {os.path.realpath(r) for r in self.roots}
-        return tuple(p for p in self.plans if os.path.realpath(p.file) in roots or p.file in self.roots)
+        return tuple(p for p in self.distinct_plans if os.path.realpath(p.file) in roots or p.file in self.roots)
+
+    @property
+    def distinct_plans(self) -> tuple[ir.Plan, ...]:
+        """Each plan once, however many of the files asked for read its file (one given and
+        also imported by another is read in both units)."""
+        first: dict[tuple[str, str], ir.Plan] = {}
+        for p in self.plans:
+            first.setdefault((os.path.realpath(p.file), p.name), p)
+        return tuple(first.values())
 
     @property
     def plans(self) -> tuple[ir.Plan, ...]:

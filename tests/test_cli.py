@@ -448,6 +448,15 @@ def test_compile_writes_the_plans_of_the_file_not_of_its_imports(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["more"]
     r = run("explain", str(tmp_path / "more.plan"))
     assert r.returncode == 0 and r.stdout.decode().count("\nplan ") + r.stdout.decode().startswith("plan ") == 1
-    # the two files together: both written
-    r = run("compile", str(tmp_path), "-o", str(out))
+    # the two files together: both written, each once (issue 49 item 2: a file given and
+    # also imported was counted, written and named twice)
+    r = run("compile", str(tmp_path / "more.plan"), str(tmp_path / "base.plan"), "-o", str(out))
     assert r.returncode == 0 and sorted(p.name for p in out.iterdir()) == ["more", "tiny_demo"]
+    err = r.stderr.decode()
+    assert err.count("tiny_demo/") == 1 and "dslc: wrote 2 plans" in err, err
+    r = run("lint", str(tmp_path / "more.plan"), str(tmp_path / "base.plan"))
+    assert r.returncode == 0 and "ok: 2 plans in 2 files" in r.stderr.decode(), r.stderr.decode()
+    (tmp_path / "more.plan").write_text((tmp_path / "more.plan").read_text().replace("hidden = 128", "hidden = 130"))
+    r = run("compile", str(tmp_path / "more.plan"), str(tmp_path / "base.plan"), "-o", str(out))
+    err = r.stderr.decode()
+    assert r.returncode == 1 and "dslc: wrote 1 plan; not compiled: 1 plan" in err and err.count("not compiled: ") == 2, err
