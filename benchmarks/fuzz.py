@@ -318,7 +318,7 @@ def load_into(state: dict, target: str) -> dict | str:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
             if target == "hf":
                 g["init_weights"](g["model"].named_parameters(), g["HFCheckpoint"](str(state["into"])))
-            elif g["checkpoints"].load() == 0:
+            elif g["checkpoints"].load(g["args"].steps) == 0:
                 return "found no checkpoint"
     except SystemExit as e:
         lines = err.getvalue().splitlines()

@@ -377,6 +377,14 @@ RECEIVED = {  # how a received checkpoint was changed -> what the error line say
 }
 
 
+def test_a_resume_with_no_step_left_says_so(received):
+    """Issue 49 item 3: `--steps 2 --resume` on a checkpoint of step 2 (or later) printed the
+    resume line and exited 0 without a step or a word why."""
+    out, _ = received(lambda step: None, "--steps", "2")
+    assert out.returncode == 0, out.stderr
+    assert "nothing to train: step 2 is at or past --steps 2; ask for more to go on" in out.stdout, out.stdout
+
+
 @pytest.mark.parametrize("case", list(RECEIVED))
 def test_a_received_checkpoint_is_checked_before_it_is_read(received, case):
     """Each way a checkpoint from someone else can be wrong that the adversarial review

@@ -155,18 +155,19 @@ class Checkpoints:
             commit(writer, final, step, began)
         dist.barrier(group=self.group)
 
-    def load(self):
+    def load(self, steps):
         """Loads the newest committed checkpoint, written by any layout of this model;
-        returns its step (0: there is none)."""
-        steps = committed_steps(self.folder)
-        if not steps:
+        returns its step (0: there is none). `steps`: the run's, to say when none is left.
+        """
+        committed = committed_steps(self.folder)
+        if not committed:
             if self.master:
                 print(
                     f"--resume: no checkpoint in {self.folder}; starting at step 0",
                     flush=True,
                 )
             return 0
-        path = step_folder(self.folder, steps[-1])
+        path = step_folder(self.folder, committed[-1])
         marker = read_marker(path)
         for q in self.opt_params:  # written into in place
             self.optimizer.state[q].update(fresh_state(q))
@@ -200,6 +201,11 @@ class Checkpoints:
                 f"resumed from {path} (step {marker['step']}, written by {marker['layout']})",
                 flush=True,
             )
+            if marker["step"] >= steps:  # the loop runs no step: say why
+                print(
+                    f"nothing to train: step {marker['step']} is at or past --steps {steps}; ask for more to go on",
+                    flush=True,
+                )
         return marker["step"]
 
 

@@ -252,7 +252,7 @@ def main():
     n_params = int(n_params.item())
     # torchrun restarted the job after a failure: resume from the newest checkpoint
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
-    start = checkpoints.load() if args.resume or restarted else 0
+    start = checkpoints.load(args.steps) if args.resume or restarted else 0
     tokens_per_step, mfu, peak = GLOBAL_BATCH * SEQ_LEN, None, None  # mfu, peak: GPU
     if master:
         print(f"plan llama3_70b: {n_params / 1e6:.2f}M parameters", end=", ")
