@@ -211,6 +211,17 @@ def test_a_one_node_job_runs_torchrun_standalone(repo, tmp_path, name, nproc):
     assert _flags(torchrun["argv"])["log-dir"] == f"{repo / 'generated' / name}/logs/{name}-4242/node-a"
 
 
+@pytest.mark.parametrize("torchrun", [None, "/nowhere/torchrun"])
+def test_launch_without_torchrun_says_how_to_get_it(repo, tmp_path, torchrun):
+    """Issue 49 item 7: launch.sh with no torchrun on PATH ended in `exec: torchrun: not
+    found` (127): now one line saying to activate the environment or set TORCHRUN."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)} | ({"TORCHRUN": torchrun} if torchrun else {})
+    run = subprocess.run(["bash", str(repo / "generated" / "tiny_demo" / "launch.sh"), "--steps", "1"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 127 and run.stdout == "", run.stderr
+    assert run.stderr == f"launch.sh: error: {torchrun or 'torchrun'}: not found; activate the environment torch is installed in, or set TORCHRUN=/path/to/torchrun\n"
+
+
 def test_a_single_process_plan_runs_python(repo, tmp_path):
     """long_context_serial (one CPU process): one task, python train.py, no torchrun."""
     run, calls = _sbatch(repo, tmp_path, "long_context_serial", repo, "--steps", "2")

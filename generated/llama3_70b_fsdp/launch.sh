@@ -22,6 +22,10 @@ HERE="${BASH_SOURCE[0]%/*}"  # this file's folder; the file itself when there is
 [ "$HERE" != "${BASH_SOURCE[0]}" ] || HERE=.
 HERE="$(cd -P -- "$HERE" >/dev/null && pwd -P)"
 TORCHRUN="${TORCHRUN:-torchrun}"  # e.g. TORCHRUN=.venv/bin/torchrun
+if ! command -v "$TORCHRUN" >/dev/null 2>&1; then
+    echo "launch.sh: error: $TORCHRUN: not found; activate the environment torch is installed in, or set TORCHRUN=/path/to/torchrun" >&2
+    exit 127
+fi
 NNODES="${NNODES:-4}"
 NPROC_PER_NODE="${NPROC_PER_NODE:-8}"
 case "$NNODES/$NPROC_PER_NODE" in

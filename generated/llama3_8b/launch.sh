@@ -24,6 +24,10 @@ HERE="$(cd -P -- "$HERE" >/dev/null && pwd -P)"
 # after a rank fails, torchrun restarts every rank up to 2 times; train.py resumes from the
 # newest checkpoint by itself
 TORCHRUN="${TORCHRUN:-torchrun}"  # e.g. TORCHRUN=.venv/bin/torchrun
+if ! command -v "$TORCHRUN" >/dev/null 2>&1; then
+    echo "launch.sh: error: $TORCHRUN: not found; activate the environment torch is installed in, or set TORCHRUN=/path/to/torchrun" >&2
+    exit 127
+fi
 NNODES="${NNODES:-2}"
 NPROC_PER_NODE="${NPROC_PER_NODE:-8}"
 case "$NNODES/$NPROC_PER_NODE" in
