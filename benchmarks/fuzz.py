@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import functools
 import io
 import json
 import multiprocessing
@@ -181,8 +182,8 @@ def mutate_plan(rng: random.Random, text: str, seeds: list[tuple[str, str]], nam
     return text
 
 
-def plan_case(case: int, seed: int, state: dict) -> tuple[str, str]:
-    """(outcome, '') of one mutated plan through lint, fmt and explain; AssertionError
+def plan_case(case: int, seed: int, state: dict) -> str:
+    """How one mutated plan ended through lint, fmt and explain; AssertionError
     (what went wrong) when a command misbehaves."""
     from dslc.cli import main
 
@@ -210,10 +211,10 @@ def plan_case(case: int, seed: int, state: dict) -> tuple[str, str]:
         assert run("fmt", "--check", "-q") == 0, "fmt: not formatted after fmt"
         assert run("lint", "-q") == linted, "lint: another exit after fmt"
     run("explain", "-q")
-    return f"lint {linted}, fmt {formatted}", ""
+    return f"lint {linted}, fmt {formatted}"
 
 
-def plan_state(work: Path) -> dict:
+def plan_state(work: Path, made: dict) -> dict:
     for folder in ["plans", "clusters", "tests", "benchmarks/published", "data"]:
         shutil.copytree(ROOT / folder, work / folder, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.expected", "__pycache__", "golden", "fixtures", "*.py"))
     for folder in SEED_FOLDERS:
@@ -274,7 +275,7 @@ def start_script(state: dict, folder: Path) -> dict:
         return runpy.run_path(str(script), run_name="fuzz")
 
 
-def loader_state(work: Path, target: str, made: dict) -> dict:
+def loader_state(work: Path, made: dict, target: str) -> dict:
     """What a worker of the checkpoint or hf target needs: the script started, the
     untouched state it loads, a folder outside that links point into."""
     folder = Path(tempfile.mkdtemp(dir=work))
@@ -284,10 +285,10 @@ def loader_state(work: Path, target: str, made: dict) -> dict:
     os.mkfifo(outside / "fifo")
     into = folder / ("ck/step0000002" if target == "checkpoints" else "hf")
     shutil.copytree(made["pristine"], into)
-    state = {**made, "folder": folder, "outside": outside, "into": into}
+    state = {**made, "target": target, "folder": folder, "outside": outside, "into": into}
     state["script_globals"] = start_script(state, folder)
     state["before"] = tree(outside)
-    state["want"] = load_into(state, target)
+    state["want"] = load_into(state)
     assert isinstance(state["want"], dict), f"the untouched folder: {state['want']}"
     return state
 
@@ -302,14 +303,14 @@ def tensors_of(g: dict, target: str) -> dict:
     return out | {"step": ck.step_count}
 
 
-def load_into(state: dict, target: str) -> dict | str:
+def load_into(state: dict) -> dict | str:
     """The loader run on the folder as it is: the tensors it filled (each set to a sentinel
     first), or what it did instead: "refused in one line", or "found no checkpoint" (the
     step folder is no longer one: the script says so and starts at step 0);
     AssertionError when it did anything else."""
     import torch
 
-    g = state["script_globals"]
+    g, target = state["script_globals"], state["target"]
     err = io.StringIO()
     with torch.no_grad():
         for t in tensors_of(g, target).values():
@@ -328,12 +329,11 @@ def load_into(state: dict, target: str) -> dict | str:
     return {k: t.detach().clone() for k, t in tensors_of(g, target).items()}
 
 
-def loader_case(case: int, seed: int, state: dict, target: str) -> tuple[str, str]:
+def loader_case(case: int, seed: int, state: dict) -> str:
     from test_checkpoint import mutation
     from test_hf import mutate
 
-    rng = rng_of(case, seed)
-    into = state["into"]
+    rng, target, into = rng_of(case, seed), state["target"], state["into"]
     if os.path.islink(into) or not into.is_dir():
         into.unlink()
     else:
@@ -346,15 +346,15 @@ def loader_case(case: int, seed: int, state: dict, target: str) -> tuple[str, st
         apply(into)
         may_change = 0
     state["last_input"] = what
-    got = load_into(state, target)
+    got = load_into(state)
     assert tree(state["outside"]) == state["before"], f"{what}: a file outside changed"
     if isinstance(got, str):
-        return got, what
+        return got
     want = state["want"]
     assert got.keys() == want.keys(), what
     changed = sum(int((~((got[k] == want[k]) | (got[k].isnan() & want[k].isnan()))).sum()) for k in want)
     assert changed <= may_change, f"{what}: {changed} elements loaded differently"
-    return "loaded the same", what
+    return "loaded the same"
 
 
 def tree(folder: Path) -> dict:
@@ -431,7 +431,7 @@ def lsp_alive(client, state: dict) -> None:
     assert "error" not in r, f"a plain hover got {r}"
 
 
-def lsp_case(case: int, seed: int, state: dict) -> tuple[str, str]:
+def lsp_case(case: int, seed: int, state: dict) -> str:
     rng = rng_of(case, seed)
     client = state.get("client")
     if client is None or client.proc.poll() is not None:
@@ -456,7 +456,7 @@ def lsp_case(case: int, seed: int, state: dict) -> tuple[str, str]:
             state["peak"] = max(state.get("peak", 0), peak_of(own.proc.pid))
         finally:
             own.proc.kill()
-        return outcome, ""
+        return outcome
     method, message = lsp_message(rng, state)
     state["last_input"] = json.dumps(message)[:300]
     try:
@@ -476,10 +476,10 @@ def lsp_case(case: int, seed: int, state: dict) -> tuple[str, str]:
     logged = [m for m in client.inbox if m.get("method") == "window/logMessage" and m["params"].get("type") == 1]
     client.inbox.clear()
     assert not logged and not client.errors, (logged or client.errors)[0]
-    return f"{method.split('/')[-1]}: {outcome}", ""
+    return f"{method.split('/')[-1]}: {outcome}"
 
 
-def lsp_state(work: Path) -> dict:
+def lsp_state(work: Path, made: dict) -> dict:
     os.mkfifo(work / "fifo")
     (work / "folder").mkdir()
     (work / "secret").write_text("token=ghp_secret\n")
@@ -494,7 +494,9 @@ def lsp_state(work: Path) -> dict:
 # the campaign
 
 
-TARGETS = {"plans": (plan_state, plan_case), "checkpoints": (None, "checkpoints"), "hf": (None, "hf"), "lsp": (lsp_state, lsp_case)}
+# each target's worker state (from its folder and what prepared() made) and its case
+TARGETS = {"plans": (plan_state, plan_case), "checkpoints": (functools.partial(loader_state, target="checkpoints"), loader_case),
+           "hf": (functools.partial(loader_state, target="hf"), loader_case), "lsp": (lsp_state, lsp_case)}
 
 
 def prepared(target: str, work: Path) -> dict:
@@ -510,18 +512,14 @@ def worker(target: str, work: str, made: dict, cases: range, seed: int) -> Tally
     """Runs ``cases`` in this process (a fresh one: the generated modules are imported here
     only)."""
     work = Path(tempfile.mkdtemp(dir=work))
-    if target in ("checkpoints", "hf"):
-        state = loader_state(work, target, made)
-        run = lambda case: loader_case(case, seed, state, target)  # noqa: E731
-    else:
-        state = TARGETS[target][0](work)
-        run = lambda case: TARGETS[target][1](case, seed, state)  # noqa: E731
+    start, run = TARGETS[target]
+    state = start(work, made)
     tally = Tally()
     for case in cases:
         began = time.perf_counter()
         try:
             with limited():
-                outcome, _ = run(case)
+                outcome = run(case, seed, state)
             tally.outcomes[outcome] += 1
         except Hang:
             tally.failures[case] = ("hang", str(state.get("last_input"))[:300])

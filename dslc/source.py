@@ -38,7 +38,7 @@ class Sources:
 
     texts: dict[str, str] = field(default_factory=dict)
     quoted: set[str] = field(default_factory=set)
-    _lines: dict[str, list[str]] = field(default_factory=dict, repr=False, compare=False)
+    _lines: dict[str, tuple[str, list[str]]] = field(default_factory=dict, repr=False, compare=False)  # file: (its text, split)
 
     def line(self, file: str, line: int) -> str | None:
         """Line ``line`` of ``file`` as the parser counts lines (at '\\n' only, so a
@@ -46,7 +46,7 @@ class Sources:
         text = self.texts.get(file)
         if text is None or file not in self.quoted:
             return None
-        if file not in self._lines:  # split once: a file may have 10^5 diagnostics
-            self._lines[file] = text.split("\n")
-        lines = self._lines[file]
+        if self._lines.get(file, (None,))[0] is not text:  # split once a text: a file may have 10^5 diagnostics
+            self._lines[file] = (text, text.split("\n"))
+        lines = self._lines[file][1]
         return lines[line - 1].removesuffix("\r") if 0 < line <= len(lines) else ""
