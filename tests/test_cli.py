@@ -284,6 +284,24 @@ def test_schedule_text_json_and_picture(tmp_path):
     assert bad.returncode == 2 and b"Traceback" not in bad.stderr
 
 
+def test_schedule_says_what_it_proved_and_when_there_is_no_pipeline(tmp_path):
+    """The README promises schedules proven deadlock-free: the text says so, with what the
+    proof covered, and the JSON carries it. A plan without pp has nothing to schedule: one
+    line saying so, not a one-rank "1f1b" timeline; no picture is drawn of it."""
+    out = run("schedule", "plans/llama3_8b.plan").stdout.decode()
+    proof = [line for line in out.splitlines() if "deadlock-free" in line]
+    assert len(proof) == 1 and "2 ranks" in proof[0], out
+    doc = json.loads(run("schedule", "--json", "plans/llama3_8b.plan").stdout)
+    actions = sum(len(rank["actions"]) for rank in doc["ranks"])
+    assert doc["deadlock_free"] is True and f"{actions} actions" in proof[0]
+    flat = run("schedule", "plans/tiny_demo.plan")
+    assert flat.returncode == 0 and "rank 0" not in flat.stdout.decode()
+    assert "no pipeline" in flat.stdout.decode() and "pp = 1" in flat.stdout.decode()
+    assert json.loads(run("schedule", "--json", "plans/tiny_demo.plan").stdout)["schedule"] is None
+    drawn = run("schedule", "plans/tiny_demo.plan", "-o", str(tmp_path / "s.png"))
+    assert drawn.returncode == 2 and "no pipeline" in drawn.stderr.decode() and not (tmp_path / "s.png").exists()
+
+
 GOOD = """cluster c {{ nodes = 1; gpus_per_node = 2; device = cpu; link shm {{ scope = node; bandwidth = 10 GB/s; latency = 10 us }} }}
 plan {name} {{
     model gpt2 {{ layers = 2; hidden = 64; heads = 4; vocab = 256; seq_len = 32{model} }}
