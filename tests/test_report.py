@@ -205,6 +205,15 @@ def test_text_report_says_what_the_plan_reads():
     assert want in text
 
 
+def test_the_model_line_names_the_model_once():
+    """`model llama { … }` is named once ("model    llama: …"); a model named apart from its
+    arch says both ("model    llama3_8b (llama): …"), never "llama llama"."""
+    base = llama_plan()
+    same = replace(base, model=replace(base.model, name="llama"))
+    assert "\n  model    llama: 32 layers" in report.render_text(report.explain(same))
+    assert "\n  model    llama3_8b (llama): 32 layers" in report.render_text(report.explain(base))
+
+
 def test_text_report_shows_the_memory_error():
     pl = plan(LLAMA3_8B, ("dp", 16, "ib"), zero=0, m=1)
     text = report.render_text(report.explain(pl))

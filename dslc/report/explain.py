@@ -134,7 +134,7 @@ def overview(ex: Explanation) -> list[str]:
     mesh = " × ".join(f"{a.name}={a.size} on {a.link}" for a in p.mesh.axes) or "one rank"
     pipe = p.pipeline
     return [
-        f"  model    {m.arch} {m.name}: {m.layers} layers, hidden {m.hidden}, {m.heads} heads ({m.kv_heads} kv)"
+        f"  model    {m.name}{f' ({m.arch})' if m.name != m.arch else ''}: {m.layers} layers, hidden {m.hidden}, {m.heads} heads ({m.kv_heads} kv)"
         + (f" of {m.head_dim}" if m.heads * m.head_dim != m.hidden else "") + f", ffn {m.ffn}"
         + (f", {m.experts} experts top-{m.top_k}" if m.is_moe else "") + (f" + {m.shared_experts} shared" if m.is_moe and m.shared_experts else "")
         + (f", the first {m.dense_layers} layers dense (ffn {m.dense_ffn})" if m.is_moe and m.dense_layers else "") + f", vocab {m.vocab}, seq {m.seq_len}: {count(ex.params.total)} params",
