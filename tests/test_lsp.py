@@ -326,6 +326,18 @@ def test_completion_of_values_links_and_clusters(client, work):
     assert labels(ask(client, "textDocument/completion", uri, at(text, "// Llama-3", 5))) == set()  # in a comment
 
 
+
+def test_completion_in_a_document_opened_before_it_ever_parsed(client, work):
+    """A document opened already holding the statement being typed (``pp = 4 on  }``) has
+    never parsed: completion still offers the cluster's links, the plan's names and the
+    imported clusters, read from the rest of the text."""
+    base = (work / "plans" / "llama3_70b.plan").read_text()
+    text = base.replace("dp = 2 on ib\n        pp = 4 on ib\n        tp = 8 on nvlink\n    }", "dp = 2 on ib; tp = 8 on nvlink; pp = 4 on  }")
+    uri = open_doc(client, work / "plans" / "typed.plan", text)
+    assert labels(ask(client, "textDocument/completion", uri, at(text, "pp = 4 on  }", 10))) == {"nvlink", "ib"}
+    text = base.replace("cluster = h100_8x8", "cluster = h1")
+    uri = open_doc(client, work / "plans" / "typed_cluster.plan", text)
+    assert labels(ask(client, "textDocument/completion", uri, at(text, "cluster = h1", 12))) == {"h100_1x8", "h100_2x8", "h100_4x8", "h100_8x8"}
 # -- definition ---------------------------------------------------------------------------
 
 

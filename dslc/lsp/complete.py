@@ -11,6 +11,9 @@
 - after ``on`` in a mesh: the links of the plan's cluster;
 - after ``optimizer``, ``lr_schedule``, ``link`` or a plan's ``model``: their names;
 - in an import's string: folders and ``.plan`` files.
+
+The names come from the document's last text that parsed; one that never parsed (opened
+with the statement half typed) is read without the statement being typed.
 """
 
 from __future__ import annotations
@@ -67,8 +70,20 @@ def complete(an: Analysis | None, text: Text, offset: int, snippets: bool = True
     if ctx.string is not None:
         base = os.path.dirname(an.path) if an else "."
         return _paths(base, ctx.string, text, offset) if ctx.after("import") else []
+    if an is not None and an.tree is None:
+        an = _without_statement(an, ctx.start, offset)
     rng = lsp.Range(text.position(offset - len(ctx.word)), text.position(offset))
     return [_edited(i, rng, snippets) for i in _items(an, ctx)]
+
+
+def _without_statement(an: Analysis, start: int, offset: int) -> Analysis:
+    """The analysis of ``an``'s text with the statement from ``start`` to the end of its line,
+    ``;`` or ``}`` blanked (so ``mesh { tp = 2 on  }`` reads ``mesh {            }``); ``an``
+    itself if that does not parse either."""
+    text = an.text.text
+    end = offset + re.match(r"[^;{}\n]*", text[offset:]).end()
+    blanked = Analysis(an.uri, text[:start] + re.sub(r"[^\n]", " ", text[start:end]) + text[end:], an.text.encoding)
+    return blanked if blanked.tree is not None else an
 
 
 def _items(an: Analysis | None, ctx: Context) -> list[lsp.CompletionItem]:

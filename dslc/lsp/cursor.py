@@ -19,7 +19,8 @@ class Context:
     """The place before ``offset``: the blocks around it, outermost first, as (kind, name);
     the tokens of its statement so far (words, strings with their quotes, punctuation), the
     keys the innermost block sets in its other statements, the word it is in the middle of (what a completion replaces), and whether it is in a
-    comment or a string (``string``: the string's text so far, without its quote)."""
+    comment or a string (``string``: the string's text so far, without its quote);
+    ``start``: where its statement begins."""
 
     blocks: list[tuple[str, str | None]] = field(default_factory=list)
     tokens: list[str] = field(default_factory=list)
@@ -27,6 +28,7 @@ class Context:
     word: str = ""
     comment: bool = False
     string: str | None = None
+    start: int = 0
 
     @property
     def block(self) -> str:
@@ -77,7 +79,11 @@ def context(text: str, offset: int) -> Context:
         else:
             if kind == "other":
                 depth = max(0, depth + (tok in "([") - (tok in ")]"))
+            if not ctx.tokens:
+                ctx.start = m.start()
             ctx.tokens.append(tok)
+    if not ctx.tokens:
+        ctx.start = offset
     if last is not None and last[1].end() == offset:
         kind, m = last
         if kind == "comment":
