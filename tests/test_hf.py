@@ -408,9 +408,14 @@ def test_bad_checkpoints_stop_with_one_line(run_script, tmp_path):
         assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr[-3000:]
         assert len(run.stderr.strip().splitlines()) == 1 and flags[0] in run.stderr, run.stderr
 
+    shutil.copytree(tmp_path / "hf", tmp_path / "on a volume")
     missing = "model.layers.1.mlp.up_proj.weight"
     safetensors_torch.save_file({k: v for k, v in original.items() if k != missing}, tmp_path / "hf" / "model.safetensors")
     one_line(missing, "blocks.1.mlp.up_proj.weight")
+    # --init-hf: the folder read elsewhere (a pod's volume, trainjob.yaml's /init), not INIT_HF
+    moved = run_script(script, 1, "--steps", 0, "--init-hf", tmp_path / "on a volume", timeout=60)
+    assert moved.returncode == 0, moved.stderr[-3000:]
+    one_line(str(tmp_path / "nowhere"), flags=("--init-hf", tmp_path / "nowhere"))
 
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config | {"hidden_size": 128}))

@@ -363,7 +363,7 @@ def test_a_plan_named_like_a_yaml_keyword_stays_a_string(tmp_path):
 POD_PLAN = """
 cluster c {{ nodes = 1; gpus_per_node = 2; device = cpu; link shm {{ scope = node; bandwidth = 10 GB/s; latency = 10 us }} }}
 plan p {{
-    model gpt2 {{ layers = 2; hidden = 64; heads = 8; vocab = 256; seq_len = 32 }}
+    model gpt2 {{ {model} }}
     cluster = c
     mesh {{ dp = 2 on shm }}
     train {{
@@ -376,7 +376,8 @@ plan p {{
 """
 
 
-def _pod_sees(project: Path, plan_file: str, out: str, data: str, blocks: str, files: dict[str, str]) -> dict:
+def _pod_sees(project: Path, plan_file: str, out: str, data: str, blocks: str, files: dict[str, str],
+              model: str = "layers = 2; hidden = 64; heads = 8; vocab = 256; seq_len = 32") -> dict:
     """Compiles the plan at ``project/plan_file`` with ``-o out`` (from ``project``, as the
     stamp's command runs), then follows each path the manifest's command and args use
     through its volume mounts (:func:`_follow`)."""
@@ -385,7 +386,7 @@ def _pod_sees(project: Path, plan_file: str, out: str, data: str, blocks: str, f
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     (project / plan_file).parent.mkdir(parents=True, exist_ok=True)
-    (project / plan_file).write_text(POD_PLAN.format(data=data, blocks=blocks))
+    (project / plan_file).write_text(POD_PLAN.format(data=data, blocks=blocks, model=model))
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     done = subprocess.run([sys.executable, "-m", "dslc", "compile", "-q", plan_file, "-o", out], cwd=project, env=env,
                           capture_output=True, text=True, timeout=120)
@@ -404,7 +405,7 @@ def _follow(project: Path, folder: Path) -> dict:
     claims = {v["name"]: v for v in spec["volumes"]}
     mounts = {m["mountPath"]: m for m in spec["containers"][0]["volumeMounts"]}
     # no mount in another, none over the image's project, none but at a fixed path
-    assert set(mounts) <= {"/dev/shm", "/data", "/checkpoints"}
+    assert set(mounts) <= {"/dev/shm", "/data", "/init", "/checkpoints"}
     for a in mounts:
         assert not within("/workspace", a) and not within(a, "/workspace")
         assert not any(a != b and within(a, b) for b in mounts), (a, list(mounts))
@@ -421,12 +422,12 @@ def _follow(project: Path, folder: Path) -> dict:
     if seen["program"] is not None:
         assert seen["program"].samefile(folder / "train.py")
     flags = dict(a.split("=", 1) for a in args)
-    assert set(flags) <= {"--data-root", "--checkpoint-dir"}
+    assert set(flags) <= {"--data-root", "--init-hf", "--checkpoint-dir"}
     # the data files: DATA_ROOT as this machine has it is what the claim must hold, and
     # each file is read at --data-root/<its path below DATA_ROOT>
     script = ast.parse((folder / "train.py").read_text())
     consts = {t.id: ast.literal_eval(n.value) for n in script.body if isinstance(n, ast.Assign)
-              for t in n.targets if isinstance(t, ast.Name) and t.id in ("DATA_ROOT", "DATA", "EVAL_DATA")}
+              for t in n.targets if isinstance(t, ast.Name) and t.id in ("DATA_ROOT", "DATA", "EVAL_DATA", "INIT_HF")}
     seen["data"] = []
     if "DATA_ROOT" in consts:
         root = flags["--data-root"]
@@ -439,6 +440,16 @@ def _follow(project: Path, folder: Path) -> dict:
             seen["data"].append(os.path.join(held, os.path.relpath(in_pod, mount["mountPath"])))
     else:
         assert "--data-root" not in flags and "/data" not in mounts
+    # the Hugging Face checkpoint the weights start from: INIT_HF as this machine has it is
+    # what the init claim must hold, read at --init-hf
+    seen["init"] = None
+    if "INIT_HF" in consts:
+        mount = serves(flags["--init-hf"])
+        assert mount is not None and mount["name"] == "init" and mount["readOnly"] and claims["init"]["persistentVolumeClaim"]["readOnly"]
+        assert flags["--init-hf"] == mount["mountPath"]
+        seen["init"] = os.path.normpath(os.path.join(folder, consts["INIT_HF"]))
+    else:
+        assert "--init-hf" not in flags and "/init" not in mounts
     ck = flags.get("--checkpoint-dir")
     if ck is not None:
         mount = serves(ck)
@@ -478,6 +489,7 @@ def test_the_pod_finds_the_program_its_data_and_its_checkpoints(tmp_path, case):
         files = {str(elsewhere): "z" * 4096, "plans/sub/b.txt": "w" * 4096}
         data = f'blend(0.5, text("{elsewhere}"), 0.5, text("sub/b.txt"))'
     seen = _pod_sees(project, plan_file, out, data, blocks, files)
+    assert seen["init"] is None
     program = seen["program"]
     assert program is not None and program.name == "train.py" and program.parent.name == "p"
     assert program.parent.parent == (project / out).resolve() or program.parent.parent.samefile(project / out)
@@ -500,6 +512,21 @@ def test_every_committed_trainjob_finds_its_program_and_data(name):
     wanted = [os.path.normpath(os.path.join(os.path.dirname(plan.file), s.path)) for s in named]
     assert seen["data"] == wanted
     assert seen["checkpoints"] == ("/checkpoints" if plan.train.checkpoint else None)
+
+
+@pytest.mark.parametrize("where", ["plans/hf", "weights elsewhere/hf"])
+def test_the_pod_finds_the_checkpoint_the_weights_start_from(tmp_path, where):
+    """`init = hf("DIR")` was read relative to train.py in the image, where no volume
+    holds it: the folder is mounted read-only at /init and train.py told so (--init-hf)."""
+    from test_hf import MODELS, saved_by_transformers
+
+    project = tmp_path / "proj"
+    hf = project / where if where.startswith("plans") else tmp_path / where
+    saved_by_transformers(hf, "gpt2", tie=True)
+    named = "hf" if where.startswith("plans") else str(hf)
+    seen = _pod_sees(project, "plans/p.plan", "out put", "synthetic", f'init = hf("{named}")', {},
+                     model=MODELS["gpt2"].replace("arch = gpt2; ", ""))
+    assert seen["init"] == str(hf) and seen["data"] == []
 
 
 @pytest.mark.parametrize("out, folder", [

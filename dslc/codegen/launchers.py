@@ -24,10 +24,12 @@ TORCH_RUNTIME = "torch-distributed"
 # Where the pod finds each thing, fixed, never a path from the plan (docs/security.md):
 # the image holds the project (the folder the stamp's command runs in) at IMAGE_ROOT, the
 # working directory of the runtime's pytorch/pytorch images; the data volume is mounted
-# read-only at POD_DATA and the checkpoint volume at POD_CHECKPOINTS, and train.py is
-# told both (--data-root, --checkpoint-dir). No mount lies in another, or in IMAGE_ROOT.
+# read-only at POD_DATA, the Hugging Face checkpoint the weights start from read-only at
+# POD_INIT and the checkpoint volume at POD_CHECKPOINTS, and train.py is told each
+# (--data-root, --init-hf, --checkpoint-dir). No mount lies in another, or in IMAGE_ROOT.
 IMAGE_ROOT = "/workspace"
 POD_DATA = "/data"
+POD_INIT = "/init"
 POD_CHECKPOINTS = "/checkpoints"
 MASTER_PORT = 29500  # torchrun's default; the Trainer's PET_MASTER_PORT too
 # A TrainJob's name is an RFC 1035 label (the CRD's rule); the runtime names the first
@@ -68,7 +70,9 @@ def _kubernetes(plan: Plan, name: str, out_dir: str, reads_files: bool) -> dict:
     program, whole = in_image(out_dir, name)
     ck = plan.train.checkpoint
     # train.py's flags for the volumes below: each mounted at its fixed path
-    args = [f"--data-root={POD_DATA}"] * reads_files + [f"--checkpoint-dir={POD_CHECKPOINTS}"] * bool(ck)
+    init = plan.train.init is not None
+    args = ([f"--data-root={POD_DATA}"] * reads_files + [f"--init-hf={POD_INIT}"] * init
+            + [f"--checkpoint-dir={POD_CHECKPOINTS}"] * bool(ck))
     return {
         "k8s_name": k8s_name(name),  # for comments
         "k8s_name_yaml": _yaml(k8s_name(name)),  # quoted: a plan named yes or null stays a string
@@ -82,8 +86,10 @@ def _kubernetes(plan: Plan, name: str, out_dir: str, reads_files: bool) -> dict:
         "k8s_image_holds": f"the project (the folder the command above runs in) at {IMAGE_ROOT}" if whole else f"this folder at {comment_safe(program)}",
         "k8s_args": [_yaml(a) for a in args],
         "k8s_volumes": [f"{POD_DATA}: the data files, read-only"] * reads_files
+        + [f"{POD_INIT}: the Hugging Face checkpoint the weights start from, read-only"] * init
         + [f"{POD_CHECKPOINTS}: the checkpoints, on a volume every pod sees"] * bool(ck),
         "k8s_data_mount": _yaml(POD_DATA) if reads_files else None,
+        "k8s_init_mount": _yaml(POD_INIT) if init else None,
         "k8s_checkpoint_mount": _yaml(POD_CHECKPOINTS) if ck else None,
         "master_port": MASTER_PORT,
     }
