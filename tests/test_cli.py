@@ -322,6 +322,8 @@ def test_compile_writes_every_clean_plan_and_names_the_rest(tmp_path):
     (src / "big.plan").write_bytes((CASES / "out_of_memory.plan").read_bytes())
     (src / "dropout.plan").write_text(GOOD.format(name="dropout_tp", model="; dropout = 0.1", axis="tp"))
     (src / "broken.plan").write_text("plan broken {\n")
+    # a key mistyped in a plan: the plan is named, once, not its file as well
+    (src / "typo.plan").write_text(GOOD.format(name="typo", model="; layer = 2", axis="dp"))
     (src / "z_good.plan").write_text(GOOD.format(name="other", model="", axis="dp"))
     out = tmp_path / "out"
     r = run("compile", str(src), "-o", str(out))
@@ -330,12 +332,13 @@ def test_compile_writes_every_clean_plan_and_names_the_rest(tmp_path):
     assert (out / "good" / "train.py").is_file() and (out / "other" / "launch.sh").is_file()
     err = r.stderr.decode()
     assert "error[E090]" in err and "error[E003]" in err and "error[E100]: dropout = 0.1 with tp = 2 is not supported yet" in err
-    tail = err.splitlines()[-4:]
+    tail = err.splitlines()[-5:]
     assert tail == [
         f"not compiled: {src / 'big.plan'}: plan 'too_big' has errors",
         f"not compiled: {src / 'broken.plan'}: the file has errors",
         f"not compiled: {src / 'dropout.plan'}: plan 'dropout_tp' has errors",
-        "dslc: wrote 2 plans; not compiled: 2 plans, 1 file",
+        f"not compiled: {src / 'typo.plan'}: plan 'typo' has errors",
+        "dslc: wrote 2 plans; not compiled: 3 plans, 1 file",
     ], err
     # --check agrees: the clean plans are up to date, the rest named, and it still fails
     r = run("compile", "--check", str(src), "-o", str(out))

@@ -3,6 +3,7 @@ not at all, or with ``--check`` the files that are out of date."""
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -29,7 +30,9 @@ def run(args) -> int:
 
     root = Path(args.output) if args.output else codegen.DEFAULT_ROOT
     refused, stale, wrote = [], [], 0
-    failed_files = () if args.plan else result.failed_files  # --plan: only that plan's fate
+    # --plan: only that plan's fate; a file whose plans are named is not named again
+    named = {os.path.realpath(p.file) for p in plans if not result.clean(p)}
+    failed_files = () if args.plan else [f for f in result.failed_files if os.path.realpath(f) not in named]
     skipped = [f"{f}: the file has errors" for f in failed_files]
     with progress("checking" if args.check else "compiling", total=len(plans)) as bar:  # a bar on a terminal only
         for plan in plans:
