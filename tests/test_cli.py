@@ -262,6 +262,11 @@ def test_main_renders_to_stdout_for_lint():
     assert json.loads(buf.getvalue())[0]["code"] == "E081"
 
 
+def test_dslc_alone_lists_its_commands():
+    r = run()
+    assert r.returncode == 2 and all(c in r.stderr.decode() for c in ("lint", "compile", "explain", "verify"))
+
+
 def test_schedule_text_json_and_picture(tmp_path):
     """dslc schedule on a 3D plan: a verified, simulated timeline as a text grid,
     as JSON (every action of every rank) and as a picture."""

@@ -104,7 +104,11 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    ap = parser()
+    if not (sys.argv[1:] if argv is None else argv):  # `dslc` alone: what it can do, not only that COMMAND is missing
+        ap.print_help(sys.stderr)
+        return 2
+    args = ap.parse_args(argv)
     try:
         return args.fn(args)
     except UsageError as e:
