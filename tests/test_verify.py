@@ -183,7 +183,8 @@ def test_compare_passes_within_the_bound_and_names_the_first_step_and_tensor():
     ref = [4.0, 3.9, 3.8]
     w = {"a": torch.ones(3), "b": torch.zeros(2, 2)}
     ok = compare([4.0, 3.9 * (1 + 5e-6), 3.8], ref, {k: v + 5e-6 for k, v in w.items()}, w)
-    assert ok.passed and ok.first_bad_step is None and ok.summary().startswith("PASS")
+    assert ok.passed and ok.first_bad_step is None and ok.summary().startswith("PASS: 3 steps' losses within 1e-05")
+    assert compare([4.0], ref[:1], w, w).summary().startswith("PASS: 1 step's losses")  # not "1 step' losses"
     bad_w = {"a": torch.tensor([1.0, 1.0 + 3e-4, 1.0]), "b": torch.zeros(2, 2) + 2e-5}
     bad = compare([4.0, 3.9, 3.8 * 1.001], ref, bad_w, w)
     assert not bad.passed and bad.first_bad_step == 3

@@ -50,7 +50,8 @@ class Comparison:
     def summary(self) -> str:
         """One line: what passed, or the first step and the tensor that did not."""
         if self.passed:
-            return (f"PASS: {len(self.steps)} step{'s' * (len(self.steps) != 1)}' losses within {self.rtol:g} relative; "
+            whose = "1 step's" if len(self.steps) == 1 else f"{len(self.steps)} steps'"
+            return (f"PASS: {whose} losses within {self.rtol:g} relative; "
                     f"{self.tensors} weight tensors, largest difference {self.max_diff:.3g} ({self.max_tensor})")
         parts = []
         bad = self.first_bad_step
