@@ -242,9 +242,11 @@ def train_step(step):
 def main():
     # the whole model's size: each parameter's parts on the other ranks counted
     n_params = sum(p.numel() * kind_of(p).parts for p in params)
-    # torchrun restarted the job after a failure: resume from the newest checkpoint
-    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
-    start = checkpoints.load(args.steps) if args.resume or restarted else 0
+    # --resume, or torchrun restarted the job after a failure: from the newest checkpoint
+    resumed = args.resume or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    start = checkpoints.load(args.steps) if resumed else 0
+    if resumed:  # TensorBoard drops what the runs before logged after `start`
+        DASHBOARD.resumed(start)
     tokens_per_step, mfu, peak = GLOBAL_BATCH * SEQ_LEN, None, None  # mfu, peak: GPU
     if master:
         print(f"plan llama3_70b_fsdp: {n_params / 1e6:.2f}M parameters", end=", ")
