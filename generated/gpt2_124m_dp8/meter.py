@@ -147,8 +147,7 @@ class Dashboard:
         """At start-up, before the process group: imports what the flags ask for (a
         missing package: one line, exit 2) and starts a W&B run in `project`, its config
         the plan's layout and the flags; the event file in `tensorboard` is opened at the
-        first write (a resumed run's begins with a purge: resumed()); neither flag: nothing.
-        """
+        first write (a resumed run's with a purge: resumed()); neither flag: nothing."""
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
