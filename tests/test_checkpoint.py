@@ -27,6 +27,7 @@ import random
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -226,6 +227,33 @@ def test_fp16_with_dropout_resumes_bit_for_bit_and_keeps_the_newest(tmp_path, la
     only_up_to(ck, 3)
     resumed, first, _ = launch(plan, "--resume")
     assert first == 3 and resumed == whole[3:]
+
+
+def test_a_resumed_run_takes_over_its_steps_in_tensorboard(tmp_path, launch, read_scalars):
+    """Issue 49 item 9: a resumed run wrote a second event file whose steps overlapped the
+    first's, so TensorBoard drew steps 3 and 4 twice. One process saving every step runs 4
+    steps into --tensorboard DIR, is resumed from step 2 into the same DIR, and TensorBoard's
+    reader sees each tag's steps once, 1 to 4 in order: steps 1-2 the first run's, 3-4 the
+    resumed run's (the losses are the same, bit for bit; its time per step, read from each
+    run's log, tells the two apart)."""
+    ck, board = tmp_path / "ck", tmp_path / "board"
+    plan = gpt2_plan(tmp_path, "serial", ck, every=1)
+    whole, _, out = launch(plan, "--tensorboard", board)
+    only_up_to(ck, 2)
+    # TensorBoard reads a folder's event files in name order, which starts with the
+    # second each was made in: the resumed run's must be the later one, as it is whenever
+    # a job resumes more than a second after it started
+    (made,) = [int(p.name.split(".")[3]) for p in board.iterdir()]
+    time.sleep(max(0.0, made + 1.05 - time.time()))
+    resumed, first, again = launch(plan, "--resume", "--tensorboard", board)
+    assert first == 2 and resumed == whole[2:]
+    assert len(list(board.iterdir())) == 2
+    scalars = read_scalars(board)
+    assert {tag: [s for s, _ in values] for tag, values in scalars.items()} == dict.fromkeys(scalars, [1, 2, 3, 4])
+    assert [v for _, v in scalars["loss_metrics/global_avg_loss"]] == pytest.approx(whole, rel=1e-6)
+    ms = [float(t) for t in re.findall(r"\| ([\d.]+) ms \|", out.stdout)][:2]
+    ms += [float(t) for t in re.findall(r"\| ([\d.]+) ms \|", again.stdout)]
+    assert [1000 * v for _, v in scalars["time_metrics/end_to_end(s)"]] == pytest.approx(ms, abs=0.051)
 
 
 def test_a_killed_rank_restarts_the_job_by_itself(tmp_path, launch, uninterrupted):

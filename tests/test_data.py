@@ -570,6 +570,31 @@ def test_the_validation_loss_is_logged_and_dumped(tmp_path, run_script, read_sca
     assert losses[0] > losses[1] > losses[2]
 
 
+def test_the_log_evaluations_and_checkpoints_of_the_same_n_fall_on_the_same_steps(tmp_path, run_script, read_scalars):
+    """Issue 49 item 9: `--log-every 2` logged steps 1, 3, 5 and the last while
+    `eval { every = 2 }` evaluated at 2, 4, 6. One rule (utils.py's `due`) places the log
+    lines, the evaluations and the checkpoints: the multiples of N and the last step. Over
+    5 steps with N = 2: steps 2, 4 and 5, in the log, in TensorBoard, in --dump-losses and
+    in the checkpoint folders; --log-every 0 logs the last step only, as `every = 0`
+    evaluates after the last step only."""
+    ck = tmp_path / "ck"
+    extra = f'eval {{ every = 2; batches = 1; data = synthetic }}\n checkpoint {{ every = 2; dir = "{ck}" }}'
+    script = compile_plan(tmp_path, "synthetic", arch="gpt2", extra=extra)
+    dump, board = tmp_path / "l.json", tmp_path / "tb"
+    out = run_script(script, 1, "--steps", 5, "--log-every", 2, "--dump-losses", dump, "--tensorboard", board)
+    assert out.returncode == 0, out.stderr
+    logged = [int(s) for s in re.findall(r"^step (\d)/5 \| loss ", out.stdout, re.M)]
+    evaluated = [int(s) for s in re.findall(r"^step (\d)/5 \| val loss ", out.stdout, re.M)]
+    assert logged == evaluated == [2, 4, 5], out.stdout
+    assert [s for s, _ in json.loads(dump.read_text())["val_loss"]] == [2, 4, 5]
+    scalars = read_scalars(board)
+    assert {tag: [s for s, _ in values] for tag, values in scalars.items()} == dict.fromkeys(scalars, [2, 4, 5])
+    assert sorted(p.name for p in ck.iterdir()) == ["step0000002", "step0000004", "step0000005"]
+    out = run_script(script, 1, "--steps", 3, "--log-every", 0, "--checkpoint-dir", tmp_path / "ck0")
+    assert out.returncode == 0, out.stderr
+    assert re.findall(r"^step (\d)/3 \| loss ", out.stdout, re.M) == ["3"], out.stdout
+
+
 def test_an_untrained_models_validation_loss_is_ln_vocab(tmp_path, run_script):
     """After one step of lr 1e-9 the model is its initialization, whose logits are near
     0: the validation loss is close to ln(vocab), the loss of a uniform guess."""

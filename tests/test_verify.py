@@ -86,6 +86,30 @@ def test_a_large_mesh_keeps_every_axis_and_says_what_it_reduced(every_plan):
     assert any("bf16 run in fp32" in n for n in s.notes)
 
 
+def test_a_shrink_that_leaves_zero_no_ranks_says_zero_did_not_run(every_plan):
+    """Issue 49 item 9: `dslc verify --max-procs 4` on llama3_70b (dp 2 × pp 4 × tp 8,
+    ZeRO-1) keeps pp and tp, cuts dp to 1 and still reported "zero 1", which the script
+    does not run without data-parallel ranks. The report describes what ran: no ZeRO in
+    the layout (text and JSON), a note saying ZeRO-1 did not run and that --max-procs 8
+    keeps it; with 8 the layout is dp 2 × pp 2 × tp 2 with zero 1 and no such note. The
+    same holds for ZeRO-3 over HSDP shard groups cut to one rank."""
+    from dslc.verify.show import render_text
+
+    plans = {p.name: p for p in every_plan}
+    s = shrink(plans["llama3_70b"], 4)
+    assert [(a.name, a.size) for a in s.plan.mesh.axes] == [("pp", 2), ("tp", 2)]
+    outcome = verify.Outcome("llama3_70b", s)
+    (head, _), *notes = render_text(outcome)
+    assert "zero" not in head and "zero" not in outcome.to_json()["layout"], head
+    says = "ZeRO-1 not run: its shard group on the shrunk mesh is one rank, nothing to shard (--max-procs 8 keeps it)"
+    assert ("  shrunk: " + says, None) in notes, notes
+    s = shrink(plans["llama3_70b"], 8)
+    assert "zero 1" in verify.describe(s.plan) and not any("ZeRO" in n for n in s.notes)
+    s = shrink(plans["llama_dp4_zero3_shard2"], 2)  # dp 2 of two replicas: nothing sharded
+    assert "zero" not in verify.describe(s.plan)
+    assert "ZeRO-3 not run: its shard group on the shrunk mesh is one rank, nothing to shard (--max-procs 4 keeps it)" in s.notes
+
+
 # A plan at the extremes of the language's bounds (docs/language.md, Limits): 2¹⁸ ranks,
 # 65,536 layers, 2²⁰ experts (all of them chosen), 1,024 shared, widths of 2²⁰, a vocab
 # and sequence of 2²⁴, 8,192 virtual stages, `full every 2⁶²`; each case one axis of it.

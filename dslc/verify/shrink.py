@@ -7,7 +7,9 @@ the architecture — and makes everything that only decides *how much* tiny: wid
 so that every divisibility rule of :mod:`dslc.check` still holds, a few layers, a short
 sequence, one or two sequences a micro-batch, fp32, synthetic data, on one CPU node of
 gloo processes. A mesh larger than the processes allowed becomes the largest sub-mesh of
-the same axes that fits (each degree a divisor of the plan's).
+the same axes that fits (each degree a divisor of the plan's); where that leaves ZeRO no
+ranks to shard over, the notes say so and how many processes would keep it, and
+:func:`describe` names no ZeRO stage: the report describes what ran.
 
 The shrunk model is small whatever the plan, within the language's bounds: every dimension
 that scales its parameters is bounded here — the width by the processes (at most
@@ -28,7 +30,8 @@ import math
 from dataclasses import dataclass, replace
 
 from ..catalog import DEVICES
-from ..ir import Cluster, Data, Link, Mesh, Model, Pipeline, Plan
+from ..codegen.grads import zero_stage
+from ..ir import Cluster, Data, DataParallel, Link, Mesh, Model, Pipeline, Plan
 from ..units import divisors
 
 LINK = "shm"  # every axis on one node link: the processes talk gloo through shared memory
@@ -66,7 +69,11 @@ def shrink(plan: Plan, max_procs: int = 8, steps: int = 3) -> Shrunk:
     if reduced:
         notes.append(f"the mesh ({plan.world_size} ranks) does not fit in {max_procs} processes: "
                      + ", ".join(reduced) + f" ({math.prod(degrees.values())} processes)")
-    mesh = Mesh(tuple(replace(a, size=degrees[a.name], link=LINK) for a in plan.mesh.axes if degrees[a.name] > 1), plan.mesh.span)
+    mesh, dpo = _data_layout(plan, degrees)
+    if dpo.shard != plan.data_parallel.shard:
+        notes.append(f"HSDP shard {plan.data_parallel.shard} → {dpo.shard} with dp {degrees['dp']}")
+    if zero_stage(plan) and not zero_stage(replace(plan, mesh=mesh, data_parallel=dpo)):
+        notes.append(_zero_not_run(plan, max_procs))
     size = {n: degrees.get(n, 1) for n in ("dp", "tp", "pp", "cp", "ep")}
     world = mesh.world_size
 
@@ -90,11 +97,6 @@ def shrink(plan: Plan, max_procs: int = 8, steps: int = 3) -> Shrunk:
     micro = min(plan.train.micro_batch, 2)
     m = _microbatches(schedule, size["pp"], pl.microbatches)
     pipeline = replace(pl, schedule=schedule, virtual_stages=v, microbatches=m, layers_per_stage=split)
-    dpo = plan.data_parallel
-    if dpo.hsdp(plan.dp):
-        dpo = replace(dpo, shard=_shard(dpo.shard, plan.dp, size["dp"]))
-        if dpo.shard != plan.data_parallel.shard:
-            notes.append(f"HSDP shard {plan.data_parallel.shard} → {dpo.shard} with dp {size['dp']}")
 
     train = replace(_train(plan, steps, micro, micro * m * size["dp"] * size["ep"], notes), recompute_every=every)
     cluster = cpu_cluster(world, plan.cluster.span)
@@ -145,6 +147,30 @@ def sub_mesh(sizes: dict[str, int], limit: int) -> dict[str, int]:
         if best_key is None or key > best_key:
             best, best_key = dict(zip(names, choice)), key
     return best
+
+
+def _data_layout(plan: Plan, degrees: dict[str, int]) -> tuple[Mesh, DataParallel]:
+    """The mesh of the sub-mesh ``degrees`` (every axis on the one link, the axes cut to 1
+    left out) and the data-parallel options on it (HSDP's shard group scaled with dp)."""
+    mesh = Mesh(tuple(replace(a, size=degrees[a.name], link=LINK) for a in plan.mesh.axes if degrees[a.name] > 1), plan.mesh.span)
+    dpo = plan.data_parallel
+    if dpo.hsdp(plan.dp):
+        dpo = replace(dpo, shard=_shard(dpo.shard, plan.dp, degrees.get("dp", 1)))
+    return mesh, dpo
+
+
+def _zero_not_run(plan: Plan, max_procs: int) -> str:
+    """The note for a plan whose ZeRO the shrunk mesh leaves no ranks to shard over (dp,
+    or HSDP's shard group, cp and ep each of one rank: the script runs no ZeRO, and
+    :func:`describe` names none), with the fewest processes whose sub-mesh keeps it: the
+    axes kept for the pipeline and the kernels are not traded for it."""
+    note = f"ZeRO-{plan.data_parallel.zero} not run: its shard group on the shrunk mesh is one rank, nothing to shard"
+    sizes = {a.name: a.size for a in plan.mesh.axes}
+    for limit in range(max_procs + 1, MAX_PROCS + 1):
+        mesh, dpo = _data_layout(plan, sub_mesh(sizes, limit))
+        if zero_stage(replace(plan, mesh=mesh, data_parallel=dpo)):
+            return note + f" (--max-procs {limit} keeps it)"
+    return note
 
 
 def _shard(shard: int, dp: int, new_dp: int) -> int:
@@ -257,7 +283,7 @@ def describe(plan: Plan) -> str:
     if plan.pp > 1:
         parts.append(f"{pl.schedule} (" + (f"v {pl.virtual_stages}, " if pl.virtual_stages > 1 else "")
                      + f"{pl.microbatches} micro-batches)")
-    if plan.data_parallel.zero:
+    if zero_stage(plan):  # as the script runs it: none without ranks to shard over
         parts.append(f"zero {plan.data_parallel.zero}" + (f" (HSDP shard {plan.data_parallel.shard})" if plan.data_parallel.hsdp(plan.dp) else ""))
     if plan.tensor_parallel.sequence_parallel:
         parts.append("sequence parallel")

@@ -53,7 +53,7 @@ from plan import (
     WORLD_SIZE,
     kind_of,
 )
-from utils import copy_all, fail, file_name, generator, output_folder, to_device
+from utils import copy_all, due, fail, file_name, generator, output_folder, to_device
 
 # -----------------------------------------------------------------------------
 # Settings of the run, from the plan (the model's, the mesh's and the batch's are in plan.py)
@@ -242,9 +242,11 @@ def train_step(step):
 def main():
     # the whole model's size: each parameter's parts on the other ranks counted
     n_params = sum(p.numel() * kind_of(p).parts for p in params)
-    # torchrun restarted the job after a failure: resume from the newest checkpoint
-    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
-    start = checkpoints.load(args.steps) if args.resume or restarted else 0
+    # --resume, or torchrun restarted the job after a failure: from the newest checkpoint
+    resumed = args.resume or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    start = checkpoints.load(args.steps) if resumed else 0
+    if resumed:  # TensorBoard drops what the runs before logged after `start`
+        DASHBOARD.resumed(start)
     tokens_per_step, mfu, peak = GLOBAL_BATCH * SEQ_LEN, None, None  # mfu, peak: GPU
     if master:
         print(f"plan gpt2_124m_dp8: {n_params / 1e6:.2f}M parameters", end=", ")
@@ -258,8 +260,8 @@ def main():
             METER.step = step  # what is sent from now on is this step's
         loss, lr, norm = train_step(step)
         pending.append((step, lr, torch.stack([loss, norm])))
-        logs = step % max(1, args.log_every) == 0 or step + 1 == args.steps
-        saves = (step + 1) % CHECKPOINT_EVERY == 0 or step + 1 == args.steps
+        logs = due(step + 1, args.log_every, args.steps)  # at N, 2N, ... and the last
+        saves = due(step + 1, CHECKPOINT_EVERY, args.steps)
         if not (logs or saves):
             continue
         values = torch.stack([v for _, _, v in pending]).tolist()  # the host waits here

@@ -55,7 +55,7 @@ from plan import (
     WORLD_SIZE,
     kind_of,
 )
-from utils import copy_all, fail, file_name, generator, output_folder, to_device
+from utils import copy_all, due, fail, file_name, generator, output_folder, to_device
 
 # -----------------------------------------------------------------------------
 # Settings of the run, from the plan (the model's, the mesh's and the batch's are in plan.py)
@@ -250,9 +250,11 @@ def main():
     n_params = torch.tensor(float(size), device=device)
     all_reduce(n_params, "pp", scalar=True)
     n_params = int(n_params.item())
-    # torchrun restarted the job after a failure: resume from the newest checkpoint
-    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
-    start = checkpoints.load(args.steps) if args.resume or restarted else 0
+    # --resume, or torchrun restarted the job after a failure: from the newest checkpoint
+    resumed = args.resume or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    start = checkpoints.load(args.steps) if resumed else 0
+    if resumed:  # TensorBoard drops what the runs before logged after `start`
+        DASHBOARD.resumed(start)
     tokens_per_step, mfu, peak = GLOBAL_BATCH * SEQ_LEN, None, None  # mfu, peak: GPU
     if master:
         print(f"plan llama3_70b: {n_params / 1e6:.2f}M parameters", end=", ")
@@ -270,8 +272,8 @@ def main():
             )
         loss, lr, norm = train_step(step)
         pending.append((step, lr, torch.stack([loss, norm])))
-        logs = step % max(1, args.log_every) == 0 or step + 1 == args.steps
-        saves = (step + 1) % CHECKPOINT_EVERY == 0 or step + 1 == args.steps
+        logs = due(step + 1, args.log_every, args.steps)  # at N, 2N, ... and the last
+        saves = due(step + 1, CHECKPOINT_EVERY, args.steps)
         if not (logs or saves):
             continue
         values = torch.stack([v for _, _, v in pending]).tolist()  # the host waits here

@@ -4,13 +4,13 @@
 """Helpers that every module of this program uses: one-line errors, the seeded random
 generators that make every plan of a model draw the same data, the counter-based normal
 draws that give every plan the same weights (each rank drawing only its part), copies to
-the device and between lists of tensors, sizes as people read them, the import of
-safetensors, which only --export-hf needs, and the one reader of the files the
-program is given (data, checkpoints, Hugging Face folders), which someone else may have
-written: regular files only, each read bounded, JSON of bounded depth, and one line
-naming the file (and the file a link points to) for whatever it refuses; and the one
-writer of its JSON files (checkpoint markers, Hugging Face configs), whole or not at all.
-"""
+the device and between lists of tensors, the steps that log, evaluate or save, sizes
+as people read them, the import of safetensors, which only --export-hf needs, and the
+one reader of the files the program is given (data, checkpoints, Hugging Face
+folders), which someone else may have written: regular files only, each read bounded,
+JSON of bounded depth, and one line naming the file (and the file a link points to) for
+whatever it refuses; and the one writer of its JSON files (checkpoint markers, Hugging
+Face configs), whole or not at all."""
 
 import argparse
 import hashlib
@@ -78,6 +78,15 @@ def shown(path):
         if os.path.islink(path)
         else text(path)
     )
+
+
+def due(step, every, steps):
+    """Whether what a run does every `every` steps (log, evaluate, save a checkpoint) is
+    done at `step` of `steps` (1-based, as the log counts): at the multiples of `every`
+    (a resumed run at the same steps as a whole one) and at the last step; `every` 0:
+    at the last step only. The one rule for all of them: a log line, a validation loss
+    and a checkpoint of the same N fall on the same steps."""
+    return every > 0 and step % every == 0 or step == steps
 
 
 def open_regular(path):

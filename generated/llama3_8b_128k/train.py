@@ -54,7 +54,7 @@ from plan import (
     WORLD_SIZE,
     kind_of,
 )
-from utils import copy_all, fail, file_name, generator, output_folder, to_device
+from utils import copy_all, due, fail, file_name, generator, output_folder, to_device
 
 # -----------------------------------------------------------------------------
 # Settings of the run, from the plan (the model's, the mesh's and the batch's are in plan.py)
@@ -228,7 +228,7 @@ def main():
             METER.step = step  # what is sent from now on is this step's
         loss, lr, norm = train_step(step)
         pending.append((step, lr, torch.stack([loss, norm])))
-        logs = step % max(1, args.log_every) == 0 or step + 1 == args.steps
+        logs = due(step + 1, args.log_every, args.steps)  # at N, 2N, ... and the last
         if not logs:
             continue
         values = torch.stack([v for _, _, v in pending]).tolist()  # the host waits here

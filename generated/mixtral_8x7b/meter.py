@@ -196,22 +196,20 @@ class Dashboard:
 
     def __init__(self):
         self.on = False
-        self.writer = self.run = None
+        self.board = self.writer = self.run = None
+        self.purge = None  # the first step of a resumed run: see resumed()
 
     def open(self, tensorboard, project, flags):
         """At start-up, before the process group: imports what the flags ask for (a
-        missing package: one line, exit 2), opens the event file in `tensorboard` and
-        starts a W&B run in `project`, its config the plan's layout and the flags;
-        neither flag: nothing."""
+        missing package: one line, exit 2) and starts a W&B run in `project`, its config
+        the plan's layout and the flags; the event file in `tensorboard` is opened at the
+        first write (a resumed run's with a purge: resumed()); neither flag: nothing."""
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
                 fail("--tensorboard needs tensorboard: pip install tensorboard", 2)
-            try:
-                self.writer = SummaryWriter(tensorboard)
-            except OSError as e:
-                fail(f"--tensorboard {tensorboard}: cannot write there ({e.strerror})")
+            self.board = (SummaryWriter, tensorboard)
         if project:
             try:
                 import wandb
@@ -228,7 +226,14 @@ class Dashboard:
             except Exception as e:  # not logged in, no network: W&B's own errors
                 why = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
                 fail(f"--wandb {project}: W&B did not start: {why}")
-        self.on = bool(self.writer or self.run)
+        self.on = bool(self.board or self.run)
+
+    def resumed(self, step):
+        """This run goes on from a checkpoint of `step` steps (0: none was found): its
+        event file begins with TensorBoard's purge marker at step + 1 (SummaryWriter's
+        purge_step), so TensorBoard drops what the earlier runs' files hold from there
+        on, and each curve has each step once, the values this run logs."""
+        self.purge = step + 1
 
     def log(self, step, loss, lr, norm, seconds, mfu, peak, routing):
         """One log line's values, `seconds` per step (mfu and peak, GiB: None off CUDA).
@@ -256,6 +261,12 @@ class Dashboard:
     def write(self, step, scalars):
         """`scalars` at `step` (1-based, as the log counts), flushed: the dashboard has
         them now, and a run that stops loses none."""
+        if self.board and not self.writer:
+            SummaryWriter, folder = self.board
+            try:
+                self.writer = SummaryWriter(folder, purge_step=self.purge)
+            except OSError as e:
+                fail(f"--tensorboard {folder}: cannot write there ({e.strerror})")
         if self.writer:
             for tag, value in scalars.items():
                 self.writer.add_scalar(tag, value, step)
