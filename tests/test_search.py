@@ -176,6 +176,22 @@ def test_search_takes_a_plan_that_does_not_fit_and_refuses_one_with_other_errors
     assert cli.main(["search", str(tmp_path / "bad.plan")]) == 1
 
 
+def test_the_summary_names_the_rule_or_the_memory_that_refused_the_plan_as_written(tmp_path, capsys):
+    """Not "does not fit or does not pass the rules" alone: the code and message of each rule
+    (E030 for a mesh of 64 ranks on --gpus 128), or E090's figures, on the summary's line
+    and in the JSON."""
+    assert cli.main(["search", str(ROOT / "plans/llama3_70b.plan"), "--gpus", "128", "--top", "1", "-q", "--json"]) == 0
+    captured = capsys.readouterr()
+    (line,) = [x for x in captured.err.splitlines() if x.startswith("dslc: llama3_70b on 128")]
+    assert "(E030: mesh has 64 ranks (dp=2 × pp=4 × tp=8) but cluster 'h100_8x8' has 128 GPUs (16 nodes × 8))" in line
+    assert [r["code"] for r in json.loads(captured.out)["as_written_refused"]] == ["E030"]
+    text = (ROOT / "plans/llama3_70b.plan").read_text().replace("zero = 1", "zero = 0").replace("recompute = selective", "recompute = none")
+    (tmp_path / "big.plan").write_text(text.replace("../clusters", str(ROOT / "clusters")))
+    assert cli.main(["search", str(tmp_path / "big.plan"), "--top", "1", "-q", "--fix", "mesh"]) == 0
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("dslc: llama3_70b on 64")]
+    assert re.search(r"the rules on these GPUs \(E090: needs 8\d\.\d GiB per GPU but h100_sxm has 80\.0 GiB\)", line), line
+
+
 def test_fixed_settings_are_kept_as_written():
     plan = _plan(ROOT / "plans/llama3_70b.plan")
     found = search.search(plan, fixed=frozenset({"mesh", "recompute"})).ranked

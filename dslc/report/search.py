@@ -92,7 +92,8 @@ def summary(result: Result, seconds_taken: float) -> str:
     where = f"{p.cluster.world_size} × {p.cluster.device.name}"
     own = own_rank(result)
     mine = (f"the plan as written ranks {own} of {len(result.ranked)}" if own is not None
-            else "the plan as written does not fit or does not pass the rules on these GPUs")
+            else "the plan as written does not fit or does not pass the rules on these GPUs"
+            + "".join(f" ({code}: {message})" for code, message in result.refused))
     return (f"{p.name} on {where}: {result.shapes} shapes of the mesh ({result.memory_pruned} too large even at the most "
             f"frugal settings, {result.rule_pruned} refused by the rules), {result.costed} layouts costed, "
             f"{len(result.ranked)} fit, in {seconds_taken:.1f} s; {mine}"
@@ -132,4 +133,5 @@ def to_json(result: Result, shown: list[Row], seconds_taken: float) -> dict:
         "seconds": seconds_taken,
         "layouts": [doc(r.found, r.busiest) | {"rank": r.rank, "same_estimate": r.same} for r in shown],
         "as_written": (doc(result.own, _busiest(result.own)) | {"rank": own_rank(result)}) if result.own else None,
+        "as_written_refused": [{"code": code, "message": message} for code, message in result.refused],
     }
