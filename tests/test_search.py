@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from rich.cells import cell_len
 
 from dslc import cli, search
 from dslc.driver import lint, load_paths, load_text
@@ -69,6 +70,22 @@ def test_search_table_shows_the_plan_as_written_below_the_fastest(capsys):
     assert ranks == ["1", "2", "3", "plan"]
     assert "(as written)" in lines[-1] and not any(line != line.rstrip() for line in lines)
     assert "tiny_demo on 4 × cpu" in captured.err and "layouts costed" in captured.err
+
+
+def test_every_table_search_prints_fits_in_120_columns(capsys):
+    """At 1,024 GPUs four axes and long lists of changes made the table about 220 columns
+    wide: now each row is a line of at most 120 columns with its changes wrapped on lines of
+    their own under it; a small plan's table keeps a row a line, its changes in a column."""
+    assert cli.main(["search", str(ROOT / "plans/llama3_70b.plan"), "--gpus", "1024", "--top", "12", "-q"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(cell_len(line) for line in lines) <= 120 and len(lines[0]) >= 100
+    ranks = [line.split()[0] for line in lines[2:] if line[:4].strip()]
+    assert ranks == [str(i) for i in range(1, 13)], lines
+    under = " ".join(" ".join(line.split()) for line in lines[3:5])
+    assert "tp 8→2" in under and "recompute selective→none" in under  # the first row's changes, under it
+    assert cli.main(["search", str(ROOT / "plans/tiny_demo.plan"), "-q"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(cell_len(line) for line in lines) <= 120 and lines[0].rstrip().endswith("differs from the plan as written")
 
 
 @pytest.mark.parametrize("argv, code, message", [

@@ -16,7 +16,7 @@ from ..codes import FIT_CODES
 from ..driver import layout_file
 from ..front.edit import can_name_a_plan
 from ..report import search as report
-from ..report.terminal import progress, show
+from ..report.terminal import console, progress, show
 from .inputs import UsageError, emit, load, pick, write_whole
 
 
@@ -56,7 +56,7 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(report.to_json(found, shown, took), indent=2, allow_nan=False))
     else:
-        show(report.table(found, shown))
+        show(report.table(found, shown, min(report.WIDTH, console().width)))
     print(f"dslc: {report.summary(found, took)}", file=sys.stderr)
     if args.output:
         write_layout(plan, found.ranked[0], args.output, result.sources.texts.get(plan.file), sources)

@@ -55,36 +55,96 @@ def own_rank(result: Result) -> int | None:
     return 1 + sum(f.timing.step < result.own.timing.step for f in result.ranked)
 
 
-HEAD = ("#", "layout", "schedule", "mb", "zero", "recompute", "step", "tokens/s", "MFU", "memory/GPU", "headroom", "busiest link", "differs from the plan as written")
-RIGHT = {0, 3, 6, 7, 8, 9, 10}
+COLUMNS = ("#", "layout", "schedule", "mb", "zero", "recompute", "step", "tokens/s", "MFU", "memory/GPU", "headroom",
+           "busiest link", "differs from the plan as written")
+WIDTH = 120  # columns the table takes at most (a terminal's width when that is less)
+# Shown only where the table still fits its width, the last first: each follows from another
+# (headroom from memory and the device's, tokens/s from the step at the plan's batch) or is
+# explain's detail (the busiest link); --json has every one.
+SPARE = ("headroom", "tokens/s", "busiest link")
+HEAD = tuple(c for c in COLUMNS if c not in SPARE)  # the columns every table has
+RIGHT = {i for i, c in enumerate(HEAD) if c in ("#", "mb", "step", "MFU", "memory/GPU")}
+_RIGHT = {"#", "mb", "step", "tokens/s", "MFU", "memory/GPU", "headroom"}
 
 
-def cells(row: Row | None, f: Found, busiest: BusiestLink | None) -> list[str]:
+def cells(row: Row | None, f: Found, busiest: BusiestLink | None) -> dict[str, str]:
+    """The row's cell of each of :data:`COLUMNS`."""
     k = knobs(f.plan)
     mesh = k["mesh"] + (" sp" if k.get("sp") == "on" else "") + (f" ({k['cp']})" if "cp" in k else "")
     link = f"{busiest.link} {seconds(busiest.seconds)}" if busiest else "-"
-    differs = ", ".join(f.changes) or "(as written)"
+    # the changes in the table's words: micro_batch is its column "mb"
+    differs = ", ".join("mb" + c[len("micro_batch"):] if c.startswith("micro_batch ") else c for c in f.changes) or "(as written)"
     if row and row.same:
         differs += f" (+{row.same} other order{'s' * (row.same != 1)} of the axes, the same estimate)"
-    return [str(row.rank) if row else "plan", mesh, k.get("schedule", "-"), k["micro_batch"], k["zero"], k["recompute"],
-            seconds(f.timing.step), f"{f.timing.tokens_per_s:,.0f}", f"{f.timing.mfu:.1%}", size(f.peak), size(f.headroom), link, differs]
+    return dict(zip(COLUMNS, [str(row.rank) if row else "plan", mesh, k.get("schedule", "-"), k["micro_batch"], k["zero"], k["recompute"],
+                              seconds(f.timing.step), f"{f.timing.tokens_per_s:,.0f}", f"{f.timing.mfu:.1%}", size(f.peak), size(f.headroom), link, differs]))
 
 
-def table(result: Result, shown: list[Row]):
-    """A rich Table of the rows, and the plan as written below them when it is not one of them."""
+def table(result: Result, shown: list[Row], width: int = WIDTH):
+    """The rows, and the plan as written below them when it is not one of them, in at most
+    ``width`` columns: a row a line while that fits (the :data:`SPARE` columns left out as
+    needed), else each row's differences wrapped on lines of their own under it."""
+    from rich.cells import cell_len
+    from rich.console import Group
+    from rich.constrain import Constrain
+    from rich.padding import Padding
+    from rich.text import Text
+
+    lines = [(cells(r, r.found, r.busiest), "bold green" if r.rank == 1 else None) for r in shown]
+    own = result.own
+    if own is not None and all(r.found.plan != own.plan for r in shown):
+        lines.append((cells(None, own, _busiest(own)), "dim"))
+
+    def fitted(columns: tuple[str, ...]) -> list[str] | None:
+        """``columns`` without the spare ones, then with each spare one that still fits."""
+        heads = [h for h in columns if h not in SPARE]
+        if _width(_table(heads, lines)) > width:
+            return None
+        for spare in reversed(SPARE):
+            more = [h for h in columns if h in heads or h == spare]
+            heads = more if _width(_table(more, lines)) <= width else heads
+        return heads
+
+    last = COLUMNS[-1]
+    heads = fitted(COLUMNS)
+    if heads:
+        return _table(heads, lines)
+    heads = fitted(COLUMNS[:-1]) or [h for h in COLUMNS[:-1] if h not in SPARE]
+    widths = [max(cell_len(h), *(cell_len(c[h]) for c, _ in lines)) for h in heads]
+    over = sum(widths) + 2 * (len(widths) - 1) - width
+    if over > 0:  # still too wide (a long mesh): the layout wraps at its spaces
+        widths[1] = max(12, widths[1] - over)
+    parts = []
+    for i, (row, style) in enumerate(lines):
+        if style == "dim":
+            parts.append(Text(""))  # the plan as written, set apart as a section would be
+        parts.append(_table(heads, [(row, style)], widths, header=i == 0))
+        parts.append(Padding(Text(row[last], style=style or "dim"), (0, 0, 0, widths[0] + 2)))
+    return Constrain(Group(*parts), width)
+
+
+def _table(heads: list[str], lines: list[tuple[dict[str, str], str | None]], widths: list[int] | None = None, header: bool = True):
+    """A rich Table of the columns ``heads`` for ``lines`` (cells, style), a row a line."""
     from rich import box
     from rich.table import Table
 
-    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, header_style="bold")
-    for i, h in enumerate(HEAD):
-        t.add_column(h, justify="right" if i in RIGHT else "left", overflow="fold")
-    for r in shown:
-        t.add_row(*cells(r, r.found, r.busiest), style="bold green" if r.rank == 1 else None)
-    own = result.own
-    if own is not None and all(r.found.plan != own.plan for r in shown):
-        t.add_section()
-        t.add_row(*cells(None, own, _busiest(own)), style="dim")
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, header_style="bold", show_header=header, collapse_padding=True)
+    for j, h in enumerate(heads):
+        t.add_column(h, justify="right" if h in _RIGHT else "left", no_wrap=h != "layout", width=widths[j] if widths else None)
+    for i, (row, style) in enumerate(lines):
+        if style == "dim" and i:
+            t.add_section()
+        t.add_row(*(row[h] for h in heads), style=style)
     return t
+
+
+def _width(renderable) -> int:
+    """Columns ``renderable`` takes unwrapped."""
+    import io
+
+    from rich.console import Console
+
+    return Console(file=io.StringIO(), width=10_000).measure(renderable).maximum
 
 
 def summary(result: Result, seconds_taken: float) -> str:
