@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 import subprocess
@@ -207,6 +208,53 @@ def test_the_summary_names_the_rule_or_the_memory_that_refused_the_plan_as_writt
     assert cli.main(["search", str(tmp_path / "big.plan"), "--top", "1", "-q", "--fix", "mesh"]) == 0
     (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("dslc: llama3_70b on 64")]
     assert re.search(r"the rules on these GPUs \(E090: needs 8\d\.\d GiB per GPU but h100_sxm has 80\.0 GiB\)", line), line
+
+
+def test_a_batch_that_holds_the_layouts_back_is_said_and_a_larger_one_offered_not_taken(tmp_path, capsys):
+    """64 sequences on 1,024 GPUs: the fastest layout splits sequences and layers over the
+    GPUs dp cannot take, and its pipeline idles; the search says so, keeps the plan's batch
+    (each layout, and the plan it writes, at 64), and offers the batch at which the layouts
+    are not held back with the MFU a search there finds, the same as --global-batch finds."""
+    plan = ROOT / "plans/llama3_70b.plan"
+    assert cli.main(["search", str(plan), "--gpus", "1024", "--top", "1", "-q", "--json", "-o", str(tmp_path / "kept.plan")]) == 0
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)
+    advice = doc["batch_limits"]
+    assert doc["global_batch"] == 64 and advice["offered_global_batch"] == 1024
+    assert advice["limits"][0].startswith("64 sequences a step on 1024 GPUs: at most 64 data-parallel ranks")
+    assert advice["offered_mfu"] > 1.5 * advice["mfu"] and advice["mfu"] == doc["layouts"][0]["mfu"]
+    assert "dslc: the global batch holds these layouts back: 64 sequences a step on 1024 GPUs" in captured.err
+    assert "the search keeps the plan's global_batch = 64, a training setting" in captured.err
+    assert "--global-batch 1024 searches at 1024" in captured.err
+    assert _plan(tmp_path / "kept.plan").train.global_batch == 64  # not changed silently
+    # the offer holds: --global-batch 1024 finds that MFU, and writes the batch with the layout
+    out = tmp_path / "big.plan"
+    assert cli.main(["search", str(plan), "--gpus", "1024", "--top", "1", "-q", "--json", "--global-batch", "1024", "-o", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["layouts"][0]["mfu"] == pytest.approx(advice["offered_mfu"], rel=1e-12)
+    assert "dslc: searched at global_batch = 1024 (--global-batch; the plan writes 64)" in captured.err
+    assert "//          global_batch 64→1024\n" in out.read_text() and _plan(out).train.global_batch == 1024
+    assert [d for d in load_paths([out]).diagnostics if d.severity.value in ("error", "warning")] == []
+    # a batch that holds nothing back: not a word of it
+    assert cli.main(["search", str(ROOT / "plans/tiny_demo.plan"), "-q", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["batch_limits"] is None and "global batch" not in captured.err
+    assert cli.main(["search", str(plan), "--global-batch", "0"]) == 2
+    assert "--global-batch must be from 1 to" in capsys.readouterr().err
+
+
+def test_the_batch_that_lifts_the_limits_follows_the_rule():
+    """A sequence a GPU, and a pipeline whose bubble b, shrinking as 1/m, is under IDLE of its
+    time: the smallest power-of-two multiple of the batch that does both."""
+    from dslc.search import batch
+
+    plan = _plan(ROOT / "plans/llama3_70b.plan")
+    result = search.search(plan, gpus=1024)
+    best = result.ranked[0]
+    b = best.timing.bubble_fraction
+    k = max(4, math.ceil(math.log2(b / (batch.IDLE / (1 - batch.IDLE)))) if best.plan.pp > 1 and b / (1 + b) >= batch.IDLE else 4)
+    assert batch.batch_that_lifts(result) == 64 << k
+    assert batch.limits(search.search(_plan(ROOT / "plans/tiny_demo.plan"))) == ()
 
 
 def test_fixed_settings_are_kept_as_written():

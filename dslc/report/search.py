@@ -13,6 +13,7 @@ from ..cost.estimate import estimate
 from ..cost.links import BusiestLink
 from ..knobs import knobs
 from ..search import Found, Result
+from ..search.batch import Advice
 from ..units import seconds, size
 
 
@@ -161,7 +162,28 @@ def summary(result: Result, seconds_taken: float) -> str:
             + (f"; {result.unsearched} shapes and schedules left out once the search's work bound was spent" if result.unsearched else ""))
 
 
-def to_json(result: Result, shown: list[Row], seconds_taken: float) -> dict:
+def batch_lines(result: Result, advice: Advice | None, written: int) -> list[str]:
+    """What the summary says of the global batch: the one searched when it is not the
+    plan's (``written``), how it holds the layouts back and the batch that would not."""
+    gb, tokens = result.plan.train.global_batch, result.plan.train.global_batch * result.plan.model.seq_len
+    out = [f"searched at global_batch = {gb} (--global-batch; the plan writes {written})"] if gb != written else []
+    if advice is None or advice.offered is None:
+        return out
+    n = advice.offered
+    out.append("the global batch holds these layouts back: " + "; ".join(advice.limits))
+    whose = "the plan's" if gb == written else "--global-batch's"
+    reach = (f"the fastest layout reaches {advice.offered_mfu:.1%} MFU, not {advice.mfu:.1%}" if advice.offered_mfu is not None
+             else f"it would not hold them back (not searched there: this search was a sample of the shapes; {advice.mfu:.1%} MFU here)")
+    out.append(f"at global_batch = {n} ({n // gb}×, {_tokens(n * tokens // gb)} tokens a step) {reach}; the search keeps {whose} "
+               f"global_batch = {gb}, a training setting (it changes what the run learns): --global-batch {n} searches at {n}")
+    return out
+
+
+def _tokens(n: int) -> str:
+    return f"{n / 1e9:.1f}B" if n >= 10**9 else f"{n / 1e6:.1f}M" if n >= 10**6 else f"{n:,}"
+
+
+def to_json(result: Result, shown: list[Row], seconds_taken: float, advice: Advice | None = None) -> dict:
     def doc(f: Found, busiest: BusiestLink | None) -> dict:
         return {
             "layout": knobs(f.plan),
@@ -194,4 +216,8 @@ def to_json(result: Result, shown: list[Row], seconds_taken: float) -> dict:
         "layouts": [doc(r.found, r.busiest) | {"rank": r.rank, "same_estimate": r.same} for r in shown],
         "as_written": (doc(result.own, _busiest(result.own)) | {"rank": own_rank(result)}) if result.own else None,
         "as_written_refused": [{"code": code, "message": message} for code, message in result.refused],
+        "global_batch": p.train.global_batch,
+        # how the batch holds the layouts back (null: it does not), and the batch offered
+        "batch_limits": advice and {"limits": list(advice.limits), "mfu": advice.mfu, "offered_global_batch": advice.offered,
+                                    "offered_mfu": advice.offered_mfu},
     }

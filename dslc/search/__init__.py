@@ -216,13 +216,13 @@ class Searcher:
 
 
 def search(plan: Plan, gpus: int | None = None, beam: int = BEAM, progress=None,
-           settings: mem.Settings = mem.DEFAULT, fixed: frozenset[str] = frozenset()) -> Result:
+           settings: mem.Settings = mem.DEFAULT, fixed: frozenset[str] = frozenset(), work: int = WORK) -> Result:
     """The layouts of ``plan``'s model on its cluster (resized to ``gpus``) that pass the
     rules and fit, fastest first: every shape the memory bound leaves is costed at a probe,
     then the best ``beam`` shapes (and the plan's own) at every schedule, cp method and
     sequence-parallel choice, then the best ``beam`` of those at every micro-batch size;
     each at the fastest zero and recompute that fit. ``fixed``: the settings of
-    :data:`FIXABLE` kept as the plan writes them."""
+    :data:`FIXABLE` kept as the plan writes them; ``work``: its bound (:data:`WORK`)."""
     cluster = resize(plan.cluster, gpus) if gpus is not None else plan.cluster
     base = replace(plan, cluster=cluster, spans=without_layout_spans(plan))
     own = replace(plan, cluster=cluster)
@@ -255,7 +255,7 @@ def search(plan: Plan, gpus: int | None = None, beam: int = BEAM, progress=None,
     probes = []
     for mesh, sizes in shapes:
         bar.advance(1, f"shapes ({s.costed} layouts costed)")
-        if s.work > WORK:
+        if s.work > work:
             result.unsearched += 1
             continue
         sp = sp_choices(base, sizes["tp"], fixed)[0]
@@ -280,7 +280,7 @@ def search(plan: Plan, gpus: int | None = None, beam: int = BEAM, progress=None,
     ranked = []
     for frame in frames:
         bar.advance(beam / len(frames), f"schedules ({s.costed} layouts costed)")
-        if s.work > WORK:
+        if s.work > work:
             result.unsearched += 1
             continue
         ranked += best([frame])
@@ -290,7 +290,7 @@ def search(plan: Plan, gpus: int | None = None, beam: int = BEAM, progress=None,
               for mb in micro_batches(base, per_rank(sizes_of[id(mesh)]), fixed)]
     for frame in frames:  # every zero stage now, not only those that lighten the recompute
         bar.advance(beam / len(frames), f"micro-batches ({s.costed} layouts costed)")
-        if s.work > WORK:
+        if s.work > work:
             result.unsearched += 1
             continue
         best([frame], corners=False)
