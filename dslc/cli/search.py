@@ -59,8 +59,10 @@ def run(args) -> int:
     if not found.ranked:
         print(f"dslc: {report.summary(found, took)}; no layout fits", file=sys.stderr)
         return 1
-    with progress("weighing a larger global batch") as bar:
-        advice = batch.advise(searched, found, args.gpus, fixed, progress=bar)
+    advice = None
+    if batch.limits(found):  # the batch holds the layouts back: a search at the batch that would not
+        with progress(f"searching at the global batch that would not hold {plan.name}'s layouts back") as bar:
+            advice = batch.advise(searched, found, args.gpus, fixed, progress=bar)
     shown = report.rows(found, args.top)
     if args.json:
         print(json.dumps(report.to_json(found, shown, took, advice), indent=2, allow_nan=False))
