@@ -162,6 +162,22 @@ def test_resized_cluster_is_a_new_block():
     assert lowered(text, str(path), "small").cluster.world_size == 2
 
 
+def test_a_resized_cluster_is_said_to_grow_or_shrink_in_the_header_and_its_note():
+    """--gpus 1024 of a 64-GPU plan grows the cluster (it said "cut to 1024 GPUs"); --gpus 2
+    of a 4-GPU plan cuts it; the header's list of changes names the cluster's too."""
+    path = ROOT / "plans" / "llama3_70b.plan"
+    plan = plan_of(path, "llama3_70b")
+    best = search.search(plan, gpus=1024).ranked[0]
+    text = driver.layout_file(plan, best.plan, str(path), "big", best.changes)
+    grown = "h100_8x8 grown from 64 GPUs (8 × 8) to 1024 (128 × 8)"
+    assert f"// Changed: cluster {grown}\n" in text and f"// {grown} by dslc search\n" in text and " cut " not in text
+    path = ROOT / "plans" / "tiny_demo.plan"
+    plan = plan_of(path, "tiny_demo")
+    small = search.search(plan, gpus=2).ranked[0]
+    text = driver.layout_file(plan, small.plan, str(path), "small", small.changes)
+    assert "// Changed: cluster cpu4 cut from 4 GPUs (1 × 4) to 2 (1 × 2)\n" in text and "grown" not in text
+
+
 def test_inline_blocks_and_every_entry_added(tmp_path):
     """A plan with an inline cluster and none of the parallel blocks or train keys: each is
     added where it reads best, and the inline cluster is resized in place."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from rich.cells import cell_len
 
 from dslc import cli, search
 from dslc.driver import lint, load_paths, load_text
@@ -69,6 +71,22 @@ def test_search_table_shows_the_plan_as_written_below_the_fastest(capsys):
     assert ranks == ["1", "2", "3", "plan"]
     assert "(as written)" in lines[-1] and not any(line != line.rstrip() for line in lines)
     assert "tiny_demo on 4 × cpu" in captured.err and "layouts costed" in captured.err
+
+
+def test_every_table_search_prints_fits_in_120_columns(capsys):
+    """At 1,024 GPUs four axes and long lists of changes made the table about 220 columns
+    wide: now each row is a line of at most 120 columns with its changes wrapped on lines of
+    their own under it; a small plan's table keeps a row a line, its changes in a column."""
+    assert cli.main(["search", str(ROOT / "plans/llama3_70b.plan"), "--gpus", "1024", "--top", "12", "-q"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(cell_len(line) for line in lines) <= 120 and len(lines[0]) >= 100
+    ranks = [line.split()[0] for line in lines[2:] if line[:4].strip()]
+    assert ranks == [str(i) for i in range(1, 13)], lines
+    under = " ".join(" ".join(line.split()) for line in lines[3:5])
+    assert "tp 8→2" in under and "recompute selective→none" in under  # the first row's changes, under it
+    assert cli.main(["search", str(ROOT / "plans/tiny_demo.plan"), "-q"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(cell_len(line) for line in lines) <= 120 and lines[0].rstrip().endswith("differs from the plan as written")
 
 
 @pytest.mark.parametrize("argv, code, message", [
@@ -174,6 +192,69 @@ def test_search_takes_a_plan_that_does_not_fit_and_refuses_one_with_other_errors
     assert "E090" in captured.err and "does not fit or does not pass the rules" in captured.err
     (tmp_path / "bad.plan").write_text(text.replace("../clusters", str(ROOT / "clusters")).replace("heads = 64", "heads = 63"))
     assert cli.main(["search", str(tmp_path / "bad.plan")]) == 1
+
+
+def test_the_summary_names_the_rule_or_the_memory_that_refused_the_plan_as_written(tmp_path, capsys):
+    """Not "does not fit or does not pass the rules" alone: the code and message of each rule
+    (E030 for a mesh of 64 ranks on --gpus 128), or E090's figures, on the summary's line
+    and in the JSON."""
+    assert cli.main(["search", str(ROOT / "plans/llama3_70b.plan"), "--gpus", "128", "--top", "1", "-q", "--json"]) == 0
+    captured = capsys.readouterr()
+    (line,) = [x for x in captured.err.splitlines() if x.startswith("dslc: llama3_70b on 128")]
+    assert "(E030: mesh has 64 ranks (dp=2 × pp=4 × tp=8) but cluster 'h100_8x8' has 128 GPUs (16 nodes × 8))" in line
+    assert [r["code"] for r in json.loads(captured.out)["as_written_refused"]] == ["E030"]
+    text = (ROOT / "plans/llama3_70b.plan").read_text().replace("zero = 1", "zero = 0").replace("recompute = selective", "recompute = none")
+    (tmp_path / "big.plan").write_text(text.replace("../clusters", str(ROOT / "clusters")))
+    assert cli.main(["search", str(tmp_path / "big.plan"), "--top", "1", "-q", "--fix", "mesh"]) == 0
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("dslc: llama3_70b on 64")]
+    assert re.search(r"the rules on these GPUs \(E090: needs 8\d\.\d GiB per GPU but h100_sxm has 80\.0 GiB\)", line), line
+
+
+def test_a_batch_that_holds_the_layouts_back_is_said_and_a_larger_one_offered_not_taken(tmp_path, capsys):
+    """64 sequences on 1,024 GPUs: the fastest layout splits sequences and layers over the
+    GPUs dp cannot take, and its pipeline idles; the search says so, keeps the plan's batch
+    (each layout, and the plan it writes, at 64), and offers the batch at which the layouts
+    are not held back with the MFU a search there finds, the same as --global-batch finds."""
+    plan = ROOT / "plans/llama3_70b.plan"
+    assert cli.main(["search", str(plan), "--gpus", "1024", "--top", "1", "-q", "--json", "-o", str(tmp_path / "kept.plan")]) == 0
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)
+    advice = doc["batch_limits"]
+    assert doc["global_batch"] == 64 and advice["offered_global_batch"] == 1024
+    assert advice["limits"][0].startswith("64 sequences a step on 1024 GPUs: at most 64 data-parallel ranks")
+    assert advice["offered_mfu"] > 1.5 * advice["mfu"] and advice["mfu"] == doc["layouts"][0]["mfu"]
+    assert "dslc: the global batch holds these layouts back: 64 sequences a step on 1024 GPUs" in captured.err
+    assert "the search keeps the plan's global_batch = 64, a training setting" in captured.err
+    assert "--global-batch 1024 searches at 1024" in captured.err
+    assert _plan(tmp_path / "kept.plan").train.global_batch == 64  # not changed silently
+    # the offer holds: --global-batch 1024 finds that MFU, and writes the batch with the layout
+    out = tmp_path / "big.plan"
+    assert cli.main(["search", str(plan), "--gpus", "1024", "--top", "1", "-q", "--json", "--global-batch", "1024", "-o", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["layouts"][0]["mfu"] == pytest.approx(advice["offered_mfu"], rel=1e-12)
+    assert "dslc: searched at global_batch = 1024 (--global-batch; the plan writes 64)" in captured.err
+    assert "//          global_batch 64→1024\n" in out.read_text() and _plan(out).train.global_batch == 1024
+    assert [d for d in load_paths([out]).diagnostics if d.severity.value in ("error", "warning")] == []
+    # a batch that holds nothing back: not a word of it
+    assert cli.main(["search", str(ROOT / "plans/tiny_demo.plan"), "-q", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["batch_limits"] is None and "global batch" not in captured.err
+    assert cli.main(["search", str(plan), "--global-batch", "0"]) == 2
+    assert "--global-batch must be from 1 to" in capsys.readouterr().err
+
+
+def test_the_batch_that_lifts_the_limits_follows_the_rule():
+    """A sequence a GPU, and a pipeline whose bubble b, shrinking as 1/m, is under IDLE of its
+    time: the smallest power-of-two multiple of the batch that does both."""
+    from dslc.search import batch
+
+    plan = _plan(ROOT / "plans/llama3_70b.plan")
+    result = search.search(plan, gpus=1024)
+    best = result.ranked[0]
+    b = best.timing.bubble_fraction
+    k = max(4, math.ceil(math.log2(b / (batch.IDLE / (1 - batch.IDLE)))) if best.plan.pp > 1 and b / (1 + b) >= batch.IDLE else 4)
+    assert batch.batch_that_lifts(result) == 64 << k
+    assert batch.limits(search.search(_plan(ROOT / "plans/tiny_demo.plan"))) == ()
 
 
 def test_fixed_settings_are_kept_as_written():

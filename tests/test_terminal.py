@@ -123,6 +123,15 @@ def test_search_draws_a_bar_on_a_terminal_only():
     quiet(p)
 
 
+def test_search_table_on_a_wide_terminal_is_at_most_120_columns():
+    """A 200-column terminal: the table of a 1,024-GPU search takes 120 at most (it took all 200,
+    wrapping its last column), its rows a line each and their changes under them."""
+    r = run("search", "plans/llama3_70b.plan", "--gpus", "1024", "-q")
+    assert r.rc == 0, r.err
+    lines = SGR.sub(b"", r.out).decode().replace("\r\n", "\n").splitlines()
+    assert lines and max(len(line.rstrip()) for line in lines) <= 120, lines
+
+
 def test_compile_of_several_plans_draws_a_bar_and_keeps_its_lines(tmp_path):
     r = run("compile", "plans/tiny_demo.plan", "plans/tiny_moe.plan", "-o", str(tmp_path / "tty"))
     assert r.rc == 0, r.err

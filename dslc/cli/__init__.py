@@ -82,6 +82,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=int, default=10, metavar="K", help="layouts shown (default 10)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("-o", "--output", metavar="FILE", help="write the fastest layout as a plan file")
+    p.add_argument("--global-batch", type=int, metavar="N", help="search at N sequences a step instead of the plan's global_batch")
     p.add_argument("--fix", metavar="KNOB,...", default="",
                    help="keep these as the plan writes them: mesh, schedule, micro_batch, zero, recompute, sp, cp")
     p.add_argument("-q", "--quiet", action="store_true", help="leave out notes (N0xx) and warnings of the plan as written")

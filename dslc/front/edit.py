@@ -1,16 +1,14 @@
 """A plan file that holds a layout the search found (``dslc search PLAN -o FILE``).
 
-The file is the input plan's own text, edited at its spans (:mod:`dslc.front.textedit`):
-its comments, key order, imports and style stay; the mesh's body is rewritten, the
-parallel blocks are edited, inserted or removed, ``train`` gets the micro-batch and the
-recompute policy. The other plans of the file are left out, with the clusters and models
-only they use. Relative paths are rewritten for the new file's folder: imports, and the
-data and init paths, which lower resolves against the plan file's folder;
-``checkpoint.dir`` is relative to the run's working directory, so it stays as written.
-
-:func:`layout_text` lowers what it wrote and raises :class:`WriteError` unless it is the
-layout (:func:`same_layout`) with no error or warning; :func:`dslc.driver.layout_file`
-lints it too, as ``dslc lint`` would.
+The file is the input plan's own text, edited at its spans (:mod:`dslc.front.textedit`): its
+comments, key order, imports and style stay; the mesh's body is rewritten, the parallel blocks
+edited, inserted or removed, ``train`` gets the micro-batch and the recompute policy (and the
+global batch, when the search was given another). The other plans of the file are left out,
+with the clusters and models only they use. Relative paths are rewritten for the new file's
+folder: imports, and the data and init paths, which lower resolves against the plan file's
+folder; ``checkpoint.dir`` is relative to the run's working directory, so it stays as written.
+:func:`layout_text` lowers what it wrote and raises :class:`WriteError` unless it is the layout
+(:func:`same_layout`) with no error or warning; :func:`dslc.driver.layout_file` lints it too.
 """
 
 from __future__ import annotations
@@ -140,6 +138,10 @@ def _bool(v: bool) -> str:
     return "true" if v else "false"
 
 
+def _resized(old: ir.Cluster, new: ir.Cluster) -> str:  # grown from 16 GPUs (2 × 8) to 1024 (128 × 8), or cut
+    return f"{'grown' if new.world_size > old.world_size else 'cut'} from {old.world_size} GPUs ({old.nodes} × {old.gpus_per_node}) to {new.world_size} ({new.nodes} × {new.gpus_per_node})"
+
+
 def _path_strings(v) -> list[ast.String]:
     """The paths of a ``data`` or ``init`` value: text(…), tokens(…), hf(…), in a blend too."""
     if not isinstance(v, ast.Call):
@@ -218,9 +220,11 @@ class _Writer:
         return "\n".join(lines[blank + 1 :])
 
     def _header(self, changes) -> str:
-        nl = self.ed.newline
+        nl, old, new = self.ed.newline, self.plan.cluster, self.layout.cluster
         lines = [f"{HEADER}{printable(self.plan.file)} (plan {self.plan.name}), as plan {self.name}."]
-        changes = list(changes) if changes is not None else same_layout(self.plan, self.layout)
+        # the search's changes are of the layout on the searched cluster: its size changed too
+        resized = [f"cluster {old.name} {_resized(old, new)}"] if changes is not None and old.world_size != new.world_size else []
+        changes = resized + list(changes) if changes is not None else same_layout(self.plan, self.layout)
         lines += ["// Changed: " + (printable(changes[0]) if changes else "nothing: this is the plan's own layout")]
         lines += [f"//          {printable(c)}" for c in changes[1:]]
         if os.path.abspath(os.path.dirname(self.out)) != os.path.abspath(os.path.dirname(self.plan.file)):
@@ -247,8 +251,7 @@ class _Writer:
     def _resize(self, ed: Editor, block: ast.Block) -> None:
         c = self.layout.cluster
         for key, value in (("nodes", c.nodes), ("gpus_per_node", c.gpus_per_node)):
-            a = _assign(block, key)
-            if a is not None:
+            if (a := _assign(block, key)) is not None:
                 ed.set(a.value, str(value))
             else:
                 ed.insert_first(block, f"{key} = {value}")
@@ -261,15 +264,12 @@ class _Writer:
         file, block = next((f, i) for f, i in found if i.name == name)
         c = self.layout.cluster
         taken = {i.name for _, i in found}
-        new = base = f"{name}_{c.world_size}gpus"
-        k = 2
-        while new in taken:
-            new, k = f"{base}_{k}", k + 1
+        base = f"{name}_{c.world_size}gpus"
+        new = next(n for n in [base] + [f"{base}_{k}" for k in range(2, len(taken) + 3)] if n not in taken)
         ed = Editor(self.loader.sources.texts[file])
         ed.set(block.name_span, new)
         self._resize(ed, block)
-        nl = self.ed.newline
-        note = f"// {name} cut to {c.world_size} GPUs ({c.nodes} × {c.gpus_per_node}) by dslc search"
+        nl, note = self.ed.newline, f"// {name} {_resized(self.plan.cluster, c)} by dslc search"
         return new, nl + note + nl + ed.render(*ed.range(block.span)) + nl
 
     # -- the layout ----------------------------------------------------------
@@ -362,12 +362,13 @@ class _Writer:
                     ed.insert_before(kept[0], f"{key} = {keys[key]}")
 
     def _train(self) -> None:
-        """``micro_batch = N`` and ``recompute = …`` in train, each after the key it reads
-        best after when it was not written."""
+        """``micro_batch = N``, ``recompute = …`` and a new ``global_batch`` in train, each
+        after the key it reads best after when it was not written."""
         t, w = self.layout.train, self._written
         keys = {"micro_batch": str(t.micro_batch) if t.micro_batch != 1 or w("train", "micro_batch") else None,
-                "recompute": t.recompute_label if t.recompute_label != "none" or w("train", "recompute") else None}
-        after = {"micro_batch": ("steps",), "recompute": ("precision", "global_batch", "micro_batch", "steps")}
+                "recompute": t.recompute_label if t.recompute_label != "none" or w("train", "recompute") else None,
+                "global_batch": str(t.global_batch) if t.global_batch != self.plan.train.global_batch or w("train", "global_batch") else None}
+        after = {"micro_batch": ("steps",), "recompute": ("precision", "global_batch", "micro_batch", "steps"), "global_batch": ("micro_batch", "steps")}
         tb = _find(self.block, "train")
         if tb is None:
             items = [f"{k} = {v}" for k, v in keys.items() if v is not None]

@@ -13,6 +13,7 @@ from ..cost.estimate import estimate
 from ..cost.links import BusiestLink
 from ..knobs import knobs
 from ..search import Found, Result
+from ..search.batch import Advice
 from ..units import seconds, size
 
 
@@ -55,36 +56,96 @@ def own_rank(result: Result) -> int | None:
     return 1 + sum(f.timing.step < result.own.timing.step for f in result.ranked)
 
 
-HEAD = ("#", "layout", "schedule", "mb", "zero", "recompute", "step", "tokens/s", "MFU", "memory/GPU", "headroom", "busiest link", "differs from the plan as written")
-RIGHT = {0, 3, 6, 7, 8, 9, 10}
+COLUMNS = ("#", "layout", "schedule", "mb", "zero", "recompute", "step", "tokens/s", "MFU", "memory/GPU", "headroom",
+           "busiest link", "differs from the plan as written")
+WIDTH = 120  # columns the table takes at most (a terminal's width when that is less)
+# Shown only where the table still fits its width, the last first: each follows from another
+# (headroom from memory and the device's, tokens/s from the step at the plan's batch) or is
+# explain's detail (the busiest link); --json has every one.
+SPARE = ("headroom", "tokens/s", "busiest link")
+HEAD = tuple(c for c in COLUMNS if c not in SPARE)  # the columns every table has
+RIGHT = {i for i, c in enumerate(HEAD) if c in ("#", "mb", "step", "MFU", "memory/GPU")}
+_RIGHT = {"#", "mb", "step", "tokens/s", "MFU", "memory/GPU", "headroom"}
 
 
-def cells(row: Row | None, f: Found, busiest: BusiestLink | None) -> list[str]:
+def cells(row: Row | None, f: Found, busiest: BusiestLink | None) -> dict[str, str]:
+    """The row's cell of each of :data:`COLUMNS`."""
     k = knobs(f.plan)
     mesh = k["mesh"] + (" sp" if k.get("sp") == "on" else "") + (f" ({k['cp']})" if "cp" in k else "")
     link = f"{busiest.link} {seconds(busiest.seconds)}" if busiest else "-"
-    differs = ", ".join(f.changes) or "(as written)"
+    # the changes in the table's words: micro_batch is its column "mb"
+    differs = ", ".join("mb" + c[len("micro_batch"):] if c.startswith("micro_batch ") else c for c in f.changes) or "(as written)"
     if row and row.same:
         differs += f" (+{row.same} other order{'s' * (row.same != 1)} of the axes, the same estimate)"
-    return [str(row.rank) if row else "plan", mesh, k.get("schedule", "-"), k["micro_batch"], k["zero"], k["recompute"],
-            seconds(f.timing.step), f"{f.timing.tokens_per_s:,.0f}", f"{f.timing.mfu:.1%}", size(f.peak), size(f.headroom), link, differs]
+    return dict(zip(COLUMNS, [str(row.rank) if row else "plan", mesh, k.get("schedule", "-"), k["micro_batch"], k["zero"], k["recompute"],
+                              seconds(f.timing.step), f"{f.timing.tokens_per_s:,.0f}", f"{f.timing.mfu:.1%}", size(f.peak), size(f.headroom), link, differs]))
 
 
-def table(result: Result, shown: list[Row]):
-    """A rich Table of the rows, and the plan as written below them when it is not one of them."""
+def table(result: Result, shown: list[Row], width: int = WIDTH):
+    """The rows, and the plan as written below them when it is not one of them, in at most
+    ``width`` columns: a row a line while that fits (the :data:`SPARE` columns left out as
+    needed), else each row's differences wrapped on lines of their own under it."""
+    from rich.cells import cell_len
+    from rich.console import Group
+    from rich.constrain import Constrain
+    from rich.padding import Padding
+    from rich.text import Text
+
+    lines = [(cells(r, r.found, r.busiest), "bold green" if r.rank == 1 else None) for r in shown]
+    own = result.own
+    if own is not None and all(r.found.plan != own.plan for r in shown):
+        lines.append((cells(None, own, _busiest(own)), "dim"))
+
+    def fitted(columns: tuple[str, ...]) -> list[str] | None:
+        """``columns`` without the spare ones, then with each spare one that still fits."""
+        heads = [h for h in columns if h not in SPARE]
+        if _width(_table(heads, lines)) > width:
+            return None
+        for spare in reversed(SPARE):
+            more = [h for h in columns if h in heads or h == spare]
+            heads = more if _width(_table(more, lines)) <= width else heads
+        return heads
+
+    last = COLUMNS[-1]
+    heads = fitted(COLUMNS)
+    if heads:
+        return _table(heads, lines)
+    heads = fitted(COLUMNS[:-1]) or [h for h in COLUMNS[:-1] if h not in SPARE]
+    widths = [max(cell_len(h), *(cell_len(c[h]) for c, _ in lines)) for h in heads]
+    over = sum(widths) + 2 * (len(widths) - 1) - width
+    if over > 0:  # still too wide (a long mesh): the layout wraps at its spaces
+        widths[1] = max(12, widths[1] - over)
+    parts = []
+    for i, (row, style) in enumerate(lines):
+        if style == "dim":
+            parts.append(Text(""))  # the plan as written, set apart as a section would be
+        parts.append(_table(heads, [(row, style)], widths, header=i == 0))
+        parts.append(Padding(Text(row[last], style=style or "dim"), (0, 0, 0, widths[0] + 2)))
+    return Constrain(Group(*parts), width)
+
+
+def _table(heads: list[str], lines: list[tuple[dict[str, str], str | None]], widths: list[int] | None = None, header: bool = True):
+    """A rich Table of the columns ``heads`` for ``lines`` (cells, style), a row a line."""
     from rich import box
     from rich.table import Table
 
-    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, header_style="bold")
-    for i, h in enumerate(HEAD):
-        t.add_column(h, justify="right" if i in RIGHT else "left", overflow="fold")
-    for r in shown:
-        t.add_row(*cells(r, r.found, r.busiest), style="bold green" if r.rank == 1 else None)
-    own = result.own
-    if own is not None and all(r.found.plan != own.plan for r in shown):
-        t.add_section()
-        t.add_row(*cells(None, own, _busiest(own)), style="dim")
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, header_style="bold", show_header=header, collapse_padding=True)
+    for j, h in enumerate(heads):
+        t.add_column(h, justify="right" if h in _RIGHT else "left", no_wrap=h != "layout", width=widths[j] if widths else None)
+    for i, (row, style) in enumerate(lines):
+        if style == "dim" and i:
+            t.add_section()
+        t.add_row(*(row[h] for h in heads), style=style)
     return t
+
+
+def _width(renderable) -> int:
+    """Columns ``renderable`` takes unwrapped."""
+    import io
+
+    from rich.console import Console
+
+    return Console(file=io.StringIO(), width=10_000).measure(renderable).maximum
 
 
 def summary(result: Result, seconds_taken: float) -> str:
@@ -92,7 +153,8 @@ def summary(result: Result, seconds_taken: float) -> str:
     where = f"{p.cluster.world_size} × {p.cluster.device.name}"
     own = own_rank(result)
     mine = (f"the plan as written ranks {own} of {len(result.ranked)}" if own is not None
-            else "the plan as written does not fit or does not pass the rules on these GPUs")
+            else "the plan as written does not fit or does not pass the rules on these GPUs"
+            + "".join(f" ({code}: {message})" for code, message in result.refused))
     return (f"{p.name} on {where}: {result.shapes} shapes of the mesh ({result.memory_pruned} too large even at the most "
             f"frugal settings, {result.rule_pruned} refused by the rules), {result.costed} layouts costed, "
             f"{len(result.ranked)} fit, in {seconds_taken:.1f} s; {mine}"
@@ -100,7 +162,28 @@ def summary(result: Result, seconds_taken: float) -> str:
             + (f"; {result.unsearched} shapes and schedules left out once the search's work bound was spent" if result.unsearched else ""))
 
 
-def to_json(result: Result, shown: list[Row], seconds_taken: float) -> dict:
+def batch_lines(result: Result, advice: Advice | None, written: int) -> list[str]:
+    """What the summary says of the global batch: the one searched when it is not the
+    plan's (``written``), how it holds the layouts back and the batch that would not."""
+    gb, tokens = result.plan.train.global_batch, result.plan.train.global_batch * result.plan.model.seq_len
+    out = [f"searched at global_batch = {gb} (--global-batch; the plan writes {written})"] if gb != written else []
+    if advice is None or advice.offered is None:
+        return out
+    n = advice.offered
+    out.append("the global batch holds these layouts back: " + "; ".join(advice.limits))
+    whose = "the plan's" if gb == written else "--global-batch's"
+    reach = (f"the fastest layout reaches {advice.offered_mfu:.1%} MFU, not {advice.mfu:.1%}" if advice.offered_mfu is not None
+             else f"it would not hold them back (not searched there: this search was a sample of the shapes; {advice.mfu:.1%} MFU here)")
+    out.append(f"at global_batch = {n} ({n // gb}×, {_tokens(n * tokens // gb)} tokens a step) {reach}; the search keeps {whose} "
+               f"global_batch = {gb}, a training setting (it changes what the run learns): --global-batch {n} searches at {n}")
+    return out
+
+
+def _tokens(n: int) -> str:
+    return f"{n / 1e9:.1f}B" if n >= 10**9 else f"{n / 1e6:.1f}M" if n >= 10**6 else f"{n:,}"
+
+
+def to_json(result: Result, shown: list[Row], seconds_taken: float, advice: Advice | None = None) -> dict:
     def doc(f: Found, busiest: BusiestLink | None) -> dict:
         return {
             "layout": knobs(f.plan),
@@ -132,4 +215,9 @@ def to_json(result: Result, shown: list[Row], seconds_taken: float) -> dict:
         "seconds": seconds_taken,
         "layouts": [doc(r.found, r.busiest) | {"rank": r.rank, "same_estimate": r.same} for r in shown],
         "as_written": (doc(result.own, _busiest(result.own)) | {"rank": own_rank(result)}) if result.own else None,
+        "as_written_refused": [{"code": code, "message": message} for code, message in result.refused],
+        "global_batch": p.train.global_batch,
+        # how the batch holds the layouts back (null: it does not), and the batch offered
+        "batch_limits": advice and {"limits": list(advice.limits), "mfu": advice.mfu, "offered_global_batch": advice.offered,
+                                    "offered_mfu": advice.offered_mfu},
     }

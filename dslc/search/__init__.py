@@ -55,6 +55,7 @@ from ..cost.topology import Topology
 from ..fit import fits
 from ..ir import Plan
 from ..knobs import knobs, layout_label
+from ..units import gib
 from .space import (
     AXIS_ORDER,
     FIXABLE,
@@ -112,6 +113,7 @@ class Result:
     costed: int = 0  # layouts whose step was estimated
     checked: int = 0  # layouts put through the rules
     own: Found | None = None  # the plan as written, if it passes and fits
+    refused: tuple[tuple[str, str], ...] = ()  # else (code, message) of each rule or the memory test that refused it
 
 
 # ---------------------------------------------------------------------------- the search
@@ -151,6 +153,19 @@ class Searcher:
             t, _ = timing(p, Topology.of(p), self.settings)
             self._cost[p] = Found(p, t, peak, changes(self.plan, p))
         return self._cost[p]
+
+    def as_written(self) -> tuple[Found | None, tuple[tuple[str, str], ...]]:
+        """The plan as written, costed, or else (code, message) of what refused it: every
+        error and warning of the rules (the search keeps no layout with either), or E090's
+        memory test with its figures."""
+        p = self.plan
+        if not self.passes(p):
+            return None, tuple((d.code, d.message) for d in check_plan(p, files=False) if d.severity.value in ("error", "warning"))
+        ok, peak = self.fit(p)
+        if ok:
+            return self.cost(p, peak), ()
+        need = f"needs {gib(peak)} per GPU" if peak else "has no pipeline schedule to measure"  # fits() found none: the rules said why
+        return None, (("E090", f"{need} but {p.cluster.device.name} has {gib(p.cluster.device.memory)}"),)
 
     def fastest_knobs(self, frame: Callable[..., Plan], mesh, corners: bool = False) -> Iterator[tuple[Plan, int]]:
         """For each zero stage, the lightest recompute that passes and fits: the frame's
@@ -201,13 +216,13 @@ class Searcher:
 
 
 def search(plan: Plan, gpus: int | None = None, beam: int = BEAM, progress=None,
-           settings: mem.Settings = mem.DEFAULT, fixed: frozenset[str] = frozenset()) -> Result:
+           settings: mem.Settings = mem.DEFAULT, fixed: frozenset[str] = frozenset(), work: int = WORK) -> Result:
     """The layouts of ``plan``'s model on its cluster (resized to ``gpus``) that pass the
     rules and fit, fastest first: every shape the memory bound leaves is costed at a probe,
     then the best ``beam`` shapes (and the plan's own) at every schedule, cp method and
     sequence-parallel choice, then the best ``beam`` of those at every micro-batch size;
     each at the fastest zero and recompute that fit. ``fixed``: the settings of
-    :data:`FIXABLE` kept as the plan writes them."""
+    :data:`FIXABLE` kept as the plan writes them; ``work``: its bound (:data:`WORK`)."""
     cluster = resize(plan.cluster, gpus) if gpus is not None else plan.cluster
     base = replace(plan, cluster=cluster, spans=without_layout_spans(plan))
     own = replace(plan, cluster=cluster)
@@ -240,7 +255,7 @@ def search(plan: Plan, gpus: int | None = None, beam: int = BEAM, progress=None,
     probes = []
     for mesh, sizes in shapes:
         bar.advance(1, f"shapes ({s.costed} layouts costed)")
-        if s.work > WORK:
+        if s.work > work:
             result.unsearched += 1
             continue
         sp = sp_choices(base, sizes["tp"], fixed)[0]
@@ -265,7 +280,7 @@ def search(plan: Plan, gpus: int | None = None, beam: int = BEAM, progress=None,
     ranked = []
     for frame in frames:
         bar.advance(beam / len(frames), f"schedules ({s.costed} layouts costed)")
-        if s.work > WORK:
+        if s.work > work:
             result.unsearched += 1
             continue
         ranked += best([frame])
@@ -275,15 +290,12 @@ def search(plan: Plan, gpus: int | None = None, beam: int = BEAM, progress=None,
               for mb in micro_batches(base, per_rank(sizes_of[id(mesh)]), fixed)]
     for frame in frames:  # every zero stage now, not only those that lighten the recompute
         bar.advance(beam / len(frames), f"micro-batches ({s.costed} layouts costed)")
-        if s.work > WORK:
+        if s.work > work:
             result.unsearched += 1
             continue
         best([frame], corners=False)
 
-    if s.passes(own):
-        ok, peak = s.fit(own)
-        if ok:
-            result.own = s.cost(own, peak)
+    result.own, result.refused = s.as_written()
     unique = {f.plan: f for f in result.ranked}
     result.ranked = sorted(unique.values(), key=lambda f: (f.timing.step, f.peak))
     result.costed, result.checked = s.costed, s.checked
