@@ -1,9 +1,7 @@
 """What one training step holds: parameters per stage, ZeRO model states, activations.
-Pure functions of the plan.
-
-What it sends is :mod:`dslc.cost.traffic`, what it computes :mod:`dslc.cost.flops`, how
-long it takes :mod:`dslc.cost.time`; parameter shapes are the architecture's
-(:mod:`dslc.arch`).
+Pure functions of the plan. What it sends is :mod:`dslc.cost.traffic`, what it computes
+:mod:`dslc.cost.flops`, how long it takes :mod:`dslc.cost.time`; parameter shapes are the
+architecture's (:mod:`dslc.arch`).
 
 Notation: b micro_batch, s seq_len, T = b·s/cp tokens per rank per micro-batch, h hidden,
 t tp, p pp, v virtual stages, m micro-batches, e bytes of the plan's dtype (fp32 4,
@@ -145,21 +143,23 @@ class Zero3Units:
     @property
     def shard(self) -> int:
         """Elements of this rank's shards (rank 0 of both groups: no padding in them)."""
-        return sum(d // self.n + x // self.n_expert for d, x in self.blocks) + self.outer // self.n
+        return sum(self.blocks.count(b) * (b[0] // self.n + b[1] // self.n_expert) for b in set(self.blocks)) + self.outer // self.n
 
     @property
     def largest_block(self) -> int:
         """The most elements one block gathers (and reduces): its dense and expert units."""
-        return max((d + (x if self.n_expert > 1 else 0) for d, x in self.blocks), default=0)
+        return max((d + (x if self.n_expert > 1 else 0) for d, x in set(self.blocks)), default=0)
 
 
 def zero3_units(plan: Plan, stage: int) -> Zero3Units:
-    """The :class:`Zero3Units` of a rank of ``stage``."""
-    n, n_expert = group_size(plan, grad_group(plan, False)), group_size(plan, grad_group(plan, True))
-    sizes = [arch.layer_params(arch.layer_model(plan.model, i), plan.tp) for i in rc.stage_layer_ids(plan, stage)]
-    dense, experts = [s + r for s, r, _ in sizes], [x // plan.ep for _, _, x in sizes]
-    blocks = tuple((n * ceil(d / n), n_expert * ceil(x / n_expert)) for d, x in zip(dense, experts))
-    return Zero3Units(blocks, n * ceil((stage_params(plan)[stage].dense - sum(dense)) / n), n, n_expert)
+    """The :class:`Zero3Units` of a rank of ``stage``, each kind of block (MoE or not) sized once."""
+    n, n_expert, m = group_size(plan, grad_group(plan, False)), group_size(plan, grad_group(plan, True)), plan.model
+    ids = rc.stage_layer_ids(plan, stage)
+    kinds = [m.moe_layer(i) for i in ids] if m.is_moe and m.dense_layers else [m.is_moe] * len(ids)
+    units = {k: (s + r, x // plan.ep) for k in set(kinds) for s, r, x in [arch.layer_params(arch.layer_model(m, m.dense_layers * k), plan.tp)]}
+    padded = {k: (n * ceil(d / n), n_expert * ceil(x / n_expert)) for k, (d, x) in units.items()}
+    dense = sum(d * kinds.count(k) for k, (d, _) in units.items())
+    return Zero3Units(tuple(map(padded.get, kinds)), n * ceil((stage_params(plan)[stage].dense - dense) / n), n, n_expert)
 
 
 def zero3_state(plan: Plan, stage: int, w: int, g: int, k: int) -> tuple[int, int, int]:

@@ -172,7 +172,8 @@ def batch_lines(result: Result, advice: Advice | None, written: int) -> list[str
     n = advice.offered
     out.append("the global batch holds these layouts back: " + "; ".join(advice.limits))
     whose = "the plan's" if gb == written else "--global-batch's"
-    reach = (f"the fastest layout reaches {advice.offered_mfu:.1%} MFU, not {advice.mfu:.1%}" if advice.offered_mfu is not None
+    reach = (f"the fastest layout reaches {'at least ' * advice.at_least}{advice.offered_mfu:.1%} MFU, not {advice.mfu:.1%}"
+             if advice.offered_mfu is not None
              else f"it would not hold them back (not searched there: this search was a sample of the shapes; {advice.mfu:.1%} MFU here)")
     out.append(f"at global_batch = {n} ({n // gb}×, {_tokens(n * tokens // gb)} tokens a step) {reach}; the search keeps {whose} "
                f"global_batch = {gb}, a training setting (it changes what the run learns): --global-batch {n} searches at {n}")

@@ -80,11 +80,13 @@ __all__ = ["AXIS_ORDER", "BEAM", "MAX_DEGREES", "WORK", "FIXABLE", "RECOMPUTE", 
 
 BEAM = 8  # shapes kept after the probe, and frames after the schedules
 MAX_DEGREES = 320  # degree combinations probed at most (16,384 GPUs of Llama 3 405B have 283; 2¹⁸ GPUs up to 7,315)
-# The work a search may do, in units of about 2.5 µs on the 2-core CI machine: a memory test
-# or an estimate costs the model's layers plus the schedule's chunk forwards (pp × v × m, at
-# most 2¹⁵), a rule check RULE_WORK. Llama 3 405B on 16,384 GPUs spends 2.9M of it.
-WORK = 2**22
-RULE_WORK = 1000
+# The work a search may do, in units of about 2.5 µs on the 2-core CI machine, as measured
+# there (:func:`_work`): a rule check costs RULE_WORK (20-30 units from 80 to 65,536
+# layers), a memory test and an estimate about a unit per layer and a share of each chunk
+# forward of the schedule (pp × v × m, at most 2¹⁵). Llama 3 70B on its 64 GPUs spends
+# 1.3M of it, all its shapes searched.
+WORK = 2**24
+RULE_WORK = 30
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,7 @@ class Result:
     rule_pruned: int = 0  # shapes no layout of which passes the rules
     costed: int = 0  # layouts whose step was estimated
     checked: int = 0  # layouts put through the rules
+    work: int = 0  # what it spent of its bound (WORK)
     own: Found | None = None  # the plan as written, if it passes and fits
     refused: tuple[tuple[str, str], ...] = ()  # else (code, message) of each rule or the memory test that refused it
 
@@ -149,7 +152,7 @@ class Searcher:
     def cost(self, p: Plan, peak: int) -> Found:
         if p not in self._cost:
             self.costed += 1
-            self.work += _work(p)
+            self.work += _work(p, estimate=True)
             t, _ = timing(p, Topology.of(p), self.settings)
             self._cost[p] = Found(p, t, peak, changes(self.plan, p))
         return self._cost[p]
@@ -298,13 +301,16 @@ def search(plan: Plan, gpus: int | None = None, beam: int = BEAM, progress=None,
     result.own, result.refused = s.as_written()
     unique = {f.plan: f for f in result.ranked}
     result.ranked = sorted(unique.values(), key=lambda f: (f.timing.step, f.peak))
-    result.costed, result.checked = s.costed, s.checked
+    result.costed, result.checked, result.work = s.costed, s.checked, s.work
     return result
 
 
-def _work(p: Plan) -> int:
-    """What a memory test or an estimate of ``p`` costs, in the units of :data:`WORK`."""
-    return p.model.layers + p.pp * p.pipeline.virtual_stages * p.microbatches
+def _work(p: Plan, estimate: bool = False) -> int:
+    """What a memory test (or an estimate, which simulates the schedule) of ``p`` costs, in
+    the units of :data:`WORK`: measured, a unit a layer, and half a unit (two for an
+    estimate) a chunk forward."""
+    chunks = p.pp * p.pipeline.virtual_stages * p.microbatches
+    return p.model.layers + (2 * chunks if estimate else chunks // 2)
 
 
 def bounded(combos: list[dict], own: dict, most: int) -> list[dict]:

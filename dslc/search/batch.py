@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 
 from ..front.defaults import BOUNDS
 from ..ir import Plan
-from . import Result, search
+from . import WORK, Result, search
 
 GAIN = 0.10  # the offer's MFU must beat the plan batch's by more than this
 IDLE = 0.10  # a pipeline idle this share of its time or more is held back by its micro-batches
@@ -41,6 +41,7 @@ class Advice:
     mfu: float  # the fastest layout's at the plan's batch
     offered: int | None = None  # the batch offered: None when the search there gains too little
     offered_mfu: float | None = None  # the fastest layout's MFU there (None: not searched, the plan's search was a sample)
+    at_least: bool = False  # that search ran out of work before its end: a faster layout may be left out
 
 
 def limits(result: Result) -> tuple[str, ...]:
@@ -91,7 +92,9 @@ def advise(plan: Plan, result: Result, gpus: int | None = None, fixed: frozenset
         return advice
     if result.unprobed:  # the search was a sample of the shapes: another would cost as much again
         return replace(advice, offered=batch)
-    found = search(replace(plan, train=replace(plan.train, global_batch=batch)), gpus, progress=progress, fixed=fixed)
+    # what is left of the search's work bound, so that both searches together stay within it
+    found = search(replace(plan, train=replace(plan.train, global_batch=batch)), gpus, progress=progress, fixed=fixed,
+                   work=max(0, WORK - result.work))
     if not found.ranked or found.ranked[0].timing.mfu <= advice.mfu * (1 + GAIN):
         return advice
-    return replace(advice, offered=batch, offered_mfu=found.ranked[0].timing.mfu)
+    return replace(advice, offered=batch, offered_mfu=found.ranked[0].timing.mfu, at_least=found.unsearched > 0)
