@@ -104,8 +104,10 @@ def _lower(loader: Loader, roots: list[str], run_checks: bool) -> LoadResult:
     for root in roots:
         start = len(diags)
         unit = loader.unit(root)  # adds the errors of its imports
-        lowered, library, d = lower_unit(unit, loader.asts)
+        lowered, partial, library, d = lower_unit(unit, loader.asts)
         diags.extend(d)
+        if run_checks:  # the rules that read no part an error left unknown; never compiled
+            diags.extend(x for plan in partial for x in check.check_plan(plan))
         for definition, spans in library:
             diags.extend(check.check_definition(definition, spans))
             defined.add(definition.span)
