@@ -99,7 +99,7 @@ class Lowerer:
         """``model = name`` / ``cluster = name``, or an inline block."""
         ref, blocks = fields.assigns.get(kind), fields.blocks.get(kind, [])
         if ref is not None and blocks:  # which one is meant is unknown: the plan's checks that read it wait
-            self.r.diags.append(error("E011", blocks[0].kind_span, f"{kind} is given twice: by name at {ref.span} and inline here", f"keep one: `{kind} = …` or the inline `{kind} {{ … }}` block"))
+            self.r.diags.append(error("E011", blocks[0].kind_span, f"{kind} is given twice: by name on line {ref.span.line} and inline here", f"keep one: `{kind} = …` or the inline `{kind} {{ … }}` block"))
             if (name := self.r.ident(ref)) in self.defs[kind]:
                 self.named[kind].add(name)  # no W022: checked as a definition no plan uses
             self._lower_def(kind, blocks[0])  # its own errors
