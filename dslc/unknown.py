@@ -8,7 +8,11 @@ GPUs (E030) and that its batch does not add up (E080), in the same run.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import fields, is_dataclass
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 class UnknownValue(Exception):
@@ -39,8 +43,9 @@ class Unknown:
         raise UnknownValue(self.what)
 
     for _name in ("eq", "ne", "lt", "le", "gt", "ge", "hash", "bool", "len", "iter", "contains", "getitem", "call",
-                  "index", "int", "float", "str", "format", "neg", "abs", *(f"{r}{op}" for op in ("add", "sub", "mul",
-                  "truediv", "floordiv", "mod", "divmod", "pow", "and", "or") for r in ("", "r"))):
+                  "index", "int", "float", "str", "format", "fspath", "neg", "pos", "abs", "invert", "round", "trunc",
+                  "floor", "ceil", "reversed", *(f"{r}{op}" for op in ("add", "sub", "mul", "matmul", "truediv", "floordiv",
+                  "mod", "divmod", "pow", "lshift", "rshift", "and", "xor", "or") for r in ("", "r"))):
         locals()[f"__{_name}__"] = _use
     del _name
 
@@ -59,3 +64,14 @@ def unknowns(value: object, depth: int = 2) -> list[str]:
     if depth == 0 or not is_dataclass(value):
         return []
     return [k for f in fields(value) for k in unknowns(getattr(value, f.name), depth - 1)]
+
+
+def until_unknown(found: Iterable[T]) -> list[T]:
+    """What a rule yields (diagnostics) until it reads a value an error left unknown: found
+    from known values only, so true; the rest of the rule waits for the fix, no guess."""
+    out: list[T] = []
+    try:
+        out.extend(found)
+    except UnknownValue:
+        pass
+    return out

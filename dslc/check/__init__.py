@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 
 from ..diagnostics import Diagnostic
 from ..ir import Plan
-from ..unknown import UnknownValue
+from ..unknown import until_unknown
 from . import data, experts, mesh, model, pipeline, sequence, training
 from .model import check_definition
 
@@ -38,15 +38,5 @@ def check_plan(plan: Plan, files: bool = True) -> list[Diagnostic]:
     out: list[Diagnostic] = []
     for fn in CHECKS:
         if files or fn is not data.data_file:
-            out.extend(run_rule(fn(plan)))
-    return out
-
-
-def run_rule(found: Iterator[Diagnostic]) -> list[Diagnostic]:
-    """The diagnostics a rule yields until it reads a value an error left unknown."""
-    out: list[Diagnostic] = []
-    try:
-        out.extend(found)
-    except UnknownValue:
-        pass  # the rest of this rule reads what another error made unknown: no guess
+            out.extend(until_unknown(fn(plan)))
     return out

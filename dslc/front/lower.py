@@ -9,6 +9,7 @@ still reported. The plan block itself is :mod:`dslc.front.plan`.
 from __future__ import annotations
 
 import re
+from dataclasses import fields
 
 from .. import arch as archs
 from .. import ir
@@ -205,10 +206,14 @@ class Lowerer:
         # DeepSeek-style: a dense prefix (its MLP dense_ffn wide, ffn if left out) and shared experts
         deepseek = {k: r.int(f, k, D[f"model.{k}"] if k != "dense_ffn" else 0) if moe else 0 for k in ("dense_layers", "dense_ffn", "shared_experts")}
         values = (arch, layers, hidden, heads, kv_heads, ffn, vocab, seq_len, norm_eps, rope_theta, tie, dropout, experts, top_k, cap, aux, router, z_loss)
-        if any(v is None for v in (*values, *deepseek.values())) or head_dim is None:
+        if arch is None or any(v is None for v in deepseek.values()):
             return None
-        return ir.Model(block.name or arch, *values, block.span, head_dim=head_dim, max_positions=seq_len, **deepseek)
+        # a key an error left out is unknown, not the model: the rules that read the others run
+        keys = [f.name for f in fields(ir.Model)][1 : len(values) + 1]  # of values: the fields after the name
+        values = tuple(Unknown(f"model.{k}") if v is None else v for k, v in zip(keys, values))
+        head_dim = Unknown("model.head_dim") if head_dim is None else head_dim
+        return ir.Model(block.name or arch, *values, block.span, head_dim=head_dim, max_positions=values[keys.index("seq_len")], **deepseek)
 
     # -- plan ---------------------------------------------------------------
-    def plan(self, block: ast.Block) -> ir.Plan | None:
+    def plan(self, block: ast.Block) -> ir.Plan:
         return lower_plan(self.r, block, self.resolve)
