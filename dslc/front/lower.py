@@ -43,7 +43,7 @@ def lower_unit(unit: Unit, asts: dict[str, ast.File | None]) -> tuple[list[ir.Pl
     diags: list[Diagnostic] = []
     r = Reader(diags)
     defs: dict[str, dict[str, ast.Block]] = {k: {} for k in TOP_BLOCKS}
-    unnamed: list[ast.Block] = []  # clusters and models not in defs (no name, a bad one, twice): checked all the same
+    unnamed: list[ast.Block] = []  # blocks not in defs (no name, a bad one, twice): checked all the same
     for path in unit.files:
         tree = asts.get(path)
         if tree is None:
@@ -64,7 +64,7 @@ def lower_unit(unit: Unit, asts: dict[str, ast.File | None]) -> tuple[list[ir.Pl
             else:
                 defs[item.kind][item.name] = item
                 continue
-            if item.kind != "plan":
+            if item.kind != "plan" or item.name is not None:  # a plan without a name has no message
                 unnamed.append(item)
 
     lw = Lowerer(r, defs)
@@ -72,6 +72,7 @@ def lower_unit(unit: Unit, asts: dict[str, ast.File | None]) -> tuple[list[ir.Pl
     for block in defs["plan"].values():
         plan = lw.plan(block)
         (partial if unknowns(plan) else plans).append(plan)
+    partial += [lw.plan(b) for b in unnamed if b.kind == "plan"]  # checked, never compiled
 
     # Definitions that no plan uses: a warning in a file that holds plans, not in a library's;
     # each checked on its own all the same (its errors are the file's, used or not).
