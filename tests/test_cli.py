@@ -83,6 +83,7 @@ HIDERS = {
     "E018 cluster": ("cluster = c", "cluster = d", {"E030"}),
     "E011 cluster": ("cluster = c\n", "cluster = c\n    cluster c { nodes = 1; gpus_per_node = 4; device = cpu }\n", {"E030"}),
     "E033 mesh": ("dp = 2 on shm", "dq = 2 on shm", {"E030", "E080", "E041"}),
+    "E013 micro_batch": ("micro_batch = 1;", "micro_batch = 1.5;", {"E080"}),  # not read as its default, 1
 }
 HIDDEN = {  # errors of the checks
     "E030": ("gpus_per_node = 4", "gpus_per_node = 8"),

@@ -9,7 +9,8 @@ still reported. The plan block itself is :mod:`dslc.front.plan`.
 from __future__ import annotations
 
 import re
-from dataclasses import fields
+from dataclasses import fields, is_dataclass, replace
+from typing import NamedTuple
 
 from .. import arch as archs
 from .. import ir
@@ -35,11 +36,17 @@ IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 Library = list[tuple[ir.Cluster | ir.Model, dict[str, Span]]]
 
 
-def lower_unit(unit: Unit, asts: dict[str, ast.File | None]) -> tuple[list[ir.Plan], list[ir.Plan], Library, list[Diagnostic]]:
-    """The unit's plans, whole; its partial plans (``unknown.Unknown`` where an error left a part
-    unknown: for lint's checks only); the clusters and models that no plan uses (each lowered
-    on its own with the spans of its keys, so that lint checks it, used or not); and every
-    diagnostic."""
+class Lowered(NamedTuple):
+    plans: list[ir.Plan]  # whole: what compile writes
+    views: list[ir.Plan]  # of each plan, what the checks read (keys written wrong unknown: checked)
+    partial: list[ir.Plan]  # ``unknown.Unknown`` where an error left a part unknown: for the checks only
+    library: Library  # the clusters and models no plan uses, each lowered on its own with its keys' spans
+    diags: list[Diagnostic]
+
+
+def lower_unit(unit: Unit, asts: dict[str, ast.File | None]) -> Lowered:
+    """The unit's plans, its partial plans, the definitions no plan uses (so that lint checks
+    each, used or not) and every diagnostic."""
     diags: list[Diagnostic] = []
     r = Reader(diags)
     defs: dict[str, dict[str, ast.Block]] = {k: {} for k in TOP_BLOCKS}
@@ -85,7 +92,26 @@ def lower_unit(unit: Unit, asts: dict[str, ast.File | None]) -> tuple[list[ir.Pl
                 diags.append(warning("W022", block.name_span, f"{kind} '{name}' is defined but no plan uses it", f"remove it, or use it with `{kind} = {name}`"))
             if (lowered := lw._lower_def(kind, block)) is not None:
                 library.append((lowered, {f"{kind}.{a.key}": a.span for a in block.body if isinstance(a, ast.Assign)}))
-    return plans, partial, library, diags
+    return Lowered(plans, [checked(p, r.guessed) for p in plans], [checked(p, r.guessed) for p in partial], library, diags)
+
+
+BATCH = {"train.micro_batch", "pipeline.microbatches", "train.global_batch"}  # each left out is derived from the others
+
+
+def checked(plan: ir.Plan, guessed: set[Span]) -> ir.Plan:
+    """What the checks read of a whole ``plan``: each key whose value was written wrong (and
+    so lowered as its default, ``Reader.guessed``) unknown, and the batch sizes derived from
+    one, so that no rule reports on the default. The plan itself, when there is none."""
+    keys = {k for k, span in plan.spans.items() if span in guessed}
+    if keys & BATCH:
+        keys |= BATCH - plan.spans.keys()
+    parts: dict[str, object] = {}
+    for key in sorted(keys):
+        part, _, name = key.partition(".")
+        value = parts.get(part, getattr(plan, part, None))
+        if part not in ("spans", "span") and is_dataclass(value) and name in {f.name for f in fields(value)}:
+            parts[part] = replace(value, **{name: Unknown(key)})
+    return replace(plan, **parts) if parts else plan
 
 
 class Lowerer:
