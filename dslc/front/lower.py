@@ -3,7 +3,9 @@ build the frozen IR of each plan of a unit (:mod:`dslc.front.load` reads the uni
 
 Names (clusters, models, plans) are global within a unit. Diagnostics are collected,
 never raised: a bad key gets its default so that every other error of the file is
-still reported. The plan block itself is :mod:`dslc.front.plan`.
+still reported, and the checks read it as unknown (:func:`checked`), as they do a part
+an error left out (a partial plan: :mod:`dslc.unknown`). The plan block itself is
+:mod:`dslc.front.plan`.
 """
 
 from __future__ import annotations
