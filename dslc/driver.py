@@ -104,17 +104,19 @@ def _lower(loader: Loader, roots: list[str], run_checks: bool) -> LoadResult:
     for root in roots:
         start = len(diags)
         unit = loader.unit(root)  # adds the errors of its imports
-        lowered, library, d = lower_unit(unit, loader.asts)
+        lowered, views, partial, library, d = lower_unit(unit, loader.asts)
         diags.extend(d)
+        if run_checks:  # the rules that read no part an error left unknown; never compiled
+            diags.extend(x for plan in partial for x in check.check_plan(plan))
         for definition, spans in library:
             diags.extend(check.check_definition(definition, spans))
             defined.add(definition.span)
         broken = any(x.is_error for x in diags[start:]) or any(x.span is None or x.span.file in unit.files for x in read)
         if broken:
             failed_files.append(root)
-        for plan in lowered:
+        for plan, view in zip(lowered, views):
             plans.append(plan)
-            own = lint(plan) if run_checks else []
+            own = (lint(plan) if view is plan else check.check_plan(view)) if run_checks else []  # no fit on a guess
             owns.append(tuple(own))
             diags.extend(own)
             if broken or any(x.is_error for x in own):

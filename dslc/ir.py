@@ -105,12 +105,12 @@ class Model:
     dense_ffn: int = 0
     shared_experts: int = 0
 
-    def __post_init__(self) -> None:
-        if not self.head_dim:
+    def __post_init__(self) -> None:  # 0: derived (isinstance: a value an error left unknown stays so, dslc.unknown)
+        if isinstance(self.head_dim, int) and not self.head_dim:
             object.__setattr__(self, "head_dim", max(1, self.hidden // self.heads))
-        if not self.max_positions:
+        if isinstance(self.max_positions, int) and not self.max_positions:
             object.__setattr__(self, "max_positions", self.seq_len)
-        if not self.dense_ffn:
+        if isinstance(self.dense_ffn, int) and not self.dense_ffn:
             object.__setattr__(self, "dense_ffn", self.ffn)
 
     @property

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from dslc.cli import main
+from dslc.driver import load_text
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = ROOT / "tests" / "cases"
@@ -45,6 +46,68 @@ def test_all_errors_in_one_run(capsys):
     main(["lint", "--format", "json", str(BAD)])
     codes = sorted(d["code"] for d in json.loads(capsys.readouterr().out))
     assert codes == ["E019", "E031", "E040", "E081"]
+
+
+@pytest.mark.parametrize("case", ["unplaced_axis_hides_nothing", "unused_definitions_checked", "cluster_by_name_and_inline"])
+def test_compile_names_every_error_lint_does(case, tmp_path, capsys):
+    """Issue 49: an error hid others (E036 hid E030 and E080, W022 an unused cluster's E019,
+    E011 came with a bogus E018), each seen only once the one before was fixed. One run
+    names them all (tests/cases holds where), and compile names what lint does."""
+    plan = str(CASES / f"{case}.plan")
+    assert main(["lint", "-q", plan]) == 1
+    linted = capsys.readouterr().out
+    assert main(["compile", "-q", plan, "-o", str(tmp_path)]) == 1
+    compiled = capsys.readouterr().err
+    assert compiled.startswith(linted) and "not compiled:" in compiled[len(linted):]
+    assert linted.count("error[") == sum(code.startswith("E") for code in (CASES / f"{case}.expected").read_text().split()[::2])
+
+
+PAIRED = """cluster c { nodes = 1; gpus_per_node = 4; device = cpu; link shm { scope = node; bandwidth = 10 GB/s; latency = 5 us } }
+plan p {
+    model llama { layers = 4; hidden = 64; heads = 4; vocab = 256; seq_len = 32 }
+    cluster = c
+    mesh { dp = 2 on shm; tp = 2 on shm }
+    data_parallel { zero = 1 }
+    train { micro_batch = 1; global_batch = 2; data = synthetic }
+}
+"""
+# errors of the lowering: the text they change, and which errors of HIDDEN they hold back
+# (those whose rule reads what the error left unknown)
+HIDERS = {
+    "E036 tp on no link": ("tp = 2 on shm", "tp = 2", set()),  # its size still counts
+    "E019 device": ("device = cpu", "device = h100", set()),
+    "E019 data": ("data = synthetic", 'data = bogus("x")', set()),
+    "E012 layers": ("layers = 4; ", "", set()),  # the model's other keys are known
+    "E012 nodes": ("nodes = 1; ", "", {"E030"}),
+    "E018 model": ("model llama {", "model = m  // llama {", {"E041"}),
+    "E018 cluster": ("cluster = c", "cluster = d", {"E030"}),
+    "E011 cluster": ("cluster = c\n", "cluster = c\n    cluster c { nodes = 1; gpus_per_node = 4; device = cpu }\n", {"E030"}),
+    "E033 mesh": ("dp = 2 on shm", "dq = 2 on shm", {"E030", "E080", "E041"}),
+    "E013 micro_batch": ("micro_batch = 1;", "micro_batch = 1.5;", {"E080"}),  # not read as its default, 1
+}
+HIDDEN = {  # errors of the checks
+    "E030": ("gpus_per_node = 4", "gpus_per_node = 8"),
+    "E080": ("global_batch = 2", "global_batch = 3"),
+    "E041": ("hidden = 64; heads = 4", "hidden = 96; heads = 3"),
+    "E081": ("zero = 1", "zero = 7"),
+}
+
+
+@pytest.mark.parametrize("hider, hidden", [(a, b) for a in HIDERS for b in HIDDEN], ids=lambda x: x.replace(" ", "_"))
+def test_an_error_hides_only_what_depends_on_it(hider, hidden):
+    """Issue 49: two errors in one plan are both reported, unless the second's rule reads a
+    part that the first left unknown: then it waits for the fix (no error about a guess)."""
+    old_a, new_a, holds = HIDERS[hider]
+    old_b, new_b = HIDDEN[hidden]
+
+    def codes(text: str) -> set[str]:
+        return {d.code for d in load_text(text, "<t>").diagnostics if d.severity.value != "note"}
+
+    assert codes(PAIRED) == set() and codes(PAIRED.replace(old_b, new_b)) == {hidden}
+    alone = codes(PAIRED.replace(old_a, new_a))
+    assert hider.split()[0] in alone and hidden not in alone
+    both = codes(PAIRED.replace(old_a, new_a).replace(old_b, new_b))
+    assert both == alone | ({hidden} - holds)
 
 
 def test_json_format(capsys):

@@ -15,7 +15,7 @@ MODULES = sorted(PKG.rglob("*.py"))
 # Stages in pipeline order; a module may import its own stage and earlier ones only.
 # (cli and driver, the drivers of the pipeline, and the language server may import every stage.)
 STAGES = [
-    ("dslc", "dslc.source", "dslc.diagnostics", "dslc.codes", "dslc.units", "dslc.resources", "dslc.ir",
+    ("dslc", "dslc.source", "dslc.diagnostics", "dslc.codes", "dslc.units", "dslc.resources", "dslc.ir", "dslc.unknown",
      "dslc.catalog", "dslc.groups", "dslc.chunks", "dslc.pipeline_shapes", "dslc.knobs"),
     ("dslc.arch",),
     ("dslc.front",),

@@ -11,7 +11,7 @@ from ..pipeline_shapes import shape_problems
 
 
 def pipeline(plan: Plan):
-    p, pl, layers = plan.pp, plan.pipeline, plan.model.layers
+    p, pl = plan.pp, plan.pipeline
     v, m = pl.virtual_stages, pl.microbatches
     if pl.schedule == "interleaved_1f1b" and p > 1 and v < 2:
         yield error("E056", plan.where("pipeline.virtual_stages", "pipeline.schedule"), f"interleaved_1f1b needs virtual_stages ≥ 2, got {v}", "set virtual_stages = 2 or use schedule = 1f1b")
@@ -21,7 +21,7 @@ def pipeline(plan: Plan):
         if any(k in plan.spans for k in ("pipeline.schedule", "pipeline.virtual_stages", "pipeline.layers_per_stage")):
             yield warning("W057", plan.where("pipeline"), "pipeline options have no effect: the mesh has no pp axis", "add `pp = N on <link>` to the mesh, or remove them")
         return
-    chunks = p * v
+    chunks, layers = p * v, plan.model.layers  # the shape's problems above need no model
     if pl.layers_per_stage is not None:
         where = plan.where("pipeline.layers_per_stage")
         if len(pl.layers_per_stage) != chunks:

@@ -10,24 +10,31 @@ from ..front.recompute import EAGER_POLICIES
 from ..ir import Plan
 
 
-def training(plan: Plan):
+def batch(plan: Plan):
     t = plan.train
     ranks = plan.data_parallel_size
     expected = t.micro_batch * plan.microbatches * ranks
     if t.global_batch != expected:
         parts = f"micro_batch={t.micro_batch} × microbatches={plan.microbatches} × dp={plan.dp}" + (f" × ep={plan.ep}" if plan.ep > 1 else "")
         yield error("E080", plan.where("train.global_batch", "pipeline.microbatches"), f"global_batch={t.global_batch} but {parts} = {expected}", "ep ranks take their own data like dp ranks" if plan.ep > 1 else f"set global_batch = {expected} or change the micro-batch count")
+
+
+def zero(plan: Plan):
     z = plan.data_parallel.zero
     if z not in (0, 1, 2, 3):
         yield error("E081", plan.where("data_parallel.zero"), f"zero must be 0, 1, 2 or 3, got {z}", "0 replicates, 1 shards optimizer state, 2 also gradients, 3 also parameters")
     yield from _zero(plan, z)
-    if plan.model.dropout > 0 and plan.tp > 1:
-        yield error("E100", plan.where("model.dropout", "mesh.tp"), f"dropout = {plan.model.dropout} with tp = {plan.tp} is not supported yet: "
-                    "the tp ranks would need a shared dropout RNG", "set dropout = 0, or leave tp out")
+
+
+def training(plan: Plan):  # the train block's own settings first: the rest reads the model and mesh
+    t = plan.train
     if t.precision == "fp16" and t.loss_scale == "none":
         yield warning("W082", plan.where("train.loss_scale", "train.precision"), "fp16 without loss scaling: small gradients underflow to zero", "use loss_scale = dynamic, or precision = bf16")
     if t.compile and t.recompute in EAGER_POLICIES:
         yield warning("W103", plan.where("train.compile"), f"compile = true with recompute = {t.recompute}: the script runs its blocks eagerly", "selective_ops picks the ops to keep as they are dispatched; selective or full recompute compiles")
+    if plan.model.dropout > 0 and plan.tp > 1:
+        yield error("E100", plan.where("model.dropout", "mesh.tp"), f"dropout = {plan.model.dropout} with tp = {plan.tp} is not supported yet: "
+                    "the tp ranks would need a shared dropout RNG", "set dropout = 0, or leave tp out")
 
 
 def _zero(plan: Plan, z: int):

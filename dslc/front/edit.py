@@ -105,7 +105,7 @@ def _verify(text: str, out_path: str, name: str, expected: ir.Plan) -> None:
     the plan is ``expected``."""
     loader = Loader(Sources(), [])
     loader.read(out_path, text.encode("utf-8"))
-    plans, _, diags = lower_unit(loader.unit(out_path), loader.asts)
+    plans, _, _, _, diags = lower_unit(loader.unit(out_path), loader.asts)
     bad = [d for d in [*loader.diags, *diags] if d.severity.value in ("error", "warning")]
     got = next((p for p in plans if p.name == name and p.file == out_path), None)
     differ = same_layout(got, expected) if got is not None else [f"plan {name} (not lowered)"]

@@ -3,18 +3,23 @@ build the frozen IR of each plan of a unit (:mod:`dslc.front.load` reads the uni
 
 Names (clusters, models, plans) are global within a unit. Diagnostics are collected,
 never raised: a bad key gets its default so that every other error of the file is
-still reported. The plan block itself is :mod:`dslc.front.plan`.
+still reported, and the checks read it as unknown (:func:`checked`), as they do a part
+an error left out (a partial plan: :mod:`dslc.unknown`). The plan block itself is
+:mod:`dslc.front.plan`.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import fields, is_dataclass, replace
+from typing import NamedTuple
 
 from .. import arch as archs
 from .. import ir
 from ..catalog import DEVICES, LINKS
 from ..diagnostics import Diagnostic, error, warning
 from ..source import Span
+from ..unknown import Unknown, unknowns
 from . import ast
 from .defaults import DEFAULTS as D
 from .defaults import MAX_RANKS, ROUTERS
@@ -33,13 +38,21 @@ IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 Library = list[tuple[ir.Cluster | ir.Model, dict[str, Span]]]
 
 
-def lower_unit(unit: Unit, asts: dict[str, ast.File | None]) -> tuple[list[ir.Plan], Library, list[Diagnostic]]:
-    """The unit's plans; the clusters and models of its files that hold no plan (a library:
-    lowered on their own, each with the spans of its keys, so that lint checks them); and
-    every diagnostic."""
+class Lowered(NamedTuple):
+    plans: list[ir.Plan]  # whole: what compile writes
+    views: list[ir.Plan]  # of each plan, what the checks read (keys written wrong unknown: checked)
+    partial: list[ir.Plan]  # ``unknown.Unknown`` where an error left a part unknown: for the checks only
+    library: Library  # the clusters and models no plan uses, each lowered on its own with its keys' spans
+    diags: list[Diagnostic]
+
+
+def lower_unit(unit: Unit, asts: dict[str, ast.File | None]) -> Lowered:
+    """The unit's plans, its partial plans, the definitions no plan uses (so that lint checks
+    each, used or not) and every diagnostic."""
     diags: list[Diagnostic] = []
     r = Reader(diags)
     defs: dict[str, dict[str, ast.Block]] = {k: {} for k in TOP_BLOCKS}
+    unnamed: list[ast.Block] = []  # blocks not in defs (no name, a bad one, twice): checked all the same
     for path in unit.files:
         tree = asts.get(path)
         if tree is None:
@@ -50,37 +63,57 @@ def lower_unit(unit: Unit, asts: dict[str, ast.File | None]) -> tuple[list[ir.Pl
             if item.kind not in TOP_BLOCKS:
                 diags.append(r.unknown("E016", f"unknown block '{item.kind}'", item.kind, TOP_BLOCKS, item.kind_span))
                 continue
+            seen = defs[item.kind].get(item.name or "")
             if item.name is None:
                 diags.append(error("E012", item.kind_span, f"a top-level {item.kind} needs a name", f"write `{item.kind} my_{item.kind} {{ … }}`"))
-                continue
-            if not IDENT.match(item.name):
+            elif not IDENT.match(item.name):
                 diags.append(error("E020", item.name_span, f"'{item.name}' is not a valid {item.kind} name", "names start with a letter or '_' and hold letters, digits and '_'"))
-                continue
-            seen = defs[item.kind].get(item.name)
-            if seen is not None:
+            elif seen is not None:
                 diags.append(error("E017", item.name_span, f"{item.kind} '{item.name}' is defined twice", f"first defined at {seen.name_span}"))
+            else:
+                defs[item.kind][item.name] = item
                 continue
-            defs[item.kind][item.name] = item
+            if item.kind != "plan" or item.name is not None:  # a plan without a name has no message
+                unnamed.append(item)
 
     lw = Lowerer(r, defs)
-    plans = []
+    plans, partial = [], []
     for block in defs["plan"].values():
         plan = lw.plan(block)
-        if plan is not None:
-            plans.append(plan)
+        (partial if unknowns(plan) else plans).append(plan)
+    partial += [lw.plan(b) for b in unnamed if b.kind == "plan"]  # checked, never compiled
 
-    # Definitions that no plan uses: a warning in a file that holds plans, else a library's.
+    # Definitions that no plan uses: a warning in a file that holds plans, not in a library's;
+    # each checked on its own all the same (its errors are the file's, used or not).
     plan_files = {b.span.file for b in defs["plan"].values()}
     library: Library = []
     for kind in ("cluster", "model"):
-        for name, block in defs[kind].items():
-            if name in lw.used[kind]:
-                continue
-            if block.span.file in plan_files:
+        unused = [(n, b) for n, b in defs[kind].items() if n not in lw.used[kind]] + [(None, b) for b in unnamed if b.kind == kind]
+        for name, block in unused:
+            if name is not None and name not in lw.named[kind] and block.span.file in plan_files:
                 diags.append(warning("W022", block.name_span, f"{kind} '{name}' is defined but no plan uses it", f"remove it, or use it with `{kind} = {name}`"))
-            elif (lowered := lw._lower_def(kind, block)) is not None:
+            if (lowered := lw._lower_def(kind, block)) is not None:
                 library.append((lowered, {f"{kind}.{a.key}": a.span for a in block.body if isinstance(a, ast.Assign)}))
-    return plans, library, diags
+    return Lowered(plans, [checked(p, r.guessed) for p in plans], [checked(p, r.guessed) for p in partial], library, diags)
+
+
+BATCH = {"train.micro_batch", "pipeline.microbatches", "train.global_batch"}  # each left out is derived from the others
+
+
+def checked(plan: ir.Plan, guessed: set[Span]) -> ir.Plan:
+    """What the checks read of a whole ``plan``: each key whose value was written wrong (and
+    so lowered as its default, ``Reader.guessed``) unknown, and the batch sizes derived from
+    one, so that no rule reports on the default. The plan itself, when there is none."""
+    keys = {k for k, span in plan.spans.items() if span in guessed}
+    if keys & BATCH:
+        keys |= BATCH - plan.spans.keys()
+    parts: dict[str, object] = {}
+    for key in sorted(keys):
+        part, _, name = key.partition(".")
+        value = parts.get(part, getattr(plan, part, None))
+        if part not in ("spans", "span") and is_dataclass(value) and name in {f.name for f in fields(value)}:
+            parts[part] = replace(value, **{name: Unknown(key)})
+    return replace(plan, **parts) if parts else plan
 
 
 class Lowerer:
@@ -88,14 +121,19 @@ class Lowerer:
         self.r = reader
         self.defs = defs
         self.used: dict[str, set[str]] = {"cluster": set(), "model": set()}
+        self.named: dict[str, set[str]] = {"cluster": set(), "model": set()}  # by a plan that also gives one inline (E011)
         self._cache: dict[tuple[str, int], object] = {}
 
     # -- references ---------------------------------------------------------
     def resolve(self, kind: str, fields: Fields, spans: dict[str, Span]):
         """``model = name`` / ``cluster = name``, or an inline block."""
         ref, blocks = fields.assigns.get(kind), fields.blocks.get(kind, [])
-        if ref is not None and blocks:
-            self.r.diags.append(error("E011", blocks[0].kind_span, f"{kind} is given twice", f"first given at {ref.span}"))
+        if ref is not None and blocks:  # which one is meant is unknown: the plan's checks that read it wait
+            self.r.diags.append(error("E011", blocks[0].kind_span, f"{kind} is given twice: by name on line {ref.span.line} and inline here", f"keep one: `{kind} = …` or the inline `{kind} {{ … }}` block"))
+            if (name := self.r.ident(ref)) in self.defs[kind]:
+                self.named[kind].add(name)  # no W022: checked as a definition no plan uses
+            self._lower_def(kind, blocks[0])  # its own errors
+            return None
         if ref is not None:
             spans[kind] = ref.span
             name = self.r.ident(ref)
@@ -154,9 +192,9 @@ class Lowerer:
         if nodes is not None and gpn is not None and nodes * gpn > MAX_RANKS:
             r.diags.append(error("E037", block.name_span or block.kind_span, f"cluster '{block.name}' has {nodes * gpn} GPUs ({nodes} nodes × {gpn}), more than the {MAX_RANKS} dslc plans for", "see the limits in docs/language.md"))
             return None
-        if None in (nodes, gpn, dev, peak, mem):
-            return None
-        device = ir.Device(dev.name, float(peak), int(mem), dev.bandwidth)
+        # an error in a key leaves it unknown, not the cluster: its links and GPU count still serve
+        device = Unknown("cluster.device") if None in (dev, peak, mem) else ir.Device(dev.name, float(peak), int(mem), dev.bandwidth)
+        nodes, gpn = (Unknown(k) if v is None else v for k, v in (("cluster.nodes", nodes), ("cluster.gpus_per_node", gpn)))
         return ir.Cluster(block.name or "cluster", nodes, gpn, device, tuple(links), block.span, efficiency)
 
     # -- model --------------------------------------------------------------
@@ -197,10 +235,14 @@ class Lowerer:
         # DeepSeek-style: a dense prefix (its MLP dense_ffn wide, ffn if left out) and shared experts
         deepseek = {k: r.int(f, k, D[f"model.{k}"] if k != "dense_ffn" else 0) if moe else 0 for k in ("dense_layers", "dense_ffn", "shared_experts")}
         values = (arch, layers, hidden, heads, kv_heads, ffn, vocab, seq_len, norm_eps, rope_theta, tie, dropout, experts, top_k, cap, aux, router, z_loss)
-        if any(v is None for v in (*values, *deepseek.values())) or head_dim is None:
+        if arch is None or any(v is None for v in deepseek.values()):
             return None
-        return ir.Model(block.name or arch, *values, block.span, head_dim=head_dim, max_positions=seq_len, **deepseek)
+        # a key an error left out is unknown, not the model: the rules that read the others run
+        keys = [f.name for f in fields(ir.Model)][1 : len(values) + 1]  # of values: the fields after the name
+        values = tuple(Unknown(f"model.{k}") if v is None else v for k, v in zip(keys, values))
+        head_dim = Unknown("model.head_dim") if head_dim is None else head_dim
+        return ir.Model(block.name or arch, *values, block.span, head_dim=head_dim, max_positions=values[keys.index("seq_len")], **deepseek)
 
     # -- plan ---------------------------------------------------------------
-    def plan(self, block: ast.Block) -> ir.Plan | None:
+    def plan(self, block: ast.Block) -> ir.Plan:
         return lower_plan(self.r, block, self.resolve)

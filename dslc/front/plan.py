@@ -14,6 +14,7 @@ from .. import arch as archs
 from .. import ir
 from ..diagnostics import error
 from ..source import Span
+from ..unknown import Unknown, known
 from . import ast
 from .defaults import BOUNDS, MAX_BLEND, MAX_RANKS, ROUTERS
 from .defaults import DEFAULTS as D
@@ -25,7 +26,9 @@ from .schema import Fields, Reader, as_float, shown
 Resolve = Callable[[str, Fields, dict[str, Span]], object]
 
 
-def lower_plan(r: Reader, block: ast.Block, resolve: Resolve) -> ir.Plan | None:
+def lower_plan(r: Reader, block: ast.Block, resolve: Resolve) -> ir.Plan:
+    """The plan of ``block``: whole, or partial where an error left a part unknown
+    (``unknown.Unknown`` in its place: lint checks what does not read it, nothing compiles it)."""
     spans: dict[str, Span] = {}
     f = r.fields(block, KEYS["plan"], blocks=BLOCKS["plan"])
     for kind in ("model", "cluster"):
@@ -90,13 +93,17 @@ def lower_plan(r: Reader, block: ast.Block, resolve: Resolve) -> ir.Plan | None:
     ppf = sub("pipeline")
     micro_batch = r.int(tf, "micro_batch", D["train.micro_batch"])
     global_batch = r.int(tf, "global_batch", None)
-    data_ranks = mesh.size("dp") * mesh.size("ep") if mesh else 1
     microbatches = r.int(ppf, "microbatches", None)
-    if microbatches is None:  # derived from the global batch when it divides
-        per_step = micro_batch * data_ranks
-        microbatches = max(1, global_batch // per_step) if global_batch else 1
-    if global_batch is None:
-        global_batch = micro_batch * microbatches * data_ranks
+    if mesh is None:  # dp × ep unknown, and so what is derived from them
+        microbatches = Unknown("pipeline.microbatches") if microbatches is None else microbatches
+        global_batch = Unknown("train.global_batch") if global_batch is None else global_batch
+    else:
+        data_ranks = mesh.size("dp") * mesh.size("ep")
+        if microbatches is None:  # derived from the global batch when it divides
+            per_step = micro_batch * data_ranks
+            microbatches = max(1, global_batch // per_step) if global_batch else 1
+        if global_batch is None:
+            global_batch = micro_batch * microbatches * data_ranks
     layers_per_stage = _int_list(r, ppf, "layers_per_stage")
     schedule = r.choice(ppf, "schedule", ir.SCHEDULES, D["pipeline.schedule"]) or D["pipeline.schedule"]
     pipeline = ir.Pipeline(
@@ -110,8 +117,7 @@ def lower_plan(r: Reader, block: ast.Block, resolve: Resolve) -> ir.Plan | None:
     train = _train(r, tf, block, cluster, micro_batch, global_batch, spans)
     model = _stage_seq_len(r, tf, model, spans)
 
-    if model is None or cluster is None or mesh is None or train is None:
-        return None
+    model, cluster, mesh, train = (Unknown(k) if v is None else v for k, v in (("model", model), ("cluster", cluster), ("mesh", mesh), ("train", train)))
     return ir.Plan(block.name, block.span.file, model, cluster, mesh, tp, dp, pipeline, cp, train, block.span, spans)
 
 
@@ -154,11 +160,15 @@ def _int_list(r, f: Fields, key: str) -> tuple[int, ...] | None:
 def _mesh(r: Reader, f: Fields, cluster: ir.Cluster | None, spans: dict[str, Span]) -> ir.Mesh | None:
     axes: list[ir.MeshAxis] = []
     ok = True
-    for a in f.assigns.values():  # `tp = 4` or `tp = 4 nvlink`: the link is missing
+    written = list(f.axes)
+    unplaced = set()  # `tp = 4` or `tp = 4 nvlink`: the link is missing (E036), the size is known
+    for a in f.assigns.values():
         link = a.value.unit if isinstance(a.value, ast.Quantity) else "<link>"
         r.diags.append(error("E036", a.span, f"mesh axis '{a.key}' is not placed on a link", f"write `{a.key} = {getattr(a.value, 'value', 'N')} on {link}`"))
-        ok = False
-    for ax in f.axes:
+        size = ast.Number(a.value.value, str(a.value.value), a.value.span) if isinstance(a.value, ast.Quantity) else a.value
+        unplaced.add(a.span)
+        written.append(ast.Axis(a.key, a.key_span, size, "", a.span, a.span))
+    for ax in sorted(written, key=lambda x: (x.span.line, x.span.col)):  # as written: the order is the mesh's
         if ax.name not in ir.AXES:
             r.diags.append(r.unknown("E033", f"unknown mesh axis '{ax.name}'", ax.name, ir.AXES, ax.name_span))
             ok = False
@@ -178,12 +188,12 @@ def _mesh(r: Reader, f: Fields, cluster: ir.Cluster | None, spans: dict[str, Spa
             r.diags.append(error("E015", ax.size.span, f"the size of axis '{ax.name}' must be {want}, got {shown(size)}"))
             ok = False
             continue
-        if cluster is not None and cluster.link(ax.link) is None:
+        if cluster is not None and ax.span not in unplaced and cluster.link(ax.link) is None:
             names = [lk.name for lk in cluster.links]
             d = r.unknown("E031", f"axis '{ax.name}' is placed on '{ax.link}', which cluster '{cluster.name}' does not define", ax.link, names, ax.link_span)
             r.diags.append(d)  # the mesh is still sound: later checks run
         spans[f"mesh.{ax.name}"] = ax.span
-        axes.append(ir.MeshAxis(ax.name, size, ax.link, ax.span))
+        axes.append(ir.MeshAxis(ax.name, size, ax.link, ax.span))  # an unplaced axis's link is "", no link's name
     mesh = ir.Mesh(tuple(axes), spans.get("mesh", f.block.span)) if ok else None
     if mesh is not None and mesh.world_size > MAX_RANKS:
         desc = " × ".join(f"{a.name}={a.size}" for a in axes)
@@ -194,8 +204,9 @@ def _mesh(r: Reader, f: Fields, cluster: ir.Cluster | None, spans: dict[str, Spa
 
 def _train(r: Reader, f: Fields, plan_block, cluster, micro_batch, global_batch, spans) -> ir.Train | None:
     steps = r.int(f, "steps", D["train.steps"])
-    default_precision = "fp32" if cluster is not None and cluster.device.name == "cpu" else "bf16"
-    precision = r.choice(f, "precision", ir.PRECISIONS, default_precision) or default_precision
+    device = cluster.device if cluster is not None else None
+    default_precision = ("fp32" if device.name == "cpu" else "bf16") if device is not None and known(device) else Unknown("train.precision")
+    precision = r.choice(f, "precision", ir.PRECISIONS, None) or default_precision
     recompute, recompute_every = recompute_policy(r, f)
     grad_clip = r.float(f, "grad_clip", D["train.grad_clip"])
     seed = r.int(f, "seed", D["train.seed"])
@@ -241,10 +252,12 @@ def _train(r: Reader, f: Fields, plan_block, cluster, micro_batch, global_batch,
             checkpoint = ir.Checkpoint(every, cdir, ck_block.span, keep, r.bool(cf, "async", False), restarts)
             spans["checkpoint.dir"] = cf.assigns["dir"].value.span
     evaluation = _eval(r, f, plan_block, spans)
-    if None in (steps, grad_clip, seed, lr, data, micro_batch) or ("eval" in f.blocks and evaluation is None):
+    if None in (steps, grad_clip, seed, lr, micro_batch):
         return None
+    if "eval" in f.blocks and evaluation is None:  # an error in it: unknown, as a bad data source
+        evaluation = Unknown("train.eval")
     timeout = r.quantity(f, "timeout", "time", D["train.timeout"])
-    return ir.Train(steps, micro_batch, global_batch, precision, recompute, grad_clip, seed, loss_scale, optimizer, lr_schedule, data, checkpoint, spans.get("train"), evaluation, timeout, _init(r, f, plan_block),
+    return ir.Train(steps, micro_batch, global_batch, precision, recompute, grad_clip, seed, loss_scale, optimizer, lr_schedule, Unknown("train.data") if data is None else data, checkpoint, spans.get("train"), evaluation, timeout, _init(r, f, plan_block),
                     recompute_every=recompute_every, compile=r.bool(f, "compile"))
 
 

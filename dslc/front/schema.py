@@ -129,6 +129,15 @@ class Fields:
 class Reader:
     def __init__(self, diags: list[Diagnostic]):
         self.diags = diags
+        self.guessed: set[Span] = set()  # keys written wrong, read as their default: unknown to the checks
+
+    def _fallback(self, a: ast.Assign, required: bool, default):
+        """After the error of a value written wrong: None for a required key, else its default,
+        so that the rest lowers; the checks read it as unknown (``front.lower.checked``)."""
+        if required:
+            return None
+        self.guessed.add(a.span)
+        return default
 
     def unknown(self, code: str, message: str, word: str, options: Iterable[str], span: Span, hint: str | None = None) -> Diagnostic:
         """``hint`` (where the language writes ``word``, :data:`ELSEWHERE`) wins over a guess."""
@@ -210,9 +219,9 @@ class Reader:
             if isinstance(v, ast.Number) and math.isfinite(v.value) and float(v.value).is_integer():
                 hint = f"write {int(v.value)}"
             self.wrong(a, "a whole number", hint)
-            return None if required else default
+            return self._fallback(a, required, default)
         if not self._in_bounds(f, a, v.value, shown(v.value)):
-            return None if required else default
+            return self._fallback(a, required, default)
         return v.value
 
     def float(self, f: Fields, key: str, default=None, required=False):
@@ -221,10 +230,10 @@ class Reader:
             return default
         if not isinstance(a.value, ast.Number):
             self.wrong(a, "a number")
-            return None if required else default
+            return self._fallback(a, required, default)
         value = as_float(a.value.value)
         if not self._in_bounds(f, a, value, shown(a.value.value)):
-            return None if required else default
+            return self._fallback(a, required, default)
         return value
 
     def bool(self, f: Fields, key: str, default=None, required=False):
@@ -233,7 +242,7 @@ class Reader:
             return default
         if not isinstance(a.value, ast.Bool):
             self.wrong(a, "true or false")
-            return None if required else default
+            return self._fallback(a, required, default)
         return a.value.value
 
     def string(self, f: Fields, key: str, default=None, required=False):
@@ -242,7 +251,7 @@ class Reader:
             return default
         if not isinstance(a.value, ast.String):
             self.wrong(a, 'a string in quotes ("…")')
-            return None if required else default
+            return self._fallback(a, required, default)
         return a.value.value
 
     def ident(self, a: ast.Assign) -> str | None:
@@ -259,10 +268,10 @@ class Reader:
         word = v.name if isinstance(v, ast.Ident) else v.text if isinstance(v, ast.Number) else None
         if word is None:
             self.wrong(a, "one of " + ", ".join(choices))
-            return None if required else default
+            return self._fallback(a, required, default)
         if word not in choices:
             self.diags.append(self.unknown("E019", f"'{word}' is not a valid {key}", word, choices, v.span))
-            return None if required else default
+            return self._fallback(a, required, default)
         return word
 
     def quantity(self, f: Fields, key: str, dim: str, default=None, required=False, catalog: str | None = None):
@@ -278,7 +287,7 @@ class Reader:
                 value = 0.0
             else:
                 self.diags.append(error("E014", v.span, f"'{key}' needs a unit", f"write it as {describe_dim(dim)}, e.g. `{key} = {_EXAMPLE[dim]}`"))
-                return None if required else default
+                return self._fallback(a, required, default)
         elif isinstance(v, ast.Quantity):
             if v.unit not in table:
                 other = next((d for d, t in UNITS.items() if v.unit in t), None)
@@ -289,13 +298,13 @@ class Reader:
                 guess = suggest(v.unit, table)
                 hint = f"did you mean '{guess}'?" if guess else f"e.g. `{key} = {_EXAMPLE[dim]}`"
                 self.diags.append(error("E014", v.span, msg, hint))
-                return None if required else default
+                return self._fallback(a, required, default)
             value = as_float(v.value) * table[v.unit]
         else:
             self.wrong(a, f"{describe_dim(dim)} such as {_EXAMPLE[dim]}")
-            return None if required else default
+            return self._fallback(a, required, default)
         if not self._in_bounds(f, a, value, f"{shown(v.value)} {v.unit}" if isinstance(v, ast.Quantity) else "0"):
-            return None if required else default
+            return self._fallback(a, required, default)
         return value
 
 
