@@ -244,6 +244,43 @@ def test_sbatch_refuses_a_job_of_another_size_and_a_missing_folder(repo, tmp_pat
 
 
 # --------------------------------------------------------------------------------------
+# shellcheck on every shell file dslc writes (issue 49 item 8)
+
+# A folder name with what the shell treats specially: spaces, quotes, expansions, a glob
+ODD = "my $(x) `y` \"q\" 's' \\ * [a] {b,c} ~ ! dir"
+
+
+def test_every_committed_shell_file_passes_shellcheck(repo, shellcheck):
+    """shellcheck 0.11 found SC2046 in every launch.sh and sbatch.sh (`unset -f $(compgen
+    -A function)`, whose names it split and globbed): the shell files under generated/,
+    and those of every plan compiled here, pass it at its default level."""
+    committed = sorted((ROOT / "generated").rglob("*.sh"))
+    assert {p.name for p in committed} == {"launch.sh", "sbatch.sh"} and len(committed) == 2 * len(_plans())
+    shellcheck([*committed, *sorted((repo / "generated").rglob("*.sh"))])
+
+
+@pytest.mark.parametrize("out", ["generated", "../up", "/abs", "out put", ODD, "sub/" + ODD, "../" + ODD, "/" + ODD],
+                         ids=["generated", "up", "abs", "spaces", "odd", "sub-odd", "up-odd", "abs-odd"])
+def test_shell_files_pass_shellcheck_wherever_they_are_written(tmp_path, shellcheck, out):
+    """Every plan of plans/ (one process, one node, several nodes, max restarts), its file in
+    a folder named ``ODD``, compiled to output folders with names of that sort, inside the
+    project, beside it and sharing no folder with it (an absolute path in the stamp and in
+    sbatch.sh's search): their launch.sh and sbatch.sh pass shellcheck."""
+    project = Path("/nonexistent", ODD) if out.startswith("/") else tmp_path / ODD  # only / in common
+    root = tmp_path / out.lstrip("/") if out.startswith("/") else project / out
+    scripts = []
+    for plan in _plans().values():
+        moved = dataclasses.replace(plan, file=str(project / ODD / Path(plan.file).name))
+        for name, text in codegen.render(moved, root, layout=False).items():
+            if name.endswith(".sh"):
+                scripts.append(tmp_path / "scripts" / plan.name / name)
+                scripts[-1].parent.mkdir(parents=True, exist_ok=True)
+                scripts[-1].write_text(text)
+    assert len(scripts) == 2 * len(_plans())
+    shellcheck(scripts)
+
+
+# --------------------------------------------------------------------------------------
 # trainjob.yaml against the TrainJob CRD
 
 
@@ -450,7 +487,7 @@ def _follow(project: Path, folder: Path) -> dict:
 
 
 @pytest.mark.parametrize("case", ["normal", "etc", "dot", "beside", "spaces", "absolute"])
-def test_the_pod_finds_the_program_its_data_and_its_checkpoints(tmp_path, case):
+def test_the_pod_finds_the_program_its_data_and_its_checkpoints(tmp_path, shellcheck, case):
     """Issue 49 item 1, issue 50 item 2: a mount point never comes from a plan's path.
     `checkpoint { dir = "/etc" }` mounted the read-write volume at /etc, `dir = "."` at
     /workspace over the program; a data file beside a plan at the project's root mounted
@@ -481,6 +518,7 @@ def test_the_pod_finds_the_program_its_data_and_its_checkpoints(tmp_path, case):
     program = seen["program"]
     assert program is not None and program.name == "train.py" and program.parent.name == "p"
     assert program.parent.parent == (project / out).resolve() or program.parent.parent.samefile(project / out)
+    shellcheck(sorted(program.parent.glob("*.sh")))  # issue 49 item 8, in these folders too
     wanted = {"normal": ["data/verse.txt"], "etc": ["data/verse.txt"], "dot": ["data/verse.txt"], "beside": ["verse.txt"],
               "spaces": ["my data/v erse.txt", "eval s/e.txt", "eval s/e.txt"],
               "absolute": [str(tmp_path / "shared data" / "a.txt"), "plans/sub/b.txt"]}[case]
