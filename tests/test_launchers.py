@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +23,7 @@ import yaml
 
 from dslc import codegen
 from dslc.codegen.launchers import in_image, k8s_name
-from dslc.driver import load_paths
+from dslc.driver import load_paths, load_text
 from dslc.reading import within
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -220,6 +221,44 @@ def test_launch_without_torchrun_says_how_to_get_it(repo, tmp_path, torchrun):
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 127 and run.stdout == "", run.stderr
     assert run.stderr == f"launch.sh: error: {torchrun or 'torchrun'}: not found; activate the environment torch is installed in, or set TORCHRUN=/path/to/torchrun\n"
+
+
+@pytest.mark.parametrize("nproc", [2, 1])
+def test_ctrl_c_stops_launch_sh_in_one_line(tmp_path, nproc):
+    """Issue 49 item 7: Ctrl-C during launch.sh printed torchrun's traceback and each
+    rank's (about 40 lines), status 1. Now rank 0 says at which step the run stopped and
+    where --resume goes on, in one line; the status is 130; the checkpoint being written
+    is removed and the committed ones are whole. SIGINT goes to launch.sh's process group,
+    as a terminal sends it, once the first step is logged (every step saves: the signal
+    often lands in a save). One process: launch.sh runs python, which stops the same."""
+    text = POD_PLAN.format(data="synthetic", blocks='checkpoint { every = 1; dir = "ck" }')
+    if nproc == 1:
+        text = text.replace("gpus_per_node = 2", "gpus_per_node = 1").replace("mesh { dp = 2 on shm }", "")
+    res = load_text(text, str(tmp_path / "p.plan"))
+    assert not [d for d in res.diagnostics if d.is_error]
+    folder = codegen.write(res.program.plans[0], tmp_path / "out")
+    env = dict(os.environ, TORCHRUN=str(Path(sys.executable).parent / "torchrun"), PYTHON=sys.executable, OMP_NUM_THREADS="1")
+    run = subprocess.Popen(["bash", str(folder / "launch.sh"), "--steps", "100000"], cwd=tmp_path, env=env, text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        seen = []
+        for line in run.stdout:
+            seen.append(line)
+            if line.startswith("step "):
+                os.killpg(run.pid, signal.SIGINT)
+                break
+        seen += run.stdout.readlines()
+        status = run.wait(timeout=60)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    out = "".join(seen)
+    assert status == 130 and "Traceback" not in out and "SignalException" not in out, out
+    stopped = [line for line in seen if "Ctrl-C" in line]
+    assert len(stopped) == 1 and re.fullmatch(r"train\.py: stopped by Ctrl-C at step (\d+); --resume goes on from step (\d+)\n", stopped[0]), out
+    assert seen[-1] == stopped[0], out  # nothing from torchrun after it
+    steps = sorted(os.listdir(tmp_path / "ck"))
+    assert steps and all(re.fullmatch(r"step\d+", s) and (tmp_path / "ck" / s / "COMMIT.json").is_file() for s in steps), steps
 
 
 def test_a_single_process_plan_runs_python(repo, tmp_path):

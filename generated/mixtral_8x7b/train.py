@@ -18,6 +18,7 @@ import argparse
 import json
 import math
 import os
+import signal
 import time
 
 import torch
@@ -55,7 +56,7 @@ from plan import (
     WORLD_SIZE,
     kind_of,
 )
-from utils import copy_all, fail, file_name, generator, output_folder, to_device
+from utils import STOP, copy_all, fail, file_name, generator, output_folder, to_device
 
 # -----------------------------------------------------------------------------
 # Settings of the run, from the plan (the model's, the mesh's and the batch's are in plan.py)
@@ -70,6 +71,7 @@ PEAK_FLOPS = 989e12  # per device (h100_sxm, bf16), for MFU
 
 # -----------------------------------------------------------------------------
 # Start-up: flags, device, processes
+signal.signal(signal.SIGINT, STOP)  # Ctrl-C: rank 0 says at which step, all stop
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 # a bad flag: one line (train.py: error: ...), exit 2
 parser.print_usage = lambda file=None: None
@@ -249,6 +251,7 @@ def main():
     # the steps that read them, those that log or end the run
     pending, t_read = [], time.perf_counter()
     for step in range(args.steps):
+        STOP.step = step  # for the line a Ctrl-C ends the run with (utils.Stop)
         if METER.on:
             METER.step = step  # what is sent from now on is this step's
         if args.trace and step + 1 == args.steps:

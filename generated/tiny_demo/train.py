@@ -17,6 +17,7 @@ import argparse
 import json
 import math
 import os
+import signal
 import time
 
 import torch
@@ -50,7 +51,7 @@ from plan import (
     WORLD_SIZE,
     kind_of,
 )
-from utils import fail, file_name, output_folder, to_device
+from utils import STOP, fail, file_name, output_folder, to_device
 
 # -----------------------------------------------------------------------------
 # Settings of the run, from the plan (the model's, the mesh's and the batch's are in plan.py)
@@ -70,6 +71,7 @@ PEAK_FLOPS = 5e11  # per device (cpu, fp32), for MFU
 
 # -----------------------------------------------------------------------------
 # Start-up: flags, device, processes
+signal.signal(signal.SIGINT, STOP)  # Ctrl-C: rank 0 says at which step, all stop
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 # a bad flag: one line (train.py: error: ...), exit 2
 parser.print_usage = lambda file=None: None
@@ -217,6 +219,7 @@ def main():
     # the steps that read them, those that log or end the run
     pending, t_read = [], time.perf_counter()
     for step in range(args.steps):
+        STOP.step = step  # for the line a Ctrl-C ends the run with (utils.Stop)
         if METER.on:
             METER.step = step  # what is sent from now on is this step's
         loss, lr, norm = train_step(step)
