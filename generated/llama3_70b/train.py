@@ -18,7 +18,6 @@ import argparse
 import json
 import math
 import os
-import signal
 import time
 
 import torch
@@ -73,10 +72,9 @@ PEAK_FLOPS = 989e12  # per device (h100_sxm, bf16), for MFU
 
 # -----------------------------------------------------------------------------
 # Start-up: flags, device, processes
-signal.signal(signal.SIGINT, STOP)  # Ctrl-C: rank 0 says at which step, all stop
+STOP.install()  # Ctrl-C: each rank stops at once, rank 0 says at which step
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-# a bad flag: one line (train.py: error: ...), exit 2
-parser.print_usage = lambda file=None: None
+parser.print_usage = lambda file=None: None  # a bad flag: one line (error: ...), exit 2
 parser.add_argument("--steps", type=int, default=STEPS)
 parser.add_argument("--seed", type=int, default=SEED)
 parser.add_argument("--log-every", type=int, default=1, metavar="N")

@@ -37,7 +37,7 @@ def fail(message, status=1):  # one line on stderr, in one write, not a tracebac
 
 
 class Stop:
-    """Ctrl-C (SIGINT; train.py makes STOP its handler): this rank stops at once. The
+    """Ctrl-C (SIGINT; train.py calls STOP.install): this rank stops at once. The
     checkpoint being written is removed (each rank tries: the committed ones are whole),
     rank 0 says at which step in one line, and the status is 130, or 0 under torchrun,
     whose restarts would start the ranks again (launch.sh, which sent the signal, ends
@@ -46,6 +46,9 @@ class Stop:
     step = None  # the step running, from 0 (None: none yet)
     saved = None  # the newest checkpoint's step (None: the plan saves none)
     saving = None  # the folder of the checkpoint being written
+
+    def install(self):
+        signal.signal(signal.SIGINT, self)
 
     def __call__(self, signum, frame):
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C changes nothing
