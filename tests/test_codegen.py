@@ -320,8 +320,21 @@ def test_generated_files_pass_black_ruff_and_bash(all_rendered, tmp_path):
             assert os.access(folder / script, os.X_OK)
 
 
+def test_generated_shell_files_pass_shellcheck(all_rendered, shellcheck):
+    """Issue 49 item 8: launch.sh and sbatch.sh of every golden plan, variant and example
+    plan pass shellcheck at its default level (tests/test_launchers.py checks them written
+    to odd folders). Most differ from another only in comments and the plan's name: one
+    of each is read."""
+    distinct = {}
+    for path in (folder / script for folder in all_rendered for script in ("launch.sh", "sbatch.sh")):
+        code = [line for line in path.read_text().replace(path.parent.name, "p").splitlines() if not line.startswith("# ")]
+        distinct.setdefault((path.name, *code), path)
+    assert len(distinct) < 2 * len(all_rendered)
+    shellcheck(distinct.values())
+
+
 def test_scripts_import_only_torch_the_standard_library_and_each_other(all_rendered):
-    allowed = {"argparse", "contextlib", "datetime", "functools", "hashlib", "io", "json", "math", "mmap", "os", "pickle", "re", "shutil", "stat", "struct", "sys", "time", "torch", "warnings", "weakref"}
+    allowed = {"argparse", "contextlib", "datetime", "functools", "hashlib", "io", "json", "math", "mmap", "os", "pickle", "re", "shutil", "signal", "stat", "struct", "sys", "time", "torch", "warnings", "weakref"}
     # imported inside a function only: by Hugging Face checkpoints, --tensorboard (through
     # torch.utils.tensorboard, which needs the tensorboard package) and --wandb
     lazy = {"safetensors", "tensorboard", "wandb"}

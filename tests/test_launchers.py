@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +23,7 @@ import yaml
 
 from dslc import codegen
 from dslc.codegen.launchers import in_image, k8s_name
-from dslc.driver import load_paths
+from dslc.driver import load_paths, load_text
 from dslc.reading import within
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -222,6 +223,44 @@ def test_launch_without_torchrun_says_how_to_get_it(repo, tmp_path, torchrun):
     assert run.stderr == f"launch.sh: error: {torchrun or 'torchrun'}: not found; activate the environment torch is installed in, or set TORCHRUN=/path/to/torchrun\n"
 
 
+@pytest.mark.parametrize("nproc", [2, 1])
+def test_ctrl_c_stops_launch_sh_in_one_line(tmp_path, nproc):
+    """Issue 49 item 7: Ctrl-C during launch.sh printed torchrun's traceback and each
+    rank's (about 40 lines), status 1. Now rank 0 says at which step the run stopped and
+    where --resume goes on, in one line; the status is 130; the checkpoint being written
+    is removed and the committed ones are whole. SIGINT goes to launch.sh's process group,
+    as a terminal sends it, once the first step is logged (every step saves: the signal
+    often lands in a save). One process: launch.sh runs python, which stops the same."""
+    text = POD_PLAN.format(data="synthetic", blocks='checkpoint { every = 1; dir = "ck" }')
+    if nproc == 1:
+        text = text.replace("gpus_per_node = 2", "gpus_per_node = 1").replace("mesh { dp = 2 on shm }", "")
+    res = load_text(text, str(tmp_path / "p.plan"))
+    assert not [d for d in res.diagnostics if d.is_error]
+    folder = codegen.write(res.program.plans[0], tmp_path / "out")
+    env = dict(os.environ, TORCHRUN=str(Path(sys.executable).parent / "torchrun"), PYTHON=sys.executable, OMP_NUM_THREADS="1")
+    run = subprocess.Popen(["bash", str(folder / "launch.sh"), "--steps", "100000"], cwd=tmp_path, env=env, text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        seen = []
+        for line in run.stdout:
+            seen.append(line)
+            if line.startswith("step "):
+                os.killpg(run.pid, signal.SIGINT)
+                break
+        seen += run.stdout.readlines()
+        status = run.wait(timeout=60)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    out = "".join(seen)
+    assert status == 130 and "Traceback" not in out and "SignalException" not in out, out
+    stopped = [line for line in seen if "Ctrl-C" in line]
+    assert len(stopped) == 1 and re.fullmatch(r"train\.py: stopped by Ctrl-C at step (\d+); --resume goes on from step (\d+)\n", stopped[0]), out
+    assert seen[-1] == stopped[0], out  # nothing from torchrun after it
+    steps = sorted(os.listdir(tmp_path / "ck"))
+    assert steps and all(re.fullmatch(r"step\d+", s) and (tmp_path / "ck" / s / "COMMIT.json").is_file() for s in steps), steps
+
+
 def test_a_single_process_plan_runs_python(repo, tmp_path):
     """long_context_serial (one CPU process): one task, python train.py, no torchrun."""
     run, calls = _sbatch(repo, tmp_path, "long_context_serial", repo, "--steps", "2")
@@ -241,6 +280,43 @@ def test_sbatch_refuses_a_job_of_another_size_and_a_missing_folder(repo, tmp_pat
     (tmp_path / "c").mkdir()
     run, calls = _sbatch(repo, tmp_path / "c", "llama3_70b", repo / "generated" / "llama3_8b")
     assert run.returncode == 2 and "cannot find" in run.stderr
+
+
+# --------------------------------------------------------------------------------------
+# shellcheck on every shell file dslc writes (issue 49 item 8)
+
+# A folder name with what the shell treats specially: spaces, quotes, expansions, a glob
+ODD = "my $(x) `y` \"q\" 's' \\ * [a] {b,c} ~ ! dir"
+
+
+def test_every_committed_shell_file_passes_shellcheck(repo, shellcheck):
+    """shellcheck 0.11 found SC2046 in every launch.sh and sbatch.sh (`unset -f $(compgen
+    -A function)`, whose names it split and globbed): the shell files under generated/,
+    and those of every plan compiled here, pass it at its default level."""
+    committed = sorted((ROOT / "generated").rglob("*.sh"))
+    assert {p.name for p in committed} == {"launch.sh", "sbatch.sh"} and len(committed) == 2 * len(_plans())
+    shellcheck([*committed, *sorted((repo / "generated").rglob("*.sh"))])
+
+
+@pytest.mark.parametrize("out", ["generated", "../up", "/abs", "out put", ODD, "sub/" + ODD, "../" + ODD, "/" + ODD],
+                         ids=["generated", "up", "abs", "spaces", "odd", "sub-odd", "up-odd", "abs-odd"])
+def test_shell_files_pass_shellcheck_wherever_they_are_written(tmp_path, shellcheck, out):
+    """Every plan of plans/ (one process, one node, several nodes, max restarts), its file in
+    a folder named ``ODD``, compiled to output folders with names of that sort, inside the
+    project, beside it and sharing no folder with it (an absolute path in the stamp and in
+    sbatch.sh's search): their launch.sh and sbatch.sh pass shellcheck."""
+    project = Path("/nonexistent", ODD) if out.startswith("/") else tmp_path / ODD  # only / in common
+    root = tmp_path / out.lstrip("/") if out.startswith("/") else project / out
+    scripts = []
+    for plan in _plans().values():
+        moved = dataclasses.replace(plan, file=str(project / ODD / Path(plan.file).name))
+        for name, text in codegen.render(moved, root, layout=False).items():
+            if name.endswith(".sh"):
+                scripts.append(tmp_path / "scripts" / plan.name / name)
+                scripts[-1].parent.mkdir(parents=True, exist_ok=True)
+                scripts[-1].write_text(text)
+    assert len(scripts) == 2 * len(_plans())
+    shellcheck(scripts)
 
 
 # --------------------------------------------------------------------------------------
@@ -461,7 +537,7 @@ def _follow(project: Path, folder: Path) -> dict:
 
 
 @pytest.mark.parametrize("case", ["normal", "etc", "dot", "beside", "spaces", "absolute"])
-def test_the_pod_finds_the_program_its_data_and_its_checkpoints(tmp_path, case):
+def test_the_pod_finds_the_program_its_data_and_its_checkpoints(tmp_path, shellcheck, case):
     """Issue 49 item 1, issue 50 item 2: a mount point never comes from a plan's path.
     `checkpoint { dir = "/etc" }` mounted the read-write volume at /etc, `dir = "."` at
     /workspace over the program; a data file beside a plan at the project's root mounted
@@ -493,6 +569,7 @@ def test_the_pod_finds_the_program_its_data_and_its_checkpoints(tmp_path, case):
     program = seen["program"]
     assert program is not None and program.name == "train.py" and program.parent.name == "p"
     assert program.parent.parent == (project / out).resolve() or program.parent.parent.samefile(project / out)
+    shellcheck(sorted(program.parent.glob("*.sh")))  # issue 49 item 8, in these folders too
     wanted = {"normal": ["data/verse.txt"], "etc": ["data/verse.txt"], "dot": ["data/verse.txt"], "beside": ["verse.txt"],
               "spaces": ["my data/v erse.txt", "eval s/e.txt", "eval s/e.txt"],
               "absolute": [str(tmp_path / "shared data" / "a.txt"), "plans/sub/b.txt"]}[case]

@@ -57,7 +57,7 @@ from checkpoint_files import (
 from mesh import CALLING
 from model import global_part
 from plan import TIMEOUT
-from utils import fail, shown
+from utils import STOP, fail, shown
 
 
 class Checkpoints:
@@ -78,6 +78,7 @@ class Checkpoints:
         # DCP's own group: it moves CPU tensors
         self.group = dist.new_group(backend="gloo", timeout=TIMEOUT)
         self.master = self.rank == 0  # writes COMMIT.json and prunes
+        STOP.saved = 0  # the newest checkpoint's step, for a Ctrl-C's line
         # the optimizer's steps (1-D: a tensor with an offset)
         self.step_count = torch.zeros(1, dtype=torch.float64)
 
@@ -124,6 +125,7 @@ class Checkpoints:
         """Every rank writes its pieces into step<N>.partial; the master commits it."""
         began, final = time.perf_counter(), step_folder(self.folder, step)
         partial = final + ".partial"
+        STOP.saving = partial  # removed if a Ctrl-C stops the run before the commit
         for folder in (partial, final):  # replaced below: only this model's own
             if os.path.lexists(folder) and not ours(folder):
                 fail(
@@ -154,6 +156,7 @@ class Checkpoints:
         if self.master:
             commit(writer, final, step, began)
         dist.barrier(group=self.group)
+        STOP.saving, STOP.saved = None, step
 
     def load(self, steps):
         """Loads the newest committed checkpoint, written by any layout of this model;
@@ -206,6 +209,7 @@ class Checkpoints:
                     f"nothing to train: step {marker['step']} is at or past --steps {steps}; ask for more to go on",
                     flush=True,
                 )
+        STOP.saved = marker["step"]
         return marker["step"]
 
 

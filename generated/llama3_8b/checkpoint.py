@@ -57,7 +57,7 @@ from checkpoint_files import (
 from mesh import CALLING
 from model import global_part
 from plan import TIMEOUT
-from utils import fail, shown
+from utils import STOP, fail, shown
 
 
 class Checkpoints:
@@ -78,6 +78,7 @@ class Checkpoints:
         # DCP's own group: it moves CPU tensors
         self.group = dist.new_group(backend="gloo", timeout=TIMEOUT)
         self.master = self.rank == 0  # writes COMMIT.json and prunes
+        STOP.saved = 0  # the newest checkpoint's step, for a Ctrl-C's line
         # the optimizer's steps (1-D: a tensor with an offset)
         self.step_count = torch.zeros(1, dtype=torch.float64)
         # the background save: (future, its writer, the folder's final name, step, its start)
@@ -128,6 +129,7 @@ class Checkpoints:
         self.finish_saving()  # one save in flight at a time
         began, final = time.perf_counter(), step_folder(self.folder, step)
         partial = final + ".partial"
+        STOP.saving = partial  # removed if a Ctrl-C stops the run before the commit
         for folder in (partial, final):  # replaced below: only this model's own
             if os.path.lexists(folder) and not ours(folder):
                 fail(
@@ -170,6 +172,7 @@ class Checkpoints:
             future.result()
             if self.master:
                 commit(writer, final, step, began)
+            STOP.saving, STOP.saved = None, step
         self.in_flight.clear()
 
     def load(self, steps):
@@ -223,6 +226,7 @@ class Checkpoints:
                     f"nothing to train: step {marker['step']} is at or past --steps {steps}; ask for more to go on",
                     flush=True,
                 )
+        STOP.saved = marker["step"]
         return marker["step"]
 
 

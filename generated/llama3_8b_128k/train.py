@@ -54,7 +54,16 @@ from plan import (
     WORLD_SIZE,
     kind_of,
 )
-from utils import copy_all, due, fail, file_name, generator, output_folder, to_device
+from utils import (
+    STOP,
+    copy_all,
+    due,
+    fail,
+    file_name,
+    generator,
+    output_folder,
+    to_device,
+)
 
 # -----------------------------------------------------------------------------
 # Settings of the run, from the plan (the model's, the mesh's and the batch's are in plan.py)
@@ -69,9 +78,9 @@ PEAK_FLOPS = 989e12  # per device (h100_sxm, bf16), for MFU
 
 # -----------------------------------------------------------------------------
 # Start-up: flags, device, processes
+STOP.install()  # Ctrl-C: each rank stops at once, rank 0 says at which step
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-# a bad flag: one line (train.py: error: ...), exit 2
-parser.print_usage = lambda file=None: None
+parser.print_usage = lambda file=None: None  # a bad flag: one line (error: ...), exit 2
 parser.add_argument("--steps", type=int, default=STEPS)
 parser.add_argument("--seed", type=int, default=SEED)
 parser.add_argument("--log-every", type=int, default=1, metavar="N")
@@ -224,6 +233,7 @@ def main():
     # the steps that read them, those that log or end the run
     pending, t_read = [], time.perf_counter()
     for step in range(args.steps):
+        STOP.step = step  # for the line a Ctrl-C ends the run with (utils.Stop)
         if METER.on:
             METER.step = step  # what is sent from now on is this step's
         loss, lr, norm = train_step(step)

@@ -16,7 +16,8 @@ set -euo pipefail
 # The caller's shell changes nothing here: no CDPATH for cd to search (or to print the
 # folder it found), and no exported function in place of cd, pwd or any other command.
 unset CDPATH
-unset -f $(compgen -A function 2>/dev/null) || true
+# (one name a line, neither split nor globbed; a loop, as bash 3.2 has no mapfile)
+while IFS= read -r fn; do unset -f "$fn" || true; done < <(compgen -A function 2>/dev/null)
 
 HERE="${BASH_SOURCE[0]%/*}"  # this file's folder; the file itself when there is no slash
 [ "$HERE" != "${BASH_SOURCE[0]}" ] || HERE=.
@@ -44,20 +45,45 @@ if [ -n "${LOG_DIR:-}" ]; then
     LOGS=(--log-dir="$LOG_DIR/${SLURMD_NODENAME:-$HOSTNAME}" --redirects=3 --tee=3)
 fi
 
+MASTER_PORT="${MASTER_PORT:-29500}"
 if [ "$NNODES" -eq 1 ] && [ -z "${MASTER_ADDR:-}" ]; then
-    exec "$TORCHRUN" --standalone --nnodes=1 --nproc-per-node="$NPROC_PER_NODE" ${LOGS[@]+"${LOGS[@]}"} "$HERE/train.py" "$@"
-fi
-
-if [ -z "${MASTER_ADDR:-}" ]; then
+    RENDEZVOUS=(--standalone)
+elif [ -z "${MASTER_ADDR:-}" ]; then
     echo "launch.sh: error: NNODES=$NNODES needs MASTER_ADDR (the first node's address) on every node" >&2
     exit 2
+elif [ "${RDZV:-c10d}" = static ]; then
+    RENDEZVOUS=(--node-rank="${NODE_RANK:?RDZV=static needs NODE_RANK}" --master-addr="$MASTER_ADDR" --master-port="$MASTER_PORT")
+else
+    RENDEZVOUS=(--rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="${RDZV_ID:-long_context_cp4}")
 fi
-MASTER_PORT="${MASTER_PORT:-29500}"
-if [ "${RDZV:-c10d}" = static ]; then
-    exec "$TORCHRUN" --nnodes="$NNODES" --nproc-per-node="$NPROC_PER_NODE" ${LOGS[@]+"${LOGS[@]}"} \
-        --node-rank="${NODE_RANK:?RDZV=static needs NODE_RANK}" \
-        --master-addr="$MASTER_ADDR" --master-port="$MASTER_PORT" "$HERE/train.py" "$@"
-fi
-exec "$TORCHRUN" --nnodes="$NNODES" --nproc-per-node="$NPROC_PER_NODE" ${LOGS[@]+"${LOGS[@]}"} \
-    --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="${RDZV_ID:-long_context_cp4}" \
-    "$HERE/train.py" "$@"
+
+# Ctrl-C: the ranks stop where they are, and rank 0 says after which step (train.py); this
+# script ends with status 130. torchrun runs in a process group of its own, out of the
+# terminal's reach (its own handling of Ctrl-C ends in a traceback), and is sent the
+# signal itself only where there is no rank to send it to (pkill missing, or the ranks
+# not started: a rendezvous waiting for nodes) or at a second Ctrl-C.
+STOPPED="" PID=""
+# shellcheck disable=SC2329  # stop is run: by the trap below, which shellcheck does not follow
+stop() {
+    if [ -z "$STOPPED" ] && [ -n "$PID" ] && command -v pkill >/dev/null 2>&1 && pkill -INT -P "$PID"; then
+        STOPPED=1
+    else
+        STOPPED=1
+        [ -z "$PID" ] || kill -INT "$PID" 2>/dev/null || true
+    fi
+}
+trap stop INT
+trap '[ -z "$PID" ] || kill -TERM "$PID" 2>/dev/null || true' TERM
+trap '[ -z "$PID" ] || kill -HUP "$PID" 2>/dev/null || true' HUP
+set -m  # the next command in a process group of its own
+"$TORCHRUN" "${RENDEZVOUS[@]}" --nnodes="$NNODES" --nproc-per-node="$NPROC_PER_NODE" ${LOGS[@]+"${LOGS[@]}"} \
+    "$HERE/train.py" "$@" &
+PID=$!
+set +m
+STATUS=0
+while :; do  # a trap ends the wait early: wait again while torchrun runs
+    wait "$PID" && STATUS=0 || STATUS=$?
+    kill -0 "$PID" 2>/dev/null || break
+done
+[ -z "$STOPPED" ] || exit 130
+exit "$STATUS"

@@ -11,7 +11,8 @@ set -euo pipefail
 # The caller's shell changes nothing here: no CDPATH for cd to search (or to print the
 # folder it found), and no exported function in place of cd, pwd or any other command.
 unset CDPATH
-unset -f $(compgen -A function 2>/dev/null) || true
+# (one name a line, neither split nor globbed; a loop, as bash 3.2 has no mapfile)
+while IFS= read -r fn; do unset -f "$fn" || true; done < <(compgen -A function 2>/dev/null)
 
 HERE="${BASH_SOURCE[0]%/*}"  # this file's folder; the file itself when there is no slash
 [ "$HERE" != "${BASH_SOURCE[0]}" ] || HERE=.

@@ -26,7 +26,7 @@ from meter import DASHBOARD, METER, measure_block
 from model import Transformer, compile_model, init_weights, materialize
 from optimizer import build_optimizer, get_lr, grad_norm
 from plan import DP, GLOBAL_BATCH, LAYOUT, MICRO_BATCH, MICRO_STEPS, SEQ_LEN, WORLD_SIZE
-from utils import due, fail, file_name, output_folder, to_device
+from utils import STOP, due, fail, file_name, output_folder, to_device
 
 # -----------------------------------------------------------------------------
 # Settings of the run, from the plan (the model's, the mesh's and the batch's are in plan.py)
@@ -46,9 +46,9 @@ PEAK_FLOPS = 5e11  # per device (cpu, fp32), for MFU
 
 # -----------------------------------------------------------------------------
 # Start-up: flags, device
+STOP.install()  # Ctrl-C: each rank stops at once, rank 0 says at which step
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-# a bad flag: one line (train.py: error: ...), exit 2
-parser.print_usage = lambda file=None: None
+parser.print_usage = lambda file=None: None  # a bad flag: one line (error: ...), exit 2
 parser.add_argument("--steps", type=int, default=STEPS)
 parser.add_argument("--seed", type=int, default=SEED)
 parser.add_argument("--log-every", type=int, default=1, metavar="N")
@@ -180,6 +180,7 @@ def main():
     # the steps that read them, those that log or end the run
     pending, t_read = [], time.perf_counter()
     for step in range(args.steps):
+        STOP.step = step  # for the line a Ctrl-C ends the run with (utils.Stop)
         if METER.on:
             METER.step = step  # what is sent from now on is this step's
         loss, lr, norm = train_step(step)

@@ -32,7 +32,8 @@ set -euo pipefail
 # The caller's shell changes nothing here: no CDPATH for cd to search (or to print the
 # folder it found), and no exported function in place of cd, pwd or any other command.
 unset CDPATH
-unset -f $(compgen -A function 2>/dev/null) || true
+# (one name a line, neither split nor globbed; a loop, as bash 3.2 has no mapfile)
+while IFS= read -r fn; do unset -f "$fn" || true; done < <(compgen -A function 2>/dev/null)
 
 if [ -z "${SLURM_JOB_ID:-}" ]; then
     echo "sbatch.sh: error: not in a Slurm job: submit it with sbatch (or run launch.sh)" >&2
