@@ -231,7 +231,7 @@ def test_ctrl_c_stops_launch_sh_in_one_line(tmp_path, nproc):
     is removed and the committed ones are whole. SIGINT goes to launch.sh's process group,
     as a terminal sends it, once the first step is logged (every step saves: the signal
     often lands in a save). One process: launch.sh runs python, which stops the same."""
-    text = POD_PLAN.format(data="synthetic", blocks='checkpoint { every = 1; dir = "ck" }')
+    text = POD_PLAN.format(data="synthetic", blocks='checkpoint { every = 1; dir = "ck" }', model=POD_MODEL)
     if nproc == 1:
         text = text.replace("gpus_per_node = 2", "gpus_per_node = 1").replace("mesh { dp = 2 on shm }", "")
     res = load_text(text, str(tmp_path / "p.plan"))
@@ -436,6 +436,7 @@ def test_a_plan_named_like_a_yaml_keyword_stays_a_string(tmp_path):
 # --------------------------------------------------------------------------------------
 # trainjob.yaml as the pod sees it: every path its command and args use, through the mounts
 
+POD_MODEL = "layers = 2; hidden = 64; heads = 8; vocab = 256; seq_len = 32"
 POD_PLAN = """
 cluster c {{ nodes = 1; gpus_per_node = 2; device = cpu; link shm {{ scope = node; bandwidth = 10 GB/s; latency = 10 us }} }}
 plan p {{
@@ -453,7 +454,7 @@ plan p {{
 
 
 def _pod_sees(project: Path, plan_file: str, out: str, data: str, blocks: str, files: dict[str, str],
-              model: str = "layers = 2; hidden = 64; heads = 8; vocab = 256; seq_len = 32") -> dict:
+              model: str = POD_MODEL) -> dict:
     """Compiles the plan at ``project/plan_file`` with ``-o out`` (from ``project``, as the
     stamp's command runs), then follows each path the manifest's command and args use
     through its volume mounts (:func:`_follow`)."""
