@@ -220,5 +220,5 @@ def to_json(result: Result, shown: list[Row], seconds_taken: float, advice: Advi
         "global_batch": p.train.global_batch,
         # how the batch holds the layouts back (null: it does not), and the batch offered
         "batch_limits": advice and {"limits": list(advice.limits), "mfu": advice.mfu, "offered_global_batch": advice.offered,
-                                    "offered_mfu": advice.offered_mfu},
+                                    "offered_mfu": advice.offered_mfu, "offered_mfu_at_least": advice.at_least},
     }

@@ -17,7 +17,8 @@ The smallest power-of-two multiple of the batch that does both, and no larger: p
 larger batch mostly costs data (past the critical batch size, McCandlish et al. 2018, "An
 Empirical Model of Large-Batch Training", doubling the batch nearly doubles the tokens a run
 needs for the same loss, which the cost model cannot see) for what larger micro-batches add
-to each GEMM. The offer is searched at that batch, as ``--global-batch`` would, and made only
+to each GEMM. The offer is searched at that batch, as ``--global-batch`` would but within
+:data:`OFFER_WORK` (its MFU a floor when that runs out), and made only
 when its fastest layout's MFU beats the plan's by more than :data:`GAIN` (the estimate's own
 error against published steps is 10-15 %, ``tests/test_published.py``).
 """
@@ -33,6 +34,9 @@ from . import WORK, Result, search
 
 GAIN = 0.10  # the offer's MFU must beat the plan batch's by more than this
 IDLE = 0.10  # a pipeline idle this share of its time or more is held back by its micro-batches
+# The work of the search at the offered batch (its micro-batches make each estimate costlier):
+# an eighth of the search's bound, a few seconds; cut short, its MFU is a floor ("at least")
+OFFER_WORK = WORK // 8
 
 
 @dataclass(frozen=True)
@@ -81,7 +85,7 @@ def advise(plan: Plan, result: Result, gpus: int | None = None, fixed: frozenset
            progress=None) -> Advice | None:
     """None when the batch does not hold the fastest layout back (:func:`limits`); else how,
     and the batch offered with its fastest layout's MFU, searched as ``--global-batch``
-    would (none offered when that gains too little; not searched after a search that was
+    would within OFFER_WORK (none offered when that gains too little; not searched after a search that was
     itself a sample of the shapes)."""
     why = limits(result)
     if not why:
@@ -92,9 +96,10 @@ def advise(plan: Plan, result: Result, gpus: int | None = None, fixed: frozenset
         return advice
     if result.unprobed:  # the search was a sample of the shapes: another would cost as much again
         return replace(advice, offered=batch)
-    # what is left of the search's work bound, so that both searches together stay within it
+    # a pointer, not the search the user asked for: at most OFFER_WORK, and within what the
+    # plan's search left of the bound
     found = search(replace(plan, train=replace(plan.train, global_batch=batch)), gpus, progress=progress, fixed=fixed,
-                   work=max(0, WORK - result.work))
+                   work=max(0, min(OFFER_WORK, WORK - result.work)))
     if not found.ranked or found.ranked[0].timing.mfu <= advice.mfu * (1 + GAIN):
         return advice
     return replace(advice, offered=batch, offered_mfu=found.ranked[0].timing.mfu, at_least=found.unsearched > 0)
