@@ -74,6 +74,15 @@ def test_search_table_shows_the_plan_as_written_below_the_fastest(capsys):
     assert "tiny_demo on 4 × cpu" in captured.err and "layouts costed" in captured.err
 
 
+def test_the_plan_as_written_is_shown_once(capsys):
+    """tiny_moe's own layout ranks 3: its row says "(as written)", and no second row of it
+    follows the table (the ranked copy was a plan equal in layout, not in every field)."""
+    assert cli.main(["search", str(ROOT / "plans/tiny_moe.plan"), "-q"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert sum("(as written)" in line for line in lines) == 1
+    assert not any(line.startswith("plan ") for line in lines)
+
+
 def test_every_table_search_prints_fits_in_120_columns(capsys):
     """At 1,024 GPUs four axes and long lists of changes made the table about 220 columns
     wide: now each row is a line of at most 120 columns with its changes wrapped on lines of

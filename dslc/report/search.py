@@ -93,7 +93,7 @@ def table(result: Result, shown: list[Row], width: int = WIDTH):
 
     lines = [(cells(r, r.found, r.busiest), "bold green" if r.rank == 1 else None) for r in shown]
     own = result.own
-    if own is not None and all(r.found.plan != own.plan for r in shown):
+    if own is not None and all(r.found.changes for r in shown):  # none of them the plan's own layout
         lines.append((cells(None, own, _busiest(own)), "dim"))
 
     def fitted(columns: tuple[str, ...]) -> list[str] | None:
