@@ -87,15 +87,17 @@ def _fake_slurm(tmp_path: Path) -> Path:
     return bindir
 
 
-def _sbatch(repo: Path, tmp_path: Path, name: str, submit: Path, *args: str, nodes: int | None = None, **extra: str):
-    """Run generated/<name>/sbatch.sh as sbatch would (a copy in a spool folder, the
-    job's SLURM_* variables) from ``submit``; what srun, torchrun and python were asked."""
+def _sbatch(repo: Path, tmp_path: Path, name: str, submit: Path, *args: str, nodes: int | None = None,
+            folder: Path | None = None, **extra: str):
+    """Run generated/<name>/sbatch.sh (or ``folder``'s) as sbatch would (a copy in a spool
+    folder, the job's SLURM_* variables) from ``submit``; what srun, torchrun and python
+    were asked."""
     bindir = _fake_slurm(tmp_path)
     spool = tmp_path / "spool"
     spool.mkdir()
     script = spool / "slurm_script"  # sbatch runs a copy: BASH_SOURCE says nothing of the folder
-    script.write_bytes((repo / "generated" / name / "sbatch.sh").read_bytes())
-    n = nodes or int(_directive(repo, name, "nodes"))
+    script.write_bytes(((folder or repo / "generated" / name) / "sbatch.sh").read_bytes())
+    n = nodes or int(_directive(repo, name, "nodes") if folder is None else 1)
     record = tmp_path / "record.jsonl"
     env = {
         "PATH": f"{bindir}:{os.environ['PATH']}",
@@ -210,6 +212,23 @@ def test_a_one_node_job_runs_torchrun_standalone(repo, tmp_path, name, nproc):
     assert _flags(torchrun["argv"])["nproc-per-node"] == nproc and _flags(torchrun["argv"])["nnodes"] == "1"
     assert torchrun["argv"][-3:] == [str(repo / "generated" / name / "train.py"), "--steps", "3"]
     assert _flags(torchrun["argv"])["log-dir"] == f"{repo / 'generated' / name}/logs/{name}-4242/node-a"
+
+
+def test_sbatch_finds_an_output_folder_with_any_name(tmp_path):
+    """`dslc compile -o "out $(x) put"` from the project's root: sbatch.sh submitted from
+    there looked only in plain-named folders ("cannot find p"); now it tries the output
+    folder as a quoted word, and runs the program in it."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "p.plan").write_text(POD_PLAN.format(data="synthetic", blocks="", model=POD_MODEL))
+    out = "out $(x) `y` 'put' \\ \"q\" ! *"
+    done = subprocess.run([sys.executable, "-m", "dslc", "compile", "-q", "p.plan", "-o", out], cwd=project,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    run, calls = _sbatch(ROOT, tmp_path, "p", project, "--steps", "3", folder=project / out / "p")
+    assert run.returncode == 0, run.stderr
+    (torchrun,) = [c for c in calls if c["tool"] == "torchrun"]
+    assert torchrun["argv"][-3:] == [str(project / out / "p" / "train.py"), "--steps", "3"]
 
 
 @pytest.mark.parametrize("torchrun", [None, "/nowhere/torchrun"])

@@ -4,7 +4,8 @@
 Both take the job's shape from the cluster (whole nodes, one process per GPU) and start
 launch.sh's torchrun; what a site must fill in (partition, account, image, volumes) is
 left to the user, marked EDIT. Every value here is a number, a validated name or a quoted
-literal: shell words that only name plain paths, YAML scalars written as JSON strings.
+literal: shell words that name plain paths or are double-quoted literals, YAML scalars written as
+JSON strings.
 """
 
 from __future__ import annotations
@@ -50,19 +51,21 @@ def launcher_view(plan: Plan, name: str, out_dir: str, reads_files: bool) -> dic
         "cpus_per_node": 0 if gpus else plan.cluster.gpus_per_node,  # gloo: one CPU per rank
         "processes_are": "GPUs" if gpus else "CPU processes",  # what a node's processes run on
         # where sbatch.sh looks for this folder, from the folder sbatch was called in
-        "slurm_folders": _slurm_folders(name, folder),
+        "slurm_folders": _slurm_folders(name, posixpath.join(out_dir, name)),
         "generated_folder": folder or name,  # for messages and comments only
         **_kubernetes(plan, name, out_dir, reads_files),
     }
 
 
-def _slurm_folders(name: str, folder: str | None) -> list[str]:
+def _slurm_folders(name: str, folder: str) -> list[str]:
     """Shell words, in the order sbatch.sh tries them: the submit folder itself (sbatch
     run inside the generated folder), the plan's folder in it (run in the output root),
-    and the output folder from the project's root (run where the stamp's command runs)."""
-    words = ['"$SUBMIT"', f'"$SUBMIT"/{name}']
-    if folder is not None:
-        words.append(folder if folder.startswith("/") else f'"$SUBMIT"/{folder}')
+    and the output folder from the project's root (run where the stamp's command runs),
+    double-quoted where it is not a plain path (``-o "out put"``; ``$``, backquotes, ``"``
+    and backslashes escaped: a literal, which shellcheck does not take for an expansion
+    left unexpanded, as it would a single-quoted ``$(x)``)."""
+    word = folder if _PLAIN_PATH.match(folder) else '"' + re.sub(r'([$`"\\])', r"\\\1", folder) + '"'
+    words = ['"$SUBMIT"', f'"$SUBMIT"/{name}', word if folder.startswith("/") else f'"$SUBMIT"/{word}']
     return list(dict.fromkeys(words))
 
 
