@@ -9,6 +9,7 @@ GPUs (E030) and that its batch does not add up (E080), in the same run.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from contextlib import suppress
 from dataclasses import fields, is_dataclass
 from typing import TypeVar
 
@@ -75,3 +76,10 @@ def until_unknown(found: Iterable[T]) -> list[T]:
     except UnknownValue:
         pass
     return out
+
+
+def unless_unknown() -> suppress:
+    """A part of a rule that reads a value the others do not (``with unless_unknown(): …``):
+    skipped when that value is unknown, and the rule goes on, so an error holds back only
+    the parts that read what it spoiled (:func:`until_unknown` stops a rule at the first)."""
+    return suppress(UnknownValue)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -79,10 +80,10 @@ HIDERS = {
     "E019 data": ("data = synthetic", 'data = bogus("x")', set()),
     "E012 layers": ("layers = 4; ", "", set()),  # the model's other keys are known
     "E012 nodes": ("nodes = 1; ", "", {"E030"}),
-    "E018 model": ("model llama {", "model = m  // llama {", {"E041"}),
+    "E018 model": ("model llama {", "model = m  // llama {", {"E041", "E100"}),
     "E018 cluster": ("cluster = c", "cluster = d", {"E030"}),
     "E011 cluster": ("cluster = c\n", "cluster = c\n    cluster c { nodes = 1; gpus_per_node = 4; device = cpu }\n", {"E030"}),
-    "E033 mesh": ("dp = 2 on shm", "dq = 2 on shm", {"E030", "E080", "E041"}),
+    "E033 mesh": ("dp = 2 on shm", "dq = 2 on shm", {"E030", "E080", "E041", "E100"}),
     "E013 micro_batch": ("micro_batch = 1;", "micro_batch = 1.5;", {"E080"}),  # not read as its default, 1
 }
 HIDDEN = {  # errors of the checks
@@ -90,6 +91,7 @@ HIDDEN = {  # errors of the checks
     "E080": ("global_batch = 2", "global_batch = 3"),
     "E041": ("hidden = 64; heads = 4", "hidden = 96; heads = 3"),
     "E081": ("zero = 1", "zero = 7"),
+    "E100": ("seq_len = 32 }", "seq_len = 32; dropout = 0.1 }"),  # its rule read the precision first
 }
 
 
@@ -108,6 +110,38 @@ def test_an_error_hides_only_what_depends_on_it(hider, hidden):
     assert hider.split()[0] in alone and hidden not in alone
     both = codes(PAIRED.replace(old_a, new_a).replace(old_b, new_b))
     assert both == alone | ({hidden} - holds)
+
+
+APART = """cluster c { nodes = 2; gpus_per_node = 4; device = cpu
+    link shm { scope = node; bandwidth = 10 GB/s; latency = 5 us }
+    link net { scope = cluster; bandwidth = 1 GB/s; latency = 10 us } }
+plan p {
+    model MODEL
+    cluster = c
+    mesh { MESH }
+    EXTRA
+    train { micro_batch = 1; data = synthetic }
+}
+"""
+LLAMA = "llama { layers = 4; hidden = 64; heads = 4; vocab = 256; seq_len = 32 }"
+
+
+@pytest.mark.parametrize("kept, model, mesh, extra, spoiled", [
+    ("W055", LLAMA, "pp = 2 on shm", "pipeline { schedule = gpipe; microbatches = 2 }", "layers"),  # after the layers' split
+    ("W064", LLAMA, "dp = 4 on shm; cp = 2 on net", "context_parallel { method = ulysses }", "hidden"),  # after E045's heads
+    ("E076", LLAMA.replace("llama", "mixtral").replace(" }", "; experts = 4; top_k = 2 }"), "tp = 2 on shm; ep = 2 on net", "", "layers"),
+])
+def test_a_rule_goes_on_past_a_part_that_reads_what_an_error_spoiled(kept, model, mesh, extra, spoiled):
+    """A rule stopped at the first unknown value it read: W055 after the model's layers (the
+    layers' split over the stages), W064 after the heads (E045), E076 after E077's layers.
+    Such a part is set apart (unknown.unless_unknown), and the rule goes on."""
+    text = APART.replace("MODEL", model).replace("MESH", mesh).replace("EXTRA", extra)
+
+    def codes(text: str) -> set[str]:
+        return {d.code for d in load_text(text, "<t>").diagnostics if d.severity.value != "note"}
+
+    assert kept in codes(text)
+    assert {"E013", kept} <= codes(re.sub(rf"\b{spoiled} = \d+", f'{spoiled} = "x"', text, count=1))
 
 
 def test_json_format(capsys):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from ..diagnostics import error, warning
 from ..groups import axis_crossing
 from ..ir import Plan
+from ..unknown import unless_unknown
 
 
 def experts(plan: Plan):
@@ -18,9 +19,10 @@ def experts(plan: Plan):
         yield error("E070", plan.where("mesh.ep", "model.experts"), f"experts={m.experts} are not divisible by ep={ep}", f"use an ep that divides {m.experts}")
     if m.top_k > m.experts:
         yield error("E071", plan.where("model.top_k"), f"top_k={m.top_k} is larger than experts={m.experts}")
-    if m.dense_layers >= m.layers:
-        yield error("E077", plan.where("model.dense_layers"), f"dense_layers={m.dense_layers} leaves none of the {m.layers} layers a mixture of experts",
-                    f"use dense_layers < {m.layers}, or a dense arch (llama)")
+    with unless_unknown():  # the layers: the rest reads none
+        if m.dense_layers >= m.layers:
+            yield error("E077", plan.where("model.dense_layers"), f"dense_layers={m.dense_layers} leaves none of the {m.layers} layers a mixture of experts",
+                        f"use dense_layers < {m.layers}, or a dense arch (llama)")
     if plan.tp > 1 and not plan.tensor_parallel.sequence_parallel:
         # The generated script replicates the experts over tp (it does not split them): with
         # sequence parallelism each tp rank routes its own slice of the sequence.

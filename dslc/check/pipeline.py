@@ -8,6 +8,7 @@ from ..chunks import Placement
 from ..diagnostics import error, warning
 from ..ir import Plan
 from ..pipeline_shapes import shape_problems
+from ..unknown import unless_unknown
 
 
 def pipeline(plan: Plan):
@@ -21,7 +22,16 @@ def pipeline(plan: Plan):
         if any(k in plan.spans for k in ("pipeline.schedule", "pipeline.virtual_stages", "pipeline.layers_per_stage")):
             yield warning("W057", plan.where("pipeline"), "pipeline options have no effect: the mesh has no pp axis", "add `pp = N on <link>` to the mesh, or remove them")
         return
-    chunks, layers = p * v, plan.model.layers  # the shape's problems above need no model
+    with unless_unknown():  # the layers over the stages: the bubble below needs no model
+        yield from _layers(plan, p * v, plan.model.layers)
+    if pl.schedule == "gpipe" and (p - 1) / m > 0.25:  # the bubble over the compute, (p−1)/m
+        yield warning("W055", plan.where("pipeline.schedule"), f"gpipe with pp={p} and microbatches={m}: the pipeline bubble is {(p - 1) / m:.3g}× the compute ((p−1)/m), so each rank idles {(p - 1) / (m + p - 1):.0%} of the step", f"use ≥ {4 * (p - 1)} micro-batches, or schedule = 1f1b")
+
+
+def _layers(plan: Plan, chunks: int, layers: int):
+    """The model's layers over the pipeline's chunks: as listed (E051, E052) or split (E050)."""
+    p, pl = plan.pp, plan.pipeline
+    v = pl.virtual_stages
     if pl.layers_per_stage is not None:
         where = plan.where("pipeline.layers_per_stage")
         if len(pl.layers_per_stage) != chunks:
@@ -34,8 +44,6 @@ def pipeline(plan: Plan):
             yield error("E052", where, empty, hint)
     elif chunks > layers:
         yield error("E050", plan.where("mesh.pp", "pipeline.virtual_stages"), f"pp={p} × virtual_stages={v} = {chunks} stages but the model has only {layers} layers", f"use at most {layers} stages in all")
-    if pl.schedule == "gpipe" and (p - 1) / m > 0.25:  # the bubble over the compute, (p−1)/m
-        yield warning("W055", plan.where("pipeline.schedule"), f"gpipe with pp={p} and microbatches={m}: the pipeline bubble is {(p - 1) / m:.3g}× the compute ((p−1)/m), so each rank idles {(p - 1) / (m + p - 1):.0%} of the step", f"use ≥ {4 * (p - 1)} micro-batches, or schedule = 1f1b")
 
 
 def _empty_chunks(split: tuple[int, ...], at: Placement) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from .. import arch
 from ..diagnostics import error, warning
 from ..ir import Plan
+from ..unknown import unless_unknown
 
 
 def sequence_context(plan: Plan):
@@ -28,10 +29,11 @@ def sequence_context(plan: Plan):
         if method not in arch.of(m).cp_methods:
             yield error("E065", plan.where("context_parallel.method", "mesh.cp"), f"context parallel ({method}) cannot run arch {m.arch}: {arch.of(m).cp_why}", "remove the cp axis")
         if method == "ulysses":
-            heads, kv = (w // m.head_dim for w in arch.widths(m, tp)[:2])  # on one tp rank
-            if heads % cp or kv % cp:
-                per = f" per tp rank (tp={tp})" if tp > 1 else ""
-                yield error("E045", plan.where("mesh.cp"), f"Ulysses all-to-all splits heads over cp, but heads={heads}, kv_heads={kv}{per} are not both divisible by cp={cp}", "use method = ring")
+            with unless_unknown():  # the model's widths: the link below is the mesh's
+                heads, kv = (w // m.head_dim for w in arch.widths(m, tp)[:2])  # on one tp rank
+                if heads % cp or kv % cp:
+                    per = f" per tp rank (tp={tp})" if tp > 1 else ""
+                    yield error("E045", plan.where("mesh.cp"), f"Ulysses all-to-all splits heads over cp, but heads={heads}, kv_heads={kv}{per} are not both divisible by cp={cp}", "use method = ring")
             link = plan.cluster.link(plan.mesh.axis("cp").link)
             if link is not None and link.scope == "cluster":
                 yield warning("W064", plan.mesh.axis("cp").span, f"Ulysses cp={cp} is placed on {link.name} (scope: cluster): it all-to-alls q, k, v and the attention output of every layer, forward and backward, across nodes, with nothing to hide them behind", "use method = ring (its K/V passes overlap the attention), or put cp on a node-scope link")

@@ -8,6 +8,7 @@ from .. import arch
 from ..diagnostics import error, warning
 from ..front.recompute import EAGER_POLICIES
 from ..ir import Plan
+from ..unknown import unless_unknown
 
 
 def batch(plan: Plan):
@@ -26,12 +27,14 @@ def zero(plan: Plan):
     yield from _zero(plan, z)
 
 
-def training(plan: Plan):  # the train block's own settings first: the rest reads the model and mesh
+def training(plan: Plan):  # each apart: an unknown device leaves the default precision and compile unknown
     t = plan.train
-    if t.precision == "fp16" and t.loss_scale == "none":
-        yield warning("W082", plan.where("train.loss_scale", "train.precision"), "fp16 without loss scaling: small gradients underflow to zero", "use loss_scale = dynamic, or precision = bf16")
-    if t.compile and t.recompute in EAGER_POLICIES:
-        yield warning("W103", plan.where("train.compile"), f"compile = true with recompute = {t.recompute}: the script runs its blocks eagerly", "selective_ops picks the ops to keep as they are dispatched; selective or full recompute compiles")
+    with unless_unknown():
+        if t.precision == "fp16" and t.loss_scale == "none":
+            yield warning("W082", plan.where("train.loss_scale", "train.precision"), "fp16 without loss scaling: small gradients underflow to zero", "use loss_scale = dynamic, or precision = bf16")
+    with unless_unknown():
+        if t.compile and t.recompute in EAGER_POLICIES:
+            yield warning("W103", plan.where("train.compile"), f"compile = true with recompute = {t.recompute}: the script runs its blocks eagerly", "selective_ops picks the ops to keep as they are dispatched; selective or full recompute compiles")
     if plan.model.dropout > 0 and plan.tp > 1:
         yield error("E100", plan.where("model.dropout", "mesh.tp"), f"dropout = {plan.model.dropout} with tp = {plan.tp} is not supported yet: "
                     "the tp ranks would need a shared dropout RNG", "set dropout = 0, or leave tp out")
