@@ -447,6 +447,26 @@ def test_compile_writes_every_clean_plan_and_names_the_rest(tmp_path):
     assert r.returncode == 1 and b"stale" not in r.stderr and b"not compiled: " in r.stderr
 
 
+def test_compile_names_each_plan_it_did_not_write(tmp_path):
+    """A file of three plans: one with a check's error (E080), one whose cluster is unknown
+    (E018: checked as a partial plan, never compiled) and a clean one, not compiled either
+    as its file has errors. Each is named, once, and counted: the partial one was left out
+    ("2 plans")."""
+    text = GOOD.format(name="a", model="", axis="dp") + "\n".join(
+        GOOD.format(name=n, model="", axis="dp").split("\n", 1)[1] for n in ("b", "d"))
+    text = text.replace("mesh { dp = 2 on shm }\n}", "mesh { dp = 2 on shm }\n    train { global_batch = 3 }\n}", 1)
+    text = text.replace("plan b {\n    model gpt2 { layers = 2; hidden = 64; heads = 4; vocab = 256; seq_len = 32 }\n    cluster = c",
+                        "plan b {\n    model gpt2 { layers = 2; hidden = 64; heads = 4; vocab = 256; seq_len = 32 }\n    cluster = zzz")
+    (tmp_path / "three.plan").write_text(text)
+    r = run("compile", str(tmp_path / "three.plan"), "-o", str(tmp_path / "out"))
+    err = r.stderr.decode()
+    assert "error[E080]" in err and "error[E018]" in err, err
+    assert err.splitlines()[-4:] == [
+        f"not compiled: {tmp_path / 'three.plan'}: plan '{n}' has errors" for n in "abd"] + [
+        "dslc: wrote 0 plans; not compiled: 3 plans",
+    ], err
+
+
 def test_compile_of_clean_plans_says_what_it_wrote(tmp_path):
     src = tmp_path / "p.plan"
     src.write_text(GOOD.format(name="good", model="", axis="dp"))

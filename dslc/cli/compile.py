@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..diagnostics import has_errors
 from ..driver import output_clashes
+from ..front import ast
 from ..report.terminal import progress
 from .inputs import UsageError, emit, load, pick
 
@@ -30,10 +31,15 @@ def run(args) -> int:
 
     root = Path(args.output) if args.output else codegen.DEFAULT_ROOT
     refused, stale, wrote = [], [], 0
-    # --plan: only that plan's fate; a file whose plans are named is not named again
-    named = {os.path.realpath(p.file) for p in plans if not result.clean(p)}
-    failed_files = () if args.plan else [f for f in result.failed_files if os.path.realpath(f) not in named]
-    skipped = [f"{f}: the file has errors" for f in failed_files]
+    # --plan: only that plan's fate. A file with errors is named by its plans that lowered to
+    # none (an error left a part unknown: plans holds them not) or, holding none, itself.
+    failed_files, skipped = [], []
+    for f in () if args.plan else result.failed_files:
+        lowered = {p.name for p in plans if os.path.realpath(p.file) == os.path.realpath(f)}
+        unlowered = [n for n in _plan_names(result.asts.get(f)) if n not in lowered]
+        skipped += [f"{f}: plan '{n}' has errors" for n in unlowered]
+        failed_files += [f] * (not unlowered and not lowered)
+    skipped += [f"{f}: the file has errors" for f in failed_files]
     with progress("checking" if args.check else "compiling", total=len(plans)) as bar:  # a bar on a terminal only
         for plan in plans:
             bar.advance(0, plan.name)
@@ -68,6 +74,11 @@ def run(args) -> int:
             print(f"stale: {s}", file=sys.stderr)
         print(f"dslc: generated code is out of date; run: {regenerate(args, root != codegen.DEFAULT_ROOT)}", file=sys.stderr)
     return 1 if skipped or stale else 0
+
+
+def _plan_names(tree) -> list[str]:
+    """The names of the plans a file's syntax tree defines (None: it does not parse)."""
+    return [b.name for b in tree.items if isinstance(b, ast.Block) and b.kind == "plan" and b.name] if tree else []
 
 
 def regenerate(args, output: bool) -> str:
