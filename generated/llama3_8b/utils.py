@@ -37,11 +37,11 @@ def fail(message, status=1):  # one line on stderr, in one write, not a tracebac
 
 
 class Stop:
-    """Ctrl-C (SIGINT; train.py calls STOP.install): this rank stops at once. The
-    checkpoint being written is removed (each rank tries: the committed ones are whole),
-    rank 0 says at which step in one line, and the status is 130, or 0 under torchrun,
-    whose restarts would start the ranks again (launch.sh, which sent the signal, ends
-    with 130)."""
+    """Ctrl-C (SIGINT; train.py calls STOP.install): this rank stops at once. Rank 0
+    removes the checkpoint being written (it alone commits one, in this thread, so it never
+    removes one being committed: the committed ones are whole) and says at which step in
+    one line; the status is 130, or 0 under torchrun, whose restarts would start the ranks
+    again (launch.sh, which sent the signal, ends with 130)."""
 
     step = None  # the step running, from 0 (None: none yet)
     saved = None  # the newest checkpoint's step (None: the plan saves none)
@@ -52,10 +52,10 @@ class Stop:
 
     def __call__(self, signum, frame):
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C changes nothing
-        if self.saving:
-            shutil.rmtree(self.saving, ignore_errors=True)
         sys.stdout.flush()
         if os.environ.get("RANK", "0") == "0":
+            if self.saving:
+                shutil.rmtree(self.saving, ignore_errors=True)
             where = (
                 "before the first step"
                 if self.step is None
