@@ -64,9 +64,10 @@ fi
 # terminal's reach (its own handling of Ctrl-C ends in a traceback), and is sent the
 # signal itself only where there is no rank to send it to (pkill missing, or the ranks
 # not started: a rendezvous waiting for nodes) or at a second Ctrl-C.
-STOPPED="" PID=""
+STOPPED="" PID="" TRAPPED=""
 # shellcheck disable=SC2329  # stop is run: by the trap below, which shellcheck does not follow
 stop() {
+    TRAPPED=1
     if [ -z "$STOPPED" ] && [ -n "$PID" ] && command -v pkill >/dev/null 2>&1 && pkill -INT -P "$PID"; then
         STOPPED=1
     else
@@ -75,8 +76,8 @@ stop() {
     fi
 }
 trap stop INT
-trap '[ -z "$PID" ] || kill -TERM "$PID" 2>/dev/null || true' TERM
-trap '[ -z "$PID" ] || kill -HUP "$PID" 2>/dev/null || true' HUP
+trap 'TRAPPED=1; [ -z "$PID" ] || kill -TERM "$PID" 2>/dev/null || true' TERM
+trap 'TRAPPED=1; [ -z "$PID" ] || kill -HUP "$PID" 2>/dev/null || true' HUP
 set -m  # the next command in a process group of its own
 "$TORCHRUN" "${RENDEZVOUS[@]}" --nnodes="$NNODES" --nproc-per-node="$NPROC_PER_NODE" --max-restarts=2 ${LOGS[@]+"${LOGS[@]}"} \
     "$HERE/train.py" "$@" &
@@ -84,8 +85,14 @@ PID=$!
 set +m
 STATUS=0
 while :; do  # a trap ends the wait early: wait again while torchrun runs
+    TRAPPED=""
     wait "$PID" && STATUS=0 || STATUS=$?
     kill -0 "$PID" 2>/dev/null || break
 done
+if [ -n "$TRAPPED" ]; then  # a trap ended the last wait as torchrun ended: its status, unless read (127)
+    CODE=0
+    wait "$PID" 2>/dev/null || CODE=$?
+    [ "$CODE" -eq 127 ] || STATUS=$CODE
+fi
 [ -z "$STOPPED" ] || exit 130
 exit "$STATUS"
