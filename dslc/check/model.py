@@ -10,7 +10,7 @@ from ..arch import vocab_per_rank
 from ..diagnostics import Diagnostic, error, warning
 from ..ir import Cluster, Model, Plan
 from ..source import Span
-from ..unknown import until_unknown
+from ..unknown import unless_unknown
 
 
 def check_definition(d: Cluster | Model, spans: dict[str, Span]) -> list[Diagnostic]:
@@ -48,23 +48,15 @@ def model_shapes(plan: Plan):
 def _model_alone(m: Model, where: Callable[..., Span], given: bool):
     """The rules of the model whatever its layout; ``given``: head_dim is written (else it
     is hidden / heads). Each apart: a key an error left unknown holds back only its own."""
-    for rule in (_head_dim, _kv_groups, _rope_pairs):
-        yield from until_unknown(rule(m, where, given))
-
-
-def _head_dim(m: Model, where: Callable[..., Span], given: bool):
-    if m.hidden % m.heads and not given:
-        yield error("E040", where("model.hidden", "model.heads"), f"hidden={m.hidden} is not divisible by heads={m.heads}, and head_dim is not given",
-                    "set head_dim (q is heads × head_dim wide, as in Gemma and Qwen3), or use heads that divide hidden")
-
-
-def _kv_groups(m: Model, where: Callable[..., Span], given: bool):
-    if m.heads % m.kv_heads:
-        yield error("E042", where("model.kv_heads"), f"heads={m.heads} is not divisible by kv_heads={m.kv_heads}", "each key/value head serves a whole group of query heads")
-
-
-def _rope_pairs(m: Model, where: Callable[..., Span], given: bool):
-    if arch.of(m).positions == "rope" and m.head_dim % 2:
-        what = f"head_dim = {m.head_dim}" if given else f"head_dim = hidden/heads = {m.head_dim}"
-        yield error("E046", where(*(("model.head_dim",) if given else ("model.hidden", "model.heads"))), f"RoPE rotates pairs of dimensions but {what} is odd",
-                    "choose an even head_dim" if given else "choose hidden and heads with an even quotient, or set an even head_dim")
+    with unless_unknown():
+        if m.hidden % m.heads and not given:
+            yield error("E040", where("model.hidden", "model.heads"), f"hidden={m.hidden} is not divisible by heads={m.heads}, and head_dim is not given",
+                        "set head_dim (q is heads × head_dim wide, as in Gemma and Qwen3), or use heads that divide hidden")
+    with unless_unknown():
+        if m.heads % m.kv_heads:
+            yield error("E042", where("model.kv_heads"), f"heads={m.heads} is not divisible by kv_heads={m.kv_heads}", "each key/value head serves a whole group of query heads")
+    with unless_unknown():
+        if arch.of(m).positions == "rope" and m.head_dim % 2:
+            what = f"head_dim = {m.head_dim}" if given else f"head_dim = hidden/heads = {m.head_dim}"
+            yield error("E046", where(*(("model.head_dim",) if given else ("model.hidden", "model.heads"))), f"RoPE rotates pairs of dimensions but {what} is odd",
+                        "choose an even head_dim" if given else "choose hidden and heads with an even quotient, or set an even head_dim")

@@ -17,6 +17,7 @@ from ..codes import FIT_CODES
 from ..driver import layout_file
 from ..front.defaults import BOUNDS
 from ..front.edit import can_name_a_plan
+from ..front.plan import microbatches_of
 from ..report import search as report
 from ..report.terminal import console, progress, show
 from ..search import batch
@@ -80,7 +81,7 @@ def run(args) -> int:
 def with_batch(plan, n: int):
     """``plan`` at a global batch of ``n`` sequences, its micro-batches counted again (as
     lowering counts them when the plan does not write them)."""
-    micro = max(1, n // (plan.train.micro_batch * plan.data_parallel_size))
+    micro = microbatches_of(n, plan.train.micro_batch, plan.data_parallel_size)
     return replace(plan, train=replace(plan.train, global_batch=n), pipeline=replace(plan.pipeline, microbatches=micro))
 
 

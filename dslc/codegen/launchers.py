@@ -45,14 +45,14 @@ def launcher_view(plan: Plan, name: str, out_dir: str, reads_files: bool) -> dic
     it (relative to the project, or absolute); ``reads_files``: whether the script reads
     data files."""
     gpus = plan.cluster.device.name != "cpu"
-    folder = posixpath.join(out_dir, name) if _PLAIN_PATH.match(out_dir) else None
+    folder = posixpath.join(out_dir, name)
     return {
         "gpus": gpus,
         "cpus_per_node": 0 if gpus else plan.cluster.gpus_per_node,  # gloo: one CPU per rank
         "processes_are": "GPUs" if gpus else "CPU processes",  # what a node's processes run on
         # where sbatch.sh looks for this folder, from the folder sbatch was called in
-        "slurm_folders": _slurm_folders(name, posixpath.join(out_dir, name)),
-        "generated_folder": folder or name,  # for messages and comments only
+        "slurm_folders": _slurm_folders(name, folder),
+        "generated_folder": folder if _PLAIN_PATH.match(folder) else name,  # for messages and comments only
         **_kubernetes(plan, name, out_dir, reads_files),
     }
 

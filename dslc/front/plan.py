@@ -26,6 +26,12 @@ from .schema import Fields, Reader, as_float, shown
 Resolve = Callable[[str, Fields, dict[str, Span]], object]
 
 
+def microbatches_of(global_batch: int, micro_batch: int, data_ranks: int) -> int:
+    """The micro-batches a step runs when the plan does not write them: derived from the
+    global batch (E080 says when it does not divide)."""
+    return max(1, global_batch // (micro_batch * data_ranks))
+
+
 def lower_plan(r: Reader, block: ast.Block, resolve: Resolve) -> ir.Plan:
     """The plan of ``block``: whole, or partial where an error left a part unknown
     (``unknown.Unknown`` in its place: lint checks what does not read it, nothing compiles it)."""
@@ -99,9 +105,8 @@ def lower_plan(r: Reader, block: ast.Block, resolve: Resolve) -> ir.Plan:
         global_batch = Unknown("train.global_batch") if global_batch is None else global_batch
     else:
         data_ranks = mesh.size("dp") * mesh.size("ep")
-        if microbatches is None:  # derived from the global batch when it divides
-            per_step = micro_batch * data_ranks
-            microbatches = max(1, global_batch // per_step) if global_batch else 1
+        if microbatches is None:
+            microbatches = microbatches_of(global_batch, micro_batch, data_ranks) if global_batch else 1
         if global_batch is None:
             global_batch = micro_batch * microbatches * data_ranks
     layers_per_stage = _int_list(r, ppf, "layers_per_stage")

@@ -63,9 +63,7 @@ WIDTH = 120  # columns the table takes at most (a terminal's width when that is 
 # (headroom from memory and the device's, tokens/s from the step at the plan's batch) or is
 # explain's detail (the busiest link); --json has every one.
 SPARE = ("headroom", "tokens/s", "busiest link")
-HEAD = tuple(c for c in COLUMNS if c not in SPARE)  # the columns every table has
-RIGHT = {i for i, c in enumerate(HEAD) if c in ("#", "mb", "step", "MFU", "memory/GPU")}
-_RIGHT = {"#", "mb", "step", "tokens/s", "MFU", "memory/GPU", "headroom"}
+RIGHT = {"#", "mb", "step", "tokens/s", "MFU", "memory/GPU", "headroom"}  # the columns set to the right
 
 
 def cells(row: Row | None, f: Found, busiest: BusiestLink | None) -> dict[str, str]:
@@ -131,7 +129,7 @@ def _table(heads: list[str], lines: list[tuple[dict[str, str], str | None]], wid
 
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, header_style="bold", show_header=header, collapse_padding=True)
     for j, h in enumerate(heads):
-        t.add_column(h, justify="right" if h in _RIGHT else "left", no_wrap=h != "layout", width=widths[j] if widths else None)
+        t.add_column(h, justify="right" if h in RIGHT else "left", no_wrap=h != "layout", width=widths[j] if widths else None)
     for i, (row, style) in enumerate(lines):
         if style == "dim" and i:
             t.add_section()
