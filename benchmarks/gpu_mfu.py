@@ -292,30 +292,35 @@ def main() -> None:
             script = compile_plan(text, folder / "out")
             tokens = tokens_per_step(name)
             modes = args.modes.split(",")
-            runs = [(f"generated {m}", run_generated(script, args.steps, args.log_every, args.warmup, m == "compiled",
-                                                      SHARED.get(name, 1))) for m in modes]
-            if name == "gpt2_124m":
-                for m in modes:
-                    cmd = [sys.executable, __file__, "--baseline-worker", m, "--steps", str(args.steps),
-                           "--log-every", str(args.log_every), "--warmup", str(args.warmup)]
-                    out = subprocess.run(cmd, capture_output=True, text=True, env=ENV)
-                    got = json.loads(out.stdout) if out.returncode == 0 else {"error": out.stderr.strip()[-200:]}
-                    runs.append((f"nanoGPT loop {m}", got))
             # the script's own MFU constants, as explain counts them
             constants = script.read_text()
             flops = int(re.search(r"MODEL_FLOPS_PER_TOKEN = ([\d_]+)", constants).group(1).replace("_", ""))
             peak = float(re.search(r"PEAK_FLOPS = ([\d.e]+)", constants).group(1))
-            for label, r in runs:
+
+            def show(label: str, r: dict) -> tuple[str, dict]:
+                """Print and emit a run's row as soon as it is measured."""
                 if "error" in r:
                     print(f"{name:14} {label:22} failed: {r['error']}", flush=True)
                     emit(args.json, case=name, run=label, error=r["error"])
-                    continue
+                    return label, r
                 mfu = flops * tokens / (r["ms"] / 1000) / peak
                 spread = f"({r['low']:.2f}-{r['high']:.2f})"
                 print(f"{name:14} {label:22} {r['ms']:8.2f} {spread:>17} {tokens / r['ms'] * 1000:9,.0f} {mfu:6.1%} {r['gib']:6.2f}"
                       f"   explain: {predicted['ms']:6.2f} {predicted['mfu']:6.1%} {predicted['gib']:6.2f}"
                       f"  {r['ms'] / predicted['ms']:.2f}", flush=True)
                 emit(args.json, case=name, run=label, **r, tok_s=tokens / r["ms"] * 1000, mfu=mfu, explain=predicted)
+                return label, r
+
+            runs = [show(f"generated {m}", run_generated(script, args.steps, args.log_every, args.warmup,
+                                                          m == "compiled", SHARED.get(name, 1))) for m in modes]
+            if name == "gpt2_124m":
+                for m in modes:
+                    cmd = [sys.executable, __file__, "--baseline-worker", m, "--steps", str(args.steps),
+                           "--log-every", str(args.log_every), "--warmup", str(args.warmup)]
+                    out = subprocess.run(cmd, capture_output=True, text=True, env=ENV)
+                    got = (json.loads(out.stdout) if out.returncode == 0
+                           else {"error": (out.stderr.strip().splitlines() or ["?"])[-1][:200]})
+                    runs.append(show(f"nanoGPT loop {m}", got))
             ours = dict(runs)
             compiled[name] = ours.get("generated compiled", {})
             if name == "gpt2_124m" and "ms" in compiled[name] and "ms" in ours.get("nanoGPT loop compiled", {}):

@@ -115,10 +115,20 @@ def probe_setup(wheels: Path, site: Path) -> tuple[dict, str | None]:
         return info, f"no CUDA device visible to torch {torch.__version__} ({sys.executable}): nothing run"
     info |= {"card": torch.cuda.get_device_name(), "cards": torch.cuda.device_count(),
              "memory_gib": round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1),
-             "capability": ".".join(map(str, torch.cuda.get_device_capability()))}
+             "capability": ".".join(map(str, torch.cuda.get_device_capability())), "smi": smi()}
     why, info["installed"] = install_missing(wheels, site)
     info["missing_optional"] = [m for m in OPTIONAL if importlib.util.find_spec(m) is None]
     return info, why
+
+
+def smi() -> str:
+    """nvidia-smi's power limit, top SM clock and driver (the README names the card by them)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=power.limit,clocks.max.sm,driver_version",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return "no nvidia-smi"
+    return (out.stdout.strip().splitlines() or ["?"])[0] if out.returncode == 0 else "nvidia-smi failed"
 
 
 def install_missing(wheels: Path, site: Path) -> tuple[str | None, list[str]]:
@@ -149,12 +159,12 @@ def install_missing(wheels: Path, site: Path) -> tuple[str | None, list[str]]:
     return None, installed
 
 
-def part_env(site: Path, **more: str) -> dict:
+def part_env(site: Path) -> dict:
     """The parts' environment: dslc from this checkout, the installed wheels, unbuffered."""
-    paths = [str(ROOT), str(ROOT / "benchmarks"), *([str(site)] if site.is_dir() else [])]
+    paths = [str(ROOT), *([str(site)] if site.is_dir() else [])]
     if os.environ.get("PYTHONPATH"):
         paths.append(os.environ["PYTHONPATH"])
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(paths), PYTHONUNBUFFERED="1", **more)
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(paths), PYTHONUNBUFFERED="1")
 
 
 def process_tree(pid: int) -> list[int]:
@@ -217,7 +227,9 @@ def tests_part(limit: float, out: Path, scratch: Path, env: dict) -> dict:
     workers = ["-n", str(n), "--dist", "load"] if n and importlib.util.find_spec("xdist") else ["-p", "no:xdist"]
     cmd = [sys.executable, "-m", "pytest", "-v", "-rfE", "-p", "gpu_routine", "-p", "no:cacheprovider", *workers,
            "--basetemp", str(scratch / "pytest"), "tests/test_gpu.py"]
-    code, seconds = run_limited(cmd, limit, out / "tests.log", env | {"GPU_TESTS_RECORD": str(record)})
+    # this file is pytest's plugin (-p gpu_routine): its folder last, shadowing nothing
+    env = env | {"GPU_TESTS_RECORD": str(record), "PYTHONPATH": env["PYTHONPATH"] + os.pathsep + str(ROOT / "benchmarks")}
+    code, seconds = run_limited(cmd, limit, out / "tests.log", env)
     lines = read_lines(record)
     tests = [t for t in lines if "test" in t]
     collected = next((t["collected"] for t in lines if "collected" in t), [])
@@ -255,13 +267,15 @@ def mfu_part(name: str, args: list[str], limit: float, out: Path, scratch: Path,
     return {"result": result, "seconds": seconds, "rows": rows, "note": "; ".join(notes + exit_note)}
 
 
-def routine(out: Path, budget: float, chosen: list[str], wheels: Path, site: Path) -> tuple[dict, str | None]:
-    """The results ({info, parts}) and why nothing ran (None if the parts ran)."""
+def routine(out: Path, budget: float, chosen: list[str], wheels: Path, site: Path, save=None) -> tuple[dict, str | None]:
+    """The results ({info, parts}) and why nothing ran (None if the parts ran); save(results)
+    after each part, so a routine cut short still leaves its file."""
     start = time.monotonic()
     info, why = probe_setup(wheels, site)
     parts = [{"part": "setup", "result": "failed" if why else "passed", "seconds": time.monotonic() - start,
               "note": why or f"{info['python']}; wheels installed: {', '.join(info['installed']) or 'none'}"
               + (f"; lacking {', '.join(info['missing_optional'])}" if info["missing_optional"] else "")}]
+    results = {"info": info, "budget_s": budget, "seconds": 0.0, "parts": parts}
     env = part_env(site)
     with tempfile.TemporaryDirectory() as tmp:
         for name, limit, args in PARTS:
@@ -271,12 +285,21 @@ def routine(out: Path, budget: float, chosen: list[str], wheels: Path, site: Pat
                                  else f"{left:.0f} s of the {budget:.0f} s budget left")
                 parts.append({"part": name, "result": "skipped", "seconds": 0.0, "limit": limit, "note": reason})
                 continue
+            if save:  # the parts to come as not run, should this one be the last
+                save(results | {"seconds": time.monotonic() - start, "parts": [
+                    *parts, *({"part": n, "result": "did not end" if n == name else "not run", "seconds": 0.0,
+                               "note": "the routine was stopped"} for n, _, _ in PARTS[len(parts) - 1:])]})
             limit = min(limit, left)
             got = (tests_part(limit, out, Path(tmp), env) if args is None
                    else mfu_part(name, args, limit, out, Path(tmp), env))
             parts.append({"part": name, "limit": round(limit), **got})
             print(f"gpu: {name} {got['result']} in {got['seconds']:.0f} s: {got['note'][:200]}", flush=True)
-    return {"info": info, "budget_s": budget, "seconds": time.monotonic() - start, "parts": parts}, why
+    return results | {"seconds": time.monotonic() - start}, why
+
+
+def cell(text: str) -> str:
+    """text as one cell of a Markdown table."""
+    return " ".join(str(text).split()).replace("|", "/")
 
 
 def markdown(results: dict) -> str:
@@ -286,18 +309,18 @@ def markdown(results: dict) -> str:
     lines = [f"# make gpu: {card}", "",
              f"torch {info.get('torch', '-')} (CUDA {info.get('cuda') or '-'}), {info['python']}; "
              f"{info.get('cards', 0)} GPU(s), {info.get('memory_gib', '-')} GiB, compute capability "
-             f"{info.get('capability', '-')}; {results['date']}, commit {results['commit']}; "
+             f"{info.get('capability', '-')}, nvidia-smi (power limit, max SM clock, driver): {info.get('smi', '-')}; "
+             f"{results['date']}, commit {results['commit']}; "
              f"{results['seconds']:.0f} s of a {results['budget_s']:.0f} s budget", "",
              "| part | result | seconds | limit s | note |", "|---|---|---|---|---|"]
     for p in results["parts"]:
-        note = p["note"].replace("|", "/").replace("\n", " ")
-        lines.append(f"| {p['part']} | {p['result']} | {p['seconds']:.1f} | {p.get('limit', '')} | {note} |")
+        lines.append(f"| {p['part']} | {p['result']} | {p['seconds']:.1f} | {p.get('limit', '')} | {cell(p['note'])} |")
     tests = [t for p in results["parts"] for t in p.get("tests", [])]
     if tests:
         lines += ["", "## tests/test_gpu.py", "", "| test | outcome | seconds | why |", "|---|---|---|---|"]
         for t in sorted(tests, key=lambda t: (t["outcome"] == "passed", t["outcome"] == "skipped", t["test"])):
             lines.append(f"| {t['test'].split('::')[-1]} | {t['outcome']} ({t['when']}) | {t['s']} | "
-                         f"{t['why'].replace('|', '/')} |")
+                         f"{cell(t['why'])} |")
     rows = [r for p in results["parts"] for r in p.get("rows", [])]
     if rows:
         lines += ["", "## benchmarks/gpu_mfu.py", "",
@@ -311,7 +334,7 @@ def markdown(results: dict) -> str:
                              f"{e['gib']:.1f} | {r['ms'] / e['ms']:.2f} |")
             elif "error" in r or "skipped" in r:
                 what = f"failed: {r['error']}" if "error" in r else f"skipped: {r['skipped']}"
-                lines.append(f"| {r['case']} | {r.get('run', '')} | {what.replace('|', '/')} | | | | | |")
+                lines.append(f"| {r['case']} | {r.get('run', '')} | {cell(what)} | | | | | |")
         lines += [""] + [f"- {r['case']}: {r['ratio']} = {r['value']:.2f} (target {r['target']})"
                          for r in rows if "ratio" in r]
         for r in rows:
@@ -340,11 +363,14 @@ def main() -> int:
         print(f"gpu: no part {', '.join(unknown)} (the parts: {', '.join(p[0] for p in PARTS)})", file=sys.stderr)
         return 2
     wheels = Path(os.environ.get("GPU_WHEELS") or ROOT / "build" / "gpu-wheels")
-    results, why = routine(out, budget, chosen, wheels, ROOT / "build" / "gpu-site")
-    results |= {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                "commit": commit()}
-    (out / "gpu-results.json").write_text(json.dumps(results, indent=1) + "\n")
-    (out / "gpu-results.md").write_text(markdown(results))
+    stamp = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit()}
+
+    def save(results: dict) -> None:
+        (out / "gpu-results.json").write_text(json.dumps(results | stamp, indent=1) + "\n")
+        (out / "gpu-results.md").write_text(markdown(results | stamp))
+
+    results, why = routine(out, budget, chosen, wheels, ROOT / "build" / "gpu-site", save)
+    save(results)
     if why:
         print(f"gpu: {why}; {out / 'gpu-results.md'} marks every part skipped", file=sys.stderr)
         return 1

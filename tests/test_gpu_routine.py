@@ -105,11 +105,16 @@ def test_a_part_past_its_limit_is_killed_with_the_processes_it_started_in_their_
 @no_cuda
 def test_the_tests_part_records_each_test_of_test_gpu(tmp_path, monkeypatch):
     """With the setup passed over, the tests part runs tests/test_gpu.py (every test
-    skips on a CPU) and the results name each test with its outcome and reason."""
+    skips on a CPU) and the results name each test with its outcome and reason; before
+    the part, the file already says which parts did not end or run."""
     monkeypatch.setattr(gpu_routine, "probe_setup",
                         lambda wheels, site: ({"python": sys.executable, "installed": [], "missing_optional": []}, None))
     monkeypatch.setenv("GPU_TEST_WORKERS", "0")
-    results, why = gpu_routine.routine(tmp_path, 60, ["tests"], tmp_path / "wheels", tmp_path / "site")
+    saved = []  # what the file says while the part runs, should the routine be stopped
+    results, why = gpu_routine.routine(tmp_path, 60, ["tests"], tmp_path / "wheels", tmp_path / "site", saved.append)
+    assert [(p["part"], p["result"]) for p in saved[0]["parts"][:3]] == [
+        ("setup", "passed"), ("tests", "did not end"), ("mfu:gpt2_124m", "not run")]
+    assert len(saved[0]["parts"]) == len(results["parts"])
     tests = results["parts"][1]
     assert why is None and tests["result"] == "passed", tests
     assert tests["note"].endswith(f"skipped of {len(tests['tests'])}")
