@@ -1,7 +1,7 @@
 """`make gpu`: every axis on one GPU in one command, within 8 minutes, into one file.
 
     make gpu                              # or: python3 benchmarks/gpu_routine.py
-    GPU_PARTS=mfu:llama_3b,mfu:eager make gpu    # a second call: the parts the first left
+    GPU_PARTS=mfu:llama_3b,mfu:eager GPU_BUDGET_S=240 make gpu   # a second call: parts the first left
 
 Whoever is lent a GPU runs it first. It runs, in this order, each part under its own
 time limit (past it, the part's processes are killed and what it wrote is kept) and all
@@ -14,14 +14,16 @@ of them within GPU_BUDGET_S (480 s; a part is not started with under MIN_START_S
   PyPI, for a machine that cannot) into build/gpu-site, never from the network;
 - tests: tests/test_gpu.py (a plan per axis and a 3D plan with --share-gpu, compiled and
   eager, bf16 and fp32; the serial plans; the MoE, MFU and host-sync checks), on
-  pytest-xdist workers where it is installed, each test's outcome recorded as it ends;
+  GPU_TEST_WORKERS (6) pytest-xdist workers where it is installed, each test's outcome
+  recorded as it ends;
 - mfu:CASE: benchmarks/gpu_mfu.py, a case (or an fp8 case and its bf16 twin) at a time,
   compiled, with --profile for GPT-2 and the MoE; the eager rows last.
 
 It writes into GPU_OUT (else OUT, else build/gpu/): gpu-results.md (the card, torch,
 each part's result and seconds, the tests that failed, the benchmark's table, ratios
 and profiles: what the README's "On one GPU" section is filled from), gpu-results.json
-(the same, whole), tests.log and mfu.log. Without torch or CUDA, or with a dependency
+(the same, whole), tests.log and mfu.log; the results before each part too, the part
+under way marked 'did not end', should the routine be stopped. Without torch or CUDA, or with a dependency
 missing, it writes the same file with every part skipped and the reason, prints that
 reason in one line and exits 1; it exits 1 too when a part failed."""
 
@@ -229,6 +231,8 @@ def tests_part(limit: float, out: Path, scratch: Path, env: dict) -> dict:
            "--basetemp", str(scratch / "pytest"), "tests/test_gpu.py"]
     # this file is pytest's plugin (-p gpu_routine): its folder last, shadowing nothing
     env = env | {"GPU_TESTS_RECORD": str(record), "PYTHONPATH": env["PYTHONPATH"] + os.pathsep + str(ROOT / "benchmarks")}
+    if n:  # inductor's compile workers: the cores shared among the test workers, not 16 each
+        env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
     code, seconds = run_limited(cmd, limit, out / "tests.log", env)
     lines = read_lines(record)
     tests = [t for t in lines if "test" in t]
@@ -249,13 +253,19 @@ def tests_part(limit: float, out: Path, scratch: Path, env: dict) -> dict:
 
 
 def mfu_part(name: str, args: list[str], limit: float, out: Path, scratch: Path, env: dict) -> dict:
-    rows_file = scratch / f"{name.replace(':', '-')}.jsonl"
-    code, seconds = run_limited([sys.executable, *args, "--json", str(rows_file)], limit, out / "mfu.log", env)
+    rows_file, log = scratch / f"{name.replace(':', '-')}.jsonl", out / "mfu.log"
+    before = log.stat().st_size if log.exists() else 0
+    code, seconds = run_limited([sys.executable, *args, "--json", str(rows_file)], limit, log, env)
+    with open(log, "rb") as f:  # this part's output: its last line says why where no row came
+        f.seek(before)
+        said = [line for line in f.read().decode(errors="replace").splitlines() if line.strip()]
     rows = read_lines(rows_file)
     measured = [r for r in rows if "ms" in r]
     failed = [f"{r['case']} {r['run']}: {r['error']}" for r in rows if "error" in r]
     skips = [f"{r['case']} skipped: {r['skipped']}" for r in rows if "skipped" in r]
     notes = [f"{len(measured)} row{'s' * (len(measured) != 1)} measured", *failed, *skips]
+    if not rows and said:
+        notes.append(said[-1][:300])
     if code is None:
         return {"result": "failed", "seconds": seconds, "rows": rows,
                 "note": f"killed at its {limit:.0f} s limit; " + "; ".join(notes)}
