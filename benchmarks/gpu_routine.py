@@ -101,7 +101,16 @@ def pytest_runtest_logreport(report):
     else:
         why = (str(report.longrepr or "").strip().splitlines() or [""])[-1]
     _record({"test": report.nodeid, "outcome": report.outcome, "when": report.when, "s": round(report.duration, 1),
-             "why": (why.splitlines() or [""])[0][:300]})
+             "why": one_line(why)})
+
+
+def one_line(message: str) -> str:
+    """A failure's message in a line: its first line and, where the message goes on, the
+    last that is not pytest's rewriting of the assert (the error a script's stderr ends
+    with, the tensor's greatest difference)."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    rest = [line for line in lines[1:] if not line.startswith(("assert ", "+", "-", "where ", "At index", "Full diff"))]
+    return " … ".join(lines[:1] + rest[-1:])[:300]
 
 
 def probe_setup(wheels: Path, site: Path) -> tuple[dict, str | None]:

@@ -147,3 +147,11 @@ def test_every_case_of_gpu_mfu_is_a_plan_dslc_takes_or_an_fp8_case_it_says_why_n
             assert ("float8 = " in text) and (why is None) == (not errors and gpu_mfu.importlib.util.find_spec("torchao") is not None)
         else:
             assert not errors, (name, errors)
+
+
+def test_a_failure_is_one_line_with_the_error_a_script_ended_with():
+    message = ("AssertionError: W1128 [rank0]: Traceback (most recent call last):\n  File \"train.py\", line 9\n"
+               "torch.OutOfMemoryError: CUDA out of memory.\n\nassert 1 == 0\n +  where 1 = CompletedProcess.returncode")
+    assert gpu_routine.one_line(message) == ("AssertionError: W1128 [rank0]: Traceback (most recent call last): … "
+                                             "torch.OutOfMemoryError: CUDA out of memory.")
+    assert gpu_routine.one_line("needs CUDA") == "needs CUDA"
