@@ -122,6 +122,10 @@ def fp8_unready(text: str) -> str | None:
         return f"this dslc refuses the plan: {errors[0].code} {errors[0].message}"
     if importlib.util.find_spec("torchao") is None:
         return "torchao is not installed (its float8 linears; make gpu-wheels brings a wheel)"
+    try:
+        importlib.import_module("torchao.float8")
+    except Exception as e:  # a torchao built for another torch
+        return f"torchao.float8 does not import: {type(e).__name__}: {e}"
     return None
 
 
