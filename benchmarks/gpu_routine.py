@@ -244,12 +244,16 @@ def tests_part(limit: float, out: Path, scratch: Path, env: dict) -> dict:
         env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
     code, seconds = run_limited(cmd, limit, out / "tests.log", env)
     lines = read_lines(record)
-    tests = [t for t in lines if "test" in t]
     collected = next((t["collected"] for t in lines if "collected" in t), [])
+    worst: dict[str, dict] = {}  # a test's first failure (its call's, or a fixture's), else its outcome
+    for t in (t for t in lines if "test" in t):
+        if t["test"] not in worst or (t["outcome"] == "failed" and worst[t["test"]]["outcome"] != "failed"):
+            worst[t["test"]] = t
+    tests = list(worst.values())
     count = {}
     for t in tests:
         count[t["outcome"]] = count.get(t["outcome"], 0) + 1
-    ended = {t["test"] for t in tests}
+    ended = set(worst)
     tests += [{"test": name, "outcome": "did not end", "when": "", "s": "", "why": ""} for name in collected
               if name not in ended]
     note = ", ".join(f"{n} {k}" for k, n in sorted(count.items())) or "no test ended"
