@@ -58,7 +58,7 @@ DRIVER = textwrap.dedent(
         x, w, dy = torch.randn(N, K, generator=g), torch.randn(O, K, generator=g) * 0.02, torch.randn(N, O, generator=g)
         w[O - 1, K - 1] = 0.5  # the weight's amax, in the last rank's part of both splits
         ref_x, ref_w = x.clone().requires_grad_(), w.clone().requires_grad_()
-        ref = float8.float8_linear(ref_x, ref_w, None, ((), (), ()))  # the serial plan's
+        ref = float8.Float8Matmul.apply(ref_x, ref_w, ((), (), ()), c)  # the serial plan's
         ref.backward(dy)
         rows, cols = slice(RANK * O // TP, (RANK + 1) * O // TP), slice(RANK * K // TP, (RANK + 1) * K // TP)
         try:
@@ -66,8 +66,8 @@ DRIVER = textwrap.dedent(
             axis = None if c.cast_config_weight.scaling_granularity is ScalingGranularity.TENSORWISE else 0
             want = tensor_to_scale(w.t(), c.cast_config_weight.target_dtype, scaling_granularity=c.cast_config_weight.scaling_granularity,
                                    axiswise_dim=axis, round_scales_to_power_of_2=c.round_scales_to_power_of_2)
-            col_q = float8.to_float8(w[rows].t(), c.cast_config_weight, float8.GemmInputRole.WEIGHT, 0, float8.COLUMN[1:], c)
-            row_q = float8.to_float8(w[:, cols].t(), c.cast_config_weight, float8.GemmInputRole.WEIGHT, 0, float8.ROW[1:], c)
+            col_q = float8.to_float8(w[rows].t(), c.cast_config_weight, float8.GemmInputRole.WEIGHT, 0, float8.SPLIT["column"][1:], c)
+            row_q = float8.to_float8(w[:, cols].t(), c.cast_config_weight, float8.GemmInputRole.WEIGHT, 0, float8.SPLIT["row"][1:], c)
             if axis is None:
                 assert col_q._scale.item() == row_q._scale.item() == want.item(), (col_q._scale, row_q._scale, want)
                 assert want.item() == 448.0 / 0.5  # e4m3's largest over the amax
@@ -75,7 +75,7 @@ DRIVER = textwrap.dedent(
                 assert torch.equal(col_q._scale, want[:, rows]) and torch.equal(row_q._scale, want), (col_q._scale, want)
             # column-parallel: W's rows split; x whole on every rank; dx summed over tp
             xc, wc = x.clone().requires_grad_(), w[rows].clone().requires_grad_()
-            y = float8.float8_linear(xc, wc, None, float8.COLUMN)
+            y = float8.float8_linear(xc, wc, None, "column")
             y.backward(dy[:, rows])
             dist.all_reduce(xc.grad)  # Megatron's f in backward
             assert torch.equal(y, ref[:, rows]), "column-parallel y"
@@ -83,7 +83,7 @@ DRIVER = textwrap.dedent(
             torch.testing.assert_close(xc.grad, ref_x.grad, rtol=1e-6, atol=1e-6, msg="column-parallel dx")
             # row-parallel: W's columns and x's features split; y summed over tp
             xr, wr = x[:, cols].clone().requires_grad_(), w[:, cols].clone().requires_grad_()
-            y = float8.float8_linear(xr, wr, None, float8.ROW)
+            y = float8.float8_linear(xr, wr, None, "row")
             y.backward(dy)
             y = y.detach().clone()
             dist.all_reduce(y)  # Megatron's g in forward

@@ -26,13 +26,13 @@ def float8_view(plan: Plan) -> dict:
     split = ("tp",) * (tp > 1)
     # (tokens N, inputs K, outputs O): the groups over which each dim is split
     groups = {
-        "LINEAR": (tokens, (), ()),  # a block's linear without tp
-        "COLUMN": (tokens, (), split),  # column-parallel: W's rows (outputs) over tp
-        "ROW": (tokens, split, ()),  # row-parallel: W's columns and x's features over tp
+        "linear": (tokens, (), ()),  # a block's linear without tp
+        "column": (tokens, (), split),  # column-parallel: W's rows (outputs) over tp
+        "row": (tokens, split, ()),  # row-parallel: W's columns and x's features over tp
         # the shared experts run on each tp rank's slice of the sequence under sp
-        "SHARED": (tokens + split * sp, (), ()),
+        "shared": (tokens + split * sp, (), ()),
     }
-    wanted = {"LINEAR": tp == 1, "COLUMN": tp > 1, "ROW": tp > 1, "SHARED": bool(m.shared_experts)}
+    wanted = {"linear": tp == 1, "column": tp > 1, "row": tp > 1, "shared": bool(m.shared_experts)}
     per_rank = [m.hidden, m.heads * m.head_dim // tp, m.kv_heads * m.head_dim // tp]
     if not m.is_moe or m.dense_layers:
         per_rank.append((m.dense_ffn if m.is_moe else m.ffn) // tp)
