@@ -647,10 +647,11 @@ def test_the_comparison_is_meaningful(golden_plans, trained):
 
 def test_weights_are_named_and_shaped_as_the_architecture_lists_them(golden_plans, trained):
     """The gathered weights of the serial plans are exactly dslc.arch.weights (which the
-    estimator counts): the same names, and the experts stacked in dim 0."""
+    estimator counts): the same names, and the experts stacked in dim 0; float8 adds none
+    (its plans' state dicts, checkpoints and exports are the plan's precision's)."""
     from dslc import arch
 
-    for name in ("gpt2_serial", "llama_serial", "llamahd_serial", "mixtral_serial", "deepseek_serial"):
+    for name in ("gpt2_serial", "llama_serial", "llamahd_serial", "mixtral_serial", "deepseek_serial", "fp8_serial", "fp8moe_serial"):
         m = golden_plans[name].model
         want = {}
         for w in arch.weights(m):  # a dense prefix's MLP, the MoE blocks' experts: by block
