@@ -108,7 +108,9 @@ def test_parallel_plan_sharing_one_gpu_tracks_cpu_fp32(name, precision, golden_p
 # 8.9 on), against the CPU's fp32 run of torchao's emulation of the same plan: the same
 # casts, the products accumulated differently (the forward's with cuBLAS's fast accumulation)
 FLOAT8 = [("fp8_serial", ()), ("fp8row_serial", ()), ("fp8moe_serial", ()),
-          ("fp8_dp2_tp2_sp", ("--share-gpu", "--no-compile")), ("fp8moe_ep2_tp2_sp", ("--share-gpu", "--no-compile"))]
+          ("fp8_dp2_tp2_sp", ("--share-gpu", "--no-compile")), ("fp8moe_ep2", ("--share-gpu", "--no-compile"))]
+# (not fp8moe_ep2_tp2_sp: its k and v projections are 8 wide per tp rank, and
+# torch._scaled_mm takes only multiples of 16)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9), reason="needs fp8 tensor cores")
