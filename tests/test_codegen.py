@@ -805,6 +805,26 @@ def test_each_kind_of_parameter_has_its_groups_in_one_table(golden_plans):
             assert "tp_dim is not None" not in files.get(module, ""), (name, module)
 
 
+def test_float8_scales_are_reduced_over_the_groups_that_split_their_dims(golden_plans):
+    """float8.py's SPLIT: by kind of linear, the groups over (tokens, inputs, outputs) that
+    its amax are reduced over (tp where a weight is split, cp where the sequence is, tp as
+    well for the shared experts on sp's slices); PAD_INNER_DIM where a GEMM dim is not a
+    multiple of 16 (moe's 8-wide k and v shards per tp rank)."""
+    from dslc.codegen.float8 import float8_view
+
+    def split(name):
+        return dict(float8_view(golden_plans[name])["float8_groups"])
+
+    assert float8_view(golden_plans["llama_serial"]) == {"float8": False}
+    serial = float8_view(golden_plans["fp8_serial"])
+    assert serial["float8_groups"] == [("linear", "((), (), ())")] and not serial["float8_reduces"] and not serial["pad_inner_dim"]
+    assert split("fp8_dp2_tp2_sp") == {"column": "((), (), ('tp',))", "row": "((), ('tp',), ())"}
+    assert split("fp8_cp2") == {"linear": "(('cp',), (), ())"}
+    moe = float8_view(golden_plans["fp8moe_ep2_tp2_sp"])
+    assert dict(moe["float8_groups"])["shared"] == "(('tp',), (), ())" and moe["pad_inner_dim"]
+    assert not float8_view(golden_plans["fp8moe_ep2"])["pad_inner_dim"]
+
+
 def test_write_check_and_atomic_replace(tmp_path, monkeypatch):
     plan = make_plan()
     root = tmp_path / "generated"
