@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from .ir import SCHEDULES, V_SHAPED
 
+SPLIT_BACKWARD = ("zb_h1", *V_SHAPED)  # the schedules whose backward is B, then W apart
 MAX_SCHEDULE = 2**15  # chunk forwards per step: pp × virtual_stages × microbatches (a bound of front/defaults.py)
 
 

@@ -338,6 +338,9 @@ def test_scripts_import_only_torch_the_standard_library_and_each_other(all_rende
     # imported inside a function only: by Hugging Face checkpoints, --tensorboard (through
     # torch.utils.tensorboard, which needs the tensorboard package) and --wandb
     lazy = {"safetensors", "tensorboard", "wandb"}
+    # and torchao, where the plan trains in fp8: in float8.py alone
+    fp8 = [m for folder in all_rendered for m in _modules(folder) if m.name == "float8.py"]
+    assert fp8 and all("torchao" not in m.read_text() for folder in all_rendered for m in _modules(folder) if m.name != "float8.py")
     for script in (m for folder in all_rendered for m in _modules(folder)):
         siblings = {m.stem for m in _modules(script.parent)} - {"train"}
         tree = ast.parse(script.read_text())
@@ -350,7 +353,8 @@ def test_scripts_import_only_torch_the_standard_library_and_each_other(all_rende
             else:
                 continue
             roots = {"tensorboard" if n.startswith("torch.utils.tensorboard") else n.split(".")[0] for n in names}
-            assert roots <= allowed | siblings | (lazy if id(node) in inner else set()), (script, roots)
+            torchao = {"torchao"} if script.name == "float8.py" else set()
+            assert roots <= allowed | torchao | siblings | (lazy if id(node) in inner else set()), (script, roots)
 
 
 def test_imports_are_read_off_the_code():
@@ -799,6 +803,26 @@ def test_each_kind_of_parameter_has_its_groups_in_one_table(golden_plans):
             assert ("pp" in norms) == (plan.pp > 1) and ("tp" in norms) >= (kind == "tp"), (name, kind, norms)
         for module in ("data_parallel.py", "optimizer.py", "train.py"):
             assert "tp_dim is not None" not in files.get(module, ""), (name, module)
+
+
+def test_float8_scales_are_reduced_over_the_groups_that_split_their_dims(golden_plans):
+    """float8.py's SPLIT: by kind of linear, the groups over (tokens, inputs, outputs) that
+    its amax are reduced over (tp where a weight is split, cp where the sequence is, tp as
+    well for the shared experts on sp's slices); PAD_INNER_DIM where a GEMM dim is not a
+    multiple of 16 (moe's 8-wide k and v shards per tp rank)."""
+    from dslc.codegen.float8 import float8_view
+
+    def split(name):
+        return dict(float8_view(golden_plans[name])["float8_groups"])
+
+    assert float8_view(golden_plans["llama_serial"]) == {"float8": False}
+    serial = float8_view(golden_plans["fp8_serial"])
+    assert serial["float8_groups"] == [("linear", "((), (), ())")] and not serial["float8_reduces"] and not serial["pad_inner_dim"]
+    assert split("fp8_dp2_tp2_sp") == {"column": "((), (), ('tp',))", "row": "((), ('tp',), ())"}
+    assert split("fp8_cp2") == {"linear": "(('cp',), (), ())"}
+    moe = float8_view(golden_plans["fp8moe_ep2_tp2_sp"])
+    assert dict(moe["float8_groups"])["shared"] == "(('tp',), (), ())" and moe["pad_inner_dim"]
+    assert not float8_view(golden_plans["fp8moe_ep2"])["pad_inner_dim"]
 
 
 def test_write_check_and_atomic_replace(tmp_path, monkeypatch):

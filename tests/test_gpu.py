@@ -116,6 +116,30 @@ def test_parallel_plan_sharing_one_gpu_tracks_cpu_fp32(name, precision, mode, go
         torch.testing.assert_close(weights[key], want, rtol=0, atol=10 * plan.train.optimizer.lr)
 
 
+# train { float8 }: torch._scaled_mm on a GPU with fp8 tensor cores (compute capability
+# 8.9 on), against the CPU's fp32 run of torchao's emulation of the same plan: the same
+# casts, the products accumulated differently (the forward's with cuBLAS's fast accumulation)
+FLOAT8 = [("fp8_serial", ()), ("fp8row_serial", ()), ("fp8moe_serial", ()),
+          ("fp8_dp2_tp2_sp", ("--share-gpu", "--no-compile")), ("fp8moe_ep2", ("--share-gpu", "--no-compile"))]
+# (not fp8moe_ep2_tp2_sp: its k and v projections are 8 wide per tp rank, and
+# torch._scaled_mm takes only multiples of 16)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9), reason="needs fp8 tensor cores")
+@pytest.mark.parametrize(("name", "flags"), FLOAT8)
+def test_float8_plan_on_cuda_tracks_its_cpu_emulation(name, flags, golden_plans, run_script, tmp_path):
+    """bf16 working weights, the linears' GEMMs in fp8 (tensorwise, rowwise; the experts'
+    loop of GEMMs; tp's amax reductions over NCCL or, sharing one GPU, gloo) within bf16's
+    tolerance of the serial plan's fp32 emulated run, compiled (serial) and eager."""
+    ref_plan, plan = golden_plans[name.split("_")[0] + "_serial"], golden_plans[name]
+    plan = dataclasses.replace(plan, train=dataclasses.replace(plan.train, precision="bf16"))
+    ref_losses = run(ref_plan, run_script, tmp_path, "cpu")[0]
+    losses, _, out = run(plan, run_script, tmp_path, "cuda", *flags)
+    assert f"bf16, float8 {plan.train.float8}, cuda" in out
+    for got, want in zip(losses, ref_losses):
+        assert abs(got - want) <= TOLERANCE["bf16"] * want, (losses, ref_losses)
+
+
 GPT2_124M = """
 cluster gpu {{ nodes = 1; gpus_per_node = 1; device = {device}
     link nvlink {{ scope = node }} }}

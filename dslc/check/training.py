@@ -8,6 +8,7 @@ from .. import arch
 from ..diagnostics import error, note, warning
 from ..front.recompute import EAGER_POLICIES
 from ..ir import Plan
+from ..pipeline_shapes import SPLIT_BACKWARD
 from ..unknown import unless_unknown
 
 
@@ -35,8 +36,9 @@ def training(plan: Plan):  # each apart: an unknown device leaves the default pr
     with unless_unknown():
         if t.compile and t.recompute in EAGER_POLICIES:
             yield warning("W103", plan.where("train.compile"), f"compile = true with recompute = {t.recompute}: the script runs its blocks eagerly", "selective_ops picks the ops to keep as they are dispatched; selective or full recompute compiles")
-    if t.float8:  # the key is read, linted and explained; the kernels come next
-        yield error("E100", plan.where("train.float8"), "float8 is not supported by code generation yet", "leave float8 out to compile the plan")
+    if t.float8 and plan.pp > 1 and plan.pipeline.schedule in SPLIT_BACKWARD:
+        yield error("E100", plan.where("train.float8", "pipeline.schedule"), f"float8 with schedule = {plan.pipeline.schedule} is not supported yet: "
+                    "its W step would compute the weight gradients in high precision", "use 1f1b, interleaved_1f1b or gpipe, or leave float8 out")
     if plan.model.dropout > 0 and plan.tp > 1:
         yield error("E100", plan.where("model.dropout", "mesh.tp"), f"dropout = {plan.model.dropout} with tp = {plan.tp} is not supported yet: "
                     "the tp ranks would need a shared dropout RNG", "set dropout = 0, or leave tp out")

@@ -44,6 +44,12 @@ EXTERNAL: dict[str, tuple[str, str | None]] = {
         "LoadPlan", "SavePlan", "TensorWriteData", "WriteItem", "WriteItemType",
     )},
     "create_read_items_for_chunk_list": ("torch.distributed.checkpoint.planner_helpers", "create_read_items_for_chunk_list"),
+    # torchao's float8 training (float8.py, plans with train { float8 })
+    **{n: ("torchao.float8.config", n) for n in ("Float8LinearConfig", "ScalingGranularity", "ScalingType")},
+    **{n: ("torchao.float8.float8_training_tensor", n) for n in (
+        "GemmInputRole", "LinearMMConfig", "ScaledMMConfig", "hp_tensor_and_scale_to_float8",
+    )},
+    **{n: ("torchao.float8.float8_utils", n) for n in ("amax_to_scale", "tensor_to_amax")},
     **{n: ("torch.utils.checkpoint", n) for n in (
         "checkpoint", "CheckpointPolicy", "create_selective_checkpoint_contexts",
     )},
@@ -113,11 +119,11 @@ def _free_names(src: str, module: str) -> set[str]:
 
 
 def _import_block(wanted: dict[str, set[tuple[str, bool]]], siblings: set[str]) -> str:
-    """The import lines: the standard library, torch, then the package's modules; in each,
+    """The import lines: the standard library, torch (and torchao), then the package's modules; in each,
     ``import`` lines before ``from`` lines, by module (isort's order)."""
     groups: list[list[tuple[bool, str, str]]] = [[], [], []]
     for source, names in wanted.items():
-        group = groups[2 if source in siblings else 1 if source.split(".")[0] == "torch" else 0]
+        group = groups[2 if source in siblings else 1 if source.split(".")[0] in ("torch", "torchao") else 0]
         for n, plain in names:
             if plain:
                 group.append((False, source, f"import {source}" + ("" if n == source else f" as {n}")))

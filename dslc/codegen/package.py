@@ -12,7 +12,7 @@ from __future__ import annotations
 MODULES = (
     "train.py", "checkpoint.py", "checkpoint_files.py", "data.py", "hf_init.py", "hf.py", "optimizer.py",
     "data_parallel.py", "pipeline_parallel.py", "model.py", "moe.py", "expert_parallel.py",
-    "context_parallel.py", "tensor_parallel.py", "layers.py", "zero_bubble.py", "mesh.py", "meter.py", "plan.py", "utils.py",
+    "context_parallel.py", "tensor_parallel.py", "layers.py", "zero_bubble.py", "float8.py", "mesh.py", "meter.py", "plan.py", "utils.py",
 )
 # modules whose text does not depend on the plan: the same bytes in every plan that has
 # them, so their stamp names no plan
@@ -38,6 +38,7 @@ def package(view: dict) -> list[tuple[str, str]]:
         ("expert_parallel.py", "ep: GShard's dispatch and combine", view["expert_parallel"]),
         ("pipeline_parallel.py", f"pp: the {view.get('pp_schedule')} schedule's runner and messages", view["pipeline_parallel"]),
         ("zero_bubble.py", "zb_h1's backward, split into B and W", view["split_backward"]),
+        ("float8.py", f"float8 ({view.get('float8_recipe_name')}): the linears' GEMMs through torchao, their scales", view["float8"]),
         ("data_parallel.py", dp, view["data_parallel"]),
         ("optimizer.py", "the optimizer, learning rate and gradient norm", True),
         ("data.py", "the data files, cut into each step's batch", view["reads_files"]),

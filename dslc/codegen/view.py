@@ -27,6 +27,7 @@ from ..front.recompute import EAGER_POLICIES
 from ..groups import axes_of, group_mesh, replica_group
 from ..ir import Plan
 from .errors import Unsupported
+from .float8 import float8_view
 from .grads import grads_view, kinds, norm_groups, zero_stage
 from .hf import hf_view
 from .launchers import launcher_view
@@ -55,9 +56,8 @@ def view_model(plan: Plan, root: Path = DEFAULT_ROOT) -> dict:
         **_parallel(plan),
         **pipeline_view(plan),
         **_model(plan),
-        **_experts(plan),
-        **_context(plan),
-        **_training(plan),
+        **_experts(plan), **_context(plan),
+        **_training(plan), **float8_view(plan),
         **_checkpoint(plan),
         **_data(plan, Path(root) / name),
         **hf_view(plan, _script_path(plan.train.init, Path(root) / name) if plan.train.init else None),

@@ -68,15 +68,14 @@ from collections import defaultdict, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from ..chunks import V_SHAPED, Placement
+from ..chunks import Placement
 from ..ir import SCHEDULES
-from ..pipeline_shapes import shape_problems
+from ..pipeline_shapes import SPLIT_BACKWARD, shape_problems
 from . import vschedule
 
 COMPUTE = ("F", "B", "W")
 COMM = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
 KINDS = COMPUTE + COMM
-SPLIT_BACKWARD = ("zb_h1", *V_SHAPED)  # the schedules whose backward is B, then W apart
 
 __all__ = [
     "SCHEDULES", "SPLIT_BACKWARD", "Action", "Schedule", "ScheduleError", "Simulation", "build", "locate",

@@ -261,6 +261,8 @@ def _train(plan: Plan, steps: int, micro: int, global_batch: int, notes: list[st
     t = plan.train
     if t.precision != "fp32":
         notes.append(f"precision {t.precision} run in fp32: the 1e-5 bound is fp32's (the golden tests check the mixed-precision rules)")
+    if t.float8:  # fp8 rounding tips over where a layout sums in another order: not 1e-5
+        notes.append(f"float8 {t.float8} left out: the 1e-5 bound is fp32's (the golden tests check float8's scales)")
     if t.data.kind != "synthetic":
         notes.append(f"data {t.data.kind} replaced by synthetic tokens")
     dropped = [what for what, there in (("checkpoint", t.checkpoint), ("init = hf(...)", t.init), ("eval", t.eval)) if there]
@@ -271,7 +273,7 @@ def _train(plan: Plan, steps: int, micro: int, global_batch: int, notes: list[st
     return replace(
         t, steps=steps, micro_batch=micro, global_batch=global_batch, precision="fp32", lr_schedule=schedule,
         data=Data("synthetic", None, None, t.data.span), checkpoint=None, init=None, eval=None,
-        timeout=min(t.timeout, 120.0), compile=None,
+        timeout=min(t.timeout, 120.0), compile=None, float8=None,
     )
 
 
