@@ -44,18 +44,23 @@ class AllToAll(torch.autograd.Function):
 @torch.compiler.disable  # a compiled block's graph breaks here: the all-to-all runs eagerly
 def dispatch(rows, counts):
     """GShard's dispatch, dropless: `rows` sorted by expert (counts[e] for expert e) go to
-    their experts' ranks. First the counts are exchanged (bookkeeping: int64 per expert),
-    then the rows, in uneven parts. Returns the rows this rank received sorted by its
-    local expert, the rows per local expert, and what combine needs to send them back.
-    """
+    their experts' ranks. First the counts are exchanged (bookkeeping: int64 per expert)
+    and read on the host, once: the layer's one synchronisation, for the split sizes of
+    the rows' all-to-all, in uneven parts. Returns the rows this rank received sorted by
+    its local expert, the rows per local expert (on the device and on the host), and what
+    combine needs to send them back."""
     received = all_to_all(torch.empty_like(counts), counts, "ep", scalar=True)
-    sent = counts.view(EP, LOCAL_EXPERTS)  # [destination rank][its local expert]
-    got = received.view(EP, LOCAL_EXPERTS)  # [source rank][my local expert]
-    send_splits, recv_splits = sent.sum(1).tolist(), got.sum(1).tolist()
+    # [rank][local expert]: the rows sent to each rank's experts and received from each
+    sent, got = torch.stack([counts, received]).view(2, EP, LOCAL_EXPERTS).tolist()
+    send_splits, recv_splits = [sum(r) for r in sent], [sum(r) for r in got]
     rows = AllToAll.apply(rows, send_splits, recv_splits)  # by source rank, then expert
+    # each received row's local expert (the size known: no host read), then the rows by it
     expert = torch.arange(LOCAL_EXPERTS, device=rows.device).repeat(EP)
-    by_expert = expert.repeat_interleave(got.reshape(-1)).argsort(stable=True)
-    return rows[by_expert], got.sum(0), (by_expert, send_splits, recv_splits)
+    n = sum(recv_splits)
+    by_expert = expert.repeat_interleave(received, output_size=n).argsort(stable=True)
+    local = received.view(EP, LOCAL_EXPERTS).sum(0)  # rows per local expert
+    sizes = [sum(column) for column in zip(*got)]  # the same, on the host
+    return rows[by_expert], local, sizes, (by_expert, send_splits, recv_splits)
 
 
 @torch.compiler.disable
@@ -63,4 +68,6 @@ def combine(rows, exchange):
     """GShard's combine: the experts' outputs back to the ranks their tokens came from, in
     the order dispatch took them (the reverse all-to-all)."""
     by_expert, send_splits, recv_splits = exchange
-    return AllToAll.apply(rows[by_expert.argsort()], recv_splits, send_splits)
+    # row i is received row by_expert[i]: the permutation's inverse, without a sort
+    rows = torch.empty_like(rows).index_copy(0, by_expert, rows)
+    return AllToAll.apply(rows, recv_splits, send_splits)
