@@ -68,6 +68,8 @@ def combine(rows, exchange):
     """GShard's combine: the experts' outputs back to the ranks their tokens came from, in
     the order dispatch took them (the reverse all-to-all)."""
     by_expert, send_splits, recv_splits = exchange
-    # row i is received row by_expert[i]: the permutation's inverse, without a sort
-    rows = torch.empty_like(rows).index_copy(0, by_expert, rows)
-    return AllToAll.apply(rows, recv_splits, send_splits)
+    # row i is received row by_expert[i]: back by the permutation's inverse (a scatter, not
+    # a second sort)
+    place = torch.arange(rows.size(0), device=rows.device)
+    unsort = torch.empty_like(by_expert).scatter_(0, by_expert, place)
+    return AllToAll.apply(rows[unsort], recv_splits, send_splits)

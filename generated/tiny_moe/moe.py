@@ -157,9 +157,13 @@ class MoE(nn.Module):
         # the layer's one host read: the rows each rank sends and receives (dispatch)
         rows, local, sizes, exchange = dispatch(rows, load)
         out = combine(self.experts(rows, local, sizes), exchange)
-        # back in (token, choice) order: row i is choice order[i] (a permutation's inverse
-        # without a second sort; its backward gathers)
-        out = torch.empty_like(out).index_copy(0, order, out).view(-1, TOP_K, C)
+        # back in (token, choice) order: row i is choice order[i], so choice j is row
+        # unsort[j] (the permutation's inverse by a scatter, not a second sort; gathered, as
+        # autograd keeps the indices where index_copy would keep the rows too)
+        unsort = torch.empty_like(order).scatter_(
+            0, order, torch.arange(B * T * TOP_K, device=x.device)
+        )
+        out = out[unsort].view(-1, TOP_K, C)
         y = (out * weights.view(-1, TOP_K, 1).to(out.dtype)).sum(dim=1)
         dropped = 0
         ROUTING.add(self.routed, aux[None], load, dropped)
