@@ -2,13 +2,22 @@
 `dslc explain`'s prediction and a nanoGPT-style loop written here, eager and compiled.
 
     .venv/bin/python benchmarks/gpu_mfu.py [--steps 30] [--log-every 10] [--only gpt2_124m,moe_dropless] [--profile]
+        [--json rows.jsonl]
+
+`make gpu` (benchmarks/gpu_routine.py) runs it case by case within its time budget.
 
 The cases: GPT-2 124M at llm.c's sequence of 1024 (micro-batch 16), a Llama of 1.2B
 (Llama 3.2 1B's shape: 16 layers, hidden 2048, 32 heads / 8 kv, vocab 128256,
 sequence 2048, micro-batch 4), the 8-expert top-2 MoE of tests/test_gpu.py, dropless
 and with a capacity of 1.25, and a Llama 3D plan (dp2 × pp2 × tp2 with sp, 1F1B) run by
 8 ranks sharing the one GPU (`--share-gpu`: gloo, collectives staged through host
-memory), whose time is the staging's: its explain column is for 8 real GPUs. Each generated script runs in its own process,
+memory), whose time is the staging's: its explain column is for 8 real GPUs. The fp8 cases
+(`train { float8 = ... }`, torchao's float8 linears) are the 1.2B Llama and a Llama of
+3.2B (Llama 3.2 3B's shape: 28 layers, hidden 3072, 24 heads / 8 kv, ffn 8192, sequence
+4096, micro-batch 1), each beside the same plan in bf16, compiled both: the line after
+them gives bf16 / fp8 (target >= 1.2). They are skipped, with the reason, where this dslc
+does not take the plan (it lints the plan's text) or torchao is not installed; the 3B
+bf16 twin is skipped with them. Each generated script runs in its own process,
 `--log-every` steps between the host's reads of the device; the step time is the
 mean over the steps after the first read past `--warmup` (compilation and the
 allocator's growth happen before), printed with the range (min-max) of the log
@@ -21,13 +30,15 @@ fused AdamW, clipping at 1.0, the model's cross-entropy on bf16 logits), with an
 without `torch.compile(model)`: the generated compiled step should take at most its
 compiled time (ratio <= 1.0, of the two rows' means). `--profile` adds, for the generated GPT-2, the kernels
 that took the most GPU time over 5 steps past the warm-up and the share of each step
-the GPU sat idle between them (torch.profiler).
+the GPU sat idle between them (torch.profiler); the MoE cases' too. `--json FILE` appends
+each row, skip, ratio and profile to FILE as a JSON line.
 
 Without CUDA it prints one line and exits 0."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import re
 import subprocess
@@ -69,11 +80,26 @@ CASES["llama_3d_shared"] = (
     "    pipeline { schedule = 1f1b; microbatches = 4 }",
 )
 SHARED = {"llama_3d_shared": 8}  # the cases run on one GPU by that many ranks
+# Llama 3.2 3B's shape at micro-batch 1: the fp8 target's plan (the largest Llama that
+# explain fits in an H100's 80 GB at micro-batch 1 with its sequence of 4096)
+CASES["llama_3b"] = (
+    "llama { layers = 28; hidden = 3072; heads = 24; kv_heads = 8; ffn = 8192; vocab = 128256;"
+    " seq_len = 4096 }",
+    1,
+    "",
+)
+# fp8 case: (its bf16 twin, the float8 recipe); the same plan with `float8 = recipe`
+FP8 = {"llama_1b_fp8": ("llama_1b", "tensorwise"), "llama_3b_fp8": ("llama_3b", "tensorwise"),
+       "llama_3b_fp8_rowwise": ("llama_3b", "rowwise")}
+TWIN_ONLY = {"llama_3b"}  # measured for its fp8 cases' ratio: skipped when all of them are
+PROFILED = ("gpt2_124m", "moe_dropless", "moe_capacity")  # what --profile profiles
 GPT2 = {"layers": 12, "hidden": 768, "heads": 12, "vocab": 50304, "seq_len": 1024, "micro_batch": 16}
 
 
 def plan_text(name: str, device: str, steps: int) -> str:
-    model, micro_batch, more = CASES[name]
+    twin, recipe = FP8.get(name, (name, None))
+    model, micro_batch, more = CASES[twin]
+    fp8 = f"; float8 = {recipe}" if recipe else ""
     ranks = SHARED.get(name, 1)
     batch = micro_batch * (4 * 2 if ranks > 1 else 1)  # 3D: 4 micro-batches on each of dp 2
     return CLUSTER.format(device=device, ranks=ranks) + f"""
@@ -81,9 +107,44 @@ plan {name} {{
     model {model}
     cluster = gpu
     {more}
-    train {{ steps = {steps}; micro_batch = {micro_batch}; global_batch = {batch}; precision = bf16; data = synthetic }}
+    train {{ steps = {steps}; micro_batch = {micro_batch}; global_batch = {batch}; precision = bf16{fp8}; data = synthetic }}
 }}
 """
+
+
+def fp8_unready(text: str) -> str | None:
+    """Why an fp8 case cannot run here (None if it can): this dslc refuses the plan's
+    text (an older one does not know `float8`), or torchao is not installed."""
+    from dslc.driver import load_text
+
+    errors = [d for d in load_text(text, "fp8.plan").diagnostics if d.is_error]
+    if errors:
+        return f"this dslc refuses the plan: {errors[0].code} {errors[0].message}"
+    if importlib.util.find_spec("torchao") is None:
+        return "torchao is not installed (its float8 linears; make gpu-wheels brings a wheel)"
+    try:
+        importlib.import_module("torchao.float8")
+    except Exception as e:  # a torchao built for another torch
+        return f"torchao.float8 does not import: {type(e).__name__}: {e}"
+    return None
+
+
+def skipped(cases: list[str], device: str) -> dict[str, str]:
+    """{case: why it is skipped} for the fp8 cases that cannot run and the bf16 twins
+    measured only for them."""
+    why = {name: r for name in cases if name in FP8 and (r := fp8_unready(plan_text(name, device, 1)))}
+    for twin in TWIN_ONLY & set(cases):
+        fp8 = [name for name in cases if FP8.get(name, ("",))[0] == twin]
+        if fp8 and all(name in why for name in fp8):
+            why[twin] = f"measured for {', '.join(fp8)} only, skipped: {why[fp8[0]]}"
+    return why
+
+
+def emit(path: str | None, **row) -> None:
+    """One JSON line of --json FILE: a row, a skip, a ratio or a profile."""
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(row) + "\n")
 
 
 def tokens_per_step(name: str) -> int:
@@ -196,7 +257,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=10, help="steps left out of the mean")
     ap.add_argument("--only", help="comma-separated cases (default: all)")
     ap.add_argument("--modes", default="eager,compiled", help="eager, compiled or both (default)")
-    ap.add_argument("--profile", action="store_true", help="the top kernels of the generated GPT-2")
+    ap.add_argument("--profile", action="store_true", help="the top kernels of the generated GPT-2 and MoE")
+    ap.add_argument("--json", metavar="FILE", help="append each row, skip, ratio and profile as a JSON line")
     ap.add_argument("--baseline-worker", choices=["eager", "compiled"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     import torch
@@ -211,13 +273,22 @@ def main() -> None:
     if device is None:
         print(f"gpu_mfu: dslc's catalog has no peak for {torch.cuda.get_device_name()}: no MFU to print")
         return
-    cases = args.only.split(",") if args.only else list(CASES)
+    cases = args.only.split(",") if args.only else list(CASES) + list(FP8)
+    unknown = [name for name in cases if name not in CASES and name not in FP8]
+    if unknown:
+        sys.exit(f"gpu_mfu: no case {', '.join(unknown)} (the cases: {', '.join([*CASES, *FP8])})")
+    why = skipped(cases, device)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, bf16, one process, one run per row;"
           f" ms/step: the mean past the warm-up (min-max of its log intervals)")
     header = f"{'case':14} {'run':22} {'ms/step':>8} {'(min-max)':>17} {'tok/s':>9} {'MFU':>6} {'GiB':>6}   explain: {'ms':>6} {'MFU':>6} {'GiB':>6}  ms/explain"
     print(header)
+    compiled = {}  # case: its generated compiled run, for the fp8 ratios
     with tempfile.TemporaryDirectory() as tmp:
         for name in cases:
+            if name in why:
+                print(f"{name:14} skipped: {why[name]}", flush=True)
+                emit(args.json, case=name, skipped=why[name])
+                continue
             folder = Path(tmp) / name
             folder.mkdir()
             text = plan_text(name, device, args.steps)
@@ -225,38 +296,55 @@ def main() -> None:
             script = compile_plan(text, folder / "out")
             tokens = tokens_per_step(name)
             modes = args.modes.split(",")
-            runs = [(f"generated {m}", run_generated(script, args.steps, args.log_every, args.warmup, m == "compiled",
-                                                      SHARED.get(name, 1))) for m in modes]
-            if name == "gpt2_124m":
-                for m in modes:
-                    cmd = [sys.executable, __file__, "--baseline-worker", m, "--steps", str(args.steps),
-                           "--log-every", str(args.log_every), "--warmup", str(args.warmup)]
-                    out = subprocess.run(cmd, capture_output=True, text=True, env=ENV)
-                    got = json.loads(out.stdout) if out.returncode == 0 else {"error": out.stderr.strip()[-200:]}
-                    runs.append((f"nanoGPT loop {m}", got))
             # the script's own MFU constants, as explain counts them
             constants = script.read_text()
             flops = int(re.search(r"MODEL_FLOPS_PER_TOKEN = ([\d_]+)", constants).group(1).replace("_", ""))
             peak = float(re.search(r"PEAK_FLOPS = ([\d.e]+)", constants).group(1))
-            for label, r in runs:
+
+            def show(label: str, r: dict) -> tuple[str, dict]:
+                """Print and emit a run's row as soon as it is measured."""
                 if "error" in r:
-                    print(f"{name:14} {label:22} failed: {r['error']}")
-                    continue
+                    print(f"{name:14} {label:22} failed: {r['error']}", flush=True)
+                    emit(args.json, case=name, run=label, error=r["error"])
+                    return label, r
                 mfu = flops * tokens / (r["ms"] / 1000) / peak
                 spread = f"({r['low']:.2f}-{r['high']:.2f})"
                 print(f"{name:14} {label:22} {r['ms']:8.2f} {spread:>17} {tokens / r['ms'] * 1000:9,.0f} {mfu:6.1%} {r['gib']:6.2f}"
                       f"   explain: {predicted['ms']:6.2f} {predicted['mfu']:6.1%} {predicted['gib']:6.2f}"
                       f"  {r['ms'] / predicted['ms']:.2f}", flush=True)
+                emit(args.json, case=name, run=label, **r, tok_s=tokens / r["ms"] * 1000, mfu=mfu, explain=predicted)
+                return label, r
+
+            runs = [show(f"generated {m}", run_generated(script, args.steps, args.log_every, args.warmup,
+                                                          m == "compiled", SHARED.get(name, 1))) for m in modes]
             if name == "gpt2_124m":
-                ours = dict(runs)
-                if "ms" in ours.get("generated compiled", {}) and "ms" in ours.get("nanoGPT loop compiled", {}):
-                    ratio = ours["generated compiled"]["ms"] / ours["nanoGPT loop compiled"]["ms"]
-                    print(f"gpt2_124m: generated compiled / nanoGPT loop compiled = {ratio:.2f}"
-                          " (the means of one run each; target <= 1.0)")
-                if args.profile:
-                    for m in modes:
-                        print(f"\nprofile of the generated GPT-2 124M, {m}:")
-                        print("\n".join(profile(script, m == "compiled")))
+                for m in modes:
+                    cmd = [sys.executable, __file__, "--baseline-worker", m, "--steps", str(args.steps),
+                           "--log-every", str(args.log_every), "--warmup", str(args.warmup)]
+                    out = subprocess.run(cmd, capture_output=True, text=True, env=ENV)
+                    got = (json.loads(out.stdout) if out.returncode == 0
+                           else {"error": (out.stderr.strip().splitlines() or ["?"])[-1][:200]})
+                    runs.append(show(f"nanoGPT loop {m}", got))
+            ours = dict(runs)
+            compiled[name] = ours.get("generated compiled", {})
+            if name == "gpt2_124m" and "ms" in compiled[name] and "ms" in ours.get("nanoGPT loop compiled", {}):
+                ratio = compiled[name]["ms"] / ours["nanoGPT loop compiled"]["ms"]
+                print(f"gpt2_124m: generated compiled / nanoGPT loop compiled = {ratio:.2f}"
+                      " (the means of one run each; target <= 1.0)")
+                emit(args.json, case=name, ratio="generated compiled / nanoGPT loop compiled", value=ratio,
+                     target="<= 1.0")
+            if args.profile and name in PROFILED:
+                for m in modes:
+                    lines = profile(script, m == "compiled")
+                    print(f"\nprofile of the generated {name}, {m}:\n" + "\n".join(lines), flush=True)
+                    emit(args.json, case=name, profile=m, lines=lines)
+        for name, (twin, recipe) in FP8.items():
+            if "ms" in compiled.get(name, {}) and "ms" in compiled.get(twin, {}):
+                ratio = compiled[twin]["ms"] / compiled[name]["ms"]
+                print(f"{name}: bf16 compiled / fp8 ({recipe}) compiled = {ratio:.2f}"
+                      " (the means of one run each; target >= 1.2)")
+                emit(args.json, case=name, ratio=f"bf16 compiled / fp8 {recipe} compiled", value=ratio,
+                     target=">= 1.2")
 
 
 if __name__ == "__main__":

@@ -2,8 +2,10 @@
 block may override any of them; a missing number falls back to this catalog with a note
 (N021).
 
-Peak FLOP/s are dense bf16 tensor-core figures and memory bandwidths HBM figures from
-the vendors' datasheets. :data:`CALIBRATION` holds the fractions of those peaks that the
+Peak FLOP/s are dense bf16 tensor-core figures, then HBM bandwidths, then dense fp8
+tensor-core figures (e4m3; 0: no fp8 tensor cores, as on the A100), from the vendors'
+datasheets: the fp8 peak is twice the bf16 one on Hopper, Ada, Blackwell and the MI300X
+(each datasheet quotes 2× with sparsity; dense is half of that). :data:`CALIBRATION` holds the fractions of those peaks that the
 step-time model (:mod:`dslc.cost.time`) charges each class of operation at, each with
 where it comes from.
 """
@@ -18,24 +20,24 @@ from .units import GB, GiB
 DEVICES: dict[str, Device] = {
     d.name: d
     for d in (
-        Device("h100_sxm", 989e12, 80 * GiB, 3.35e12),
-        Device("h100_pcie", 756e12, 80 * GiB, 2.0e12),
-        Device("h200", 989e12, 141 * GB, 4.8e12),
-        Device("b200", 2250e12, 192 * GB, 8.0e12),
+        Device("h100_sxm", 989e12, 80 * GiB, 3.35e12, 1979e12),
+        Device("h100_pcie", 756e12, 80 * GiB, 2.0e12, 1513e12),
+        Device("h200", 989e12, 141 * GB, 4.8e12, 1979e12),
+        Device("b200", 2250e12, 192 * GB, 8.0e12, 4500e12),
         Device("a100_40g", 312e12, 40 * GiB, 1.555e12),
         Device("a100_80g", 312e12, 80 * GiB, 2.039e12),
-        Device("l40s", 362e12, 48 * GB, 0.864e12),
-        Device("mi300x", 1307e12, 192 * GB, 5.3e12),
+        Device("l40s", 362e12, 48 * GB, 0.864e12, 733e12),
+        Device("mi300x", 1307e12, 192 * GB, 5.3e12, 2615e12),
         # H800 SXM: the export H100 SXM, the same dense bf16 peak and 80 GB HBM3 (3.35 TB/s);
         # its NVLink is 400 GB/s bidirectional (200 GB/s per direction, not H100's 450): a
         # cluster of them sets `link nvlink { bandwidth = 200 GB/s }` (DeepSeek-V3 trained on them)
-        Device("h800", 989e12, 80 * GiB, 3.35e12),
+        Device("h800", 989e12, 80 * GiB, 3.35e12, 1979e12),
         # One Blackwell GPU of a GB200 NVL72 (NVIDIA's GB200 NVL72 datasheet, per rack of 72
         # GPUs: FP16/BF16 tensor core 360 PFLOPS with sparsity, 180 dense, so 2.5 PFLOPS dense
         # per GPU; HBM3e up to 13.4 TB and 576 TB/s, so 186 GB and 8 TB/s per GPU; the
         # superchip, 2 GPUs: 372 GB). The first datasheets said 384 GB (192 GB a GPU); the
         # systems shipped, as MLPerf lists them (GB200-186GB), hold 186 GB.
-        Device("gb200", 2500e12, 186 * GB, 8.0e12),
+        Device("gb200", 2500e12, 186 * GB, 8.0e12, 5000e12),
         # A CPU "device" for the gloo demos: numbers are nominal.
         Device("cpu", 1e12, 16 * GiB, 50e9),
     )

@@ -100,6 +100,9 @@ CODES: dict[str, str] = {
     "E101": "a ZeRO stage the code generator cannot combine with the plan",
     "W102": "reshard_after_forward without zero = 3",
     "W103": "compile = true with recompute = selective_ops",
+    "E104": "float8 with precision = fp16",
+    "N105": "float8 emulated on cpu",
+    "E106": "float8 on a device without fp8 tensor cores",
 }
 
 # the estimates' codes: a plan that has only these is still explained (the report shows why)

@@ -23,6 +23,7 @@ AXES = ("dp", "tp", "pp", "cp", "ep")
 ARCHS = ("gpt2", "llama", "mixtral")
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v", "dualpipe_v")
 PRECISIONS = ("fp32", "bf16", "fp16")
+FLOAT8 = ("tensorwise", "rowwise")  # torchao's float8 training recipes (`train { float8 }`)
 RECOMPUTE = ("none", "selective", "selective_ops", "full")  # `full every N`: Train.recompute_every
 CP_METHODS = ("ring", "ulysses")
 LINK_SCOPES = ("node", "cluster")
@@ -35,12 +36,13 @@ TOKEN_DTYPES = ("uint16", "uint32", "int32")  # of a raw tokens file (`dtype = â
 
 @dataclass(frozen=True)
 class Device:
-    """A accelerator from the catalog (or overridden in the cluster block)."""
+    """An accelerator from the catalog (or overridden in the cluster block)."""
 
     name: str
     peak_flops: float  # dense bf16 FLOP/s
     memory: int  # bytes
     bandwidth: float = 0.0  # memory (HBM) bytes/s; 0: unknown, elementwise work is not timed
+    fp8_flops: float = 0.0  # dense fp8 FLOP/s; 0: no fp8 tensor cores (catalog.FP8)
 
 
 @dataclass(frozen=True)
@@ -303,6 +305,7 @@ class Train:
     init: Init | None = None  # where the weights start: None draws them from the seed
     recompute_every: int = 1  # `full every N`: blocks N-1, 2N-1, â€¦ (0-based) are recomputed
     compile: bool | None = None  # torch.compile each block; None: on CUDA, not on CPU
+    float8: str | None = None  # one of FLOAT8: the blocks' linears multiply in fp8; None: off
 
     @property
     def recompute_label(self) -> str:
@@ -337,25 +340,12 @@ class Plan:
         return self.span
 
     # -- derived sizes, used by every later stage ---------------------------
-    @property
-    def dp(self) -> int:
-        return self.mesh.size("dp")
-
-    @property
-    def tp(self) -> int:
-        return self.mesh.size("tp")
-
-    @property
-    def pp(self) -> int:
-        return self.mesh.size("pp")
-
-    @property
-    def cp(self) -> int:
-        return self.mesh.size("cp")
-
-    @property
-    def ep(self) -> int:
-        return self.mesh.size("ep")
+    # the size of each axis (1 where the mesh has none)
+    dp = property(lambda self: self.mesh.size("dp"))
+    tp = property(lambda self: self.mesh.size("tp"))
+    pp = property(lambda self: self.mesh.size("pp"))
+    cp = property(lambda self: self.mesh.size("cp"))
+    ep = property(lambda self: self.mesh.size("ep"))
 
     @property
     def world_size(self) -> int:

@@ -183,8 +183,9 @@ def test_hfu_never_exceeds_the_fastest_kernel_rate_the_estimate_assumes(p):
     _, attention_share, _ = shares(p)
     core = sum(n * arch.layer_flops(km, p.model.seq_len)[1] for n, km in arch.kinds(p.model))
     A = flops.batch_tokens(p) * core * (3 + attention_share)  # the attention core's, recompute included
-    G = e.flops.hardware - A  # GEMMs, at most r.gemm of the peak whatever their shape
-    fastest = (G + A) / (G / r.gemm + A / r.attention)  # no elementwise work, no communication
+    G = e.flops.hardware - A  # GEMMs, at most r.gemm of the peak whatever their shape (of the fp8 peak with float8)
+    gemm = r.gemm * (r.fp8 / r.peak if r.fp8 else 1.0)
+    fastest = (G + A) / (G / gemm + A / r.attention)  # no elementwise work, no communication
     assert e.timing.mfu <= e.timing.hfu <= fastest
 
 # ---------------------------------------------------------------------------- model states (ZeRO)
@@ -742,3 +743,64 @@ def test_a_gpu_is_found_in_the_catalog_by_its_cuda_name(cuda_name, device):
 
     assert device_of_cuda_name(cuda_name) == device
     assert device is None or device in DEVICES
+
+
+# ---------------------------------------------------------------------------- float8
+
+
+def _float8(p: Plan, recipe="tensorwise", fp8=1979e12, compile=None) -> Plan:
+    cluster = replace(p.cluster, device=replace(p.cluster.device, fp8_flops=fp8))
+    return replace(p, cluster=cluster, train=replace(p.train, float8=recipe, compile=compile))
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_float8_runs_the_blocks_linears_at_the_fp8_peak_and_pays_for_their_casts(compiled):
+    """A dense llama block on a tp = 2 rank: its seven linears' GEMMs at the fp8 peak (half
+    the time at twice the peak); the elementwise work grows by the casts of each linear's
+    input and weight, counted here by hand from the block's shapes: e + 1 bytes an element
+    compiled (the amax fused into the producer), 2·e + 1 eagerly."""
+    from dslc.cost.compute import layer_kernels
+
+    h, f, tp, T = 256, 768, 2, 4 * 64
+    bf16 = plan(model("llama", h=h, a=8, kv=4, ffn=f, s=64), ("tp", tp, "nvlink"), b=4)
+    fp8 = _float8(bf16, compile=compiled)
+    k0, k8 = layer_kernels(bf16, rates(bf16)), layer_kernels(fp8, rates(fp8))
+    assert k8.gemm == pytest.approx(k0.gemm * 989 / 1979)
+    q, kv = h // tp, h // 2 // tp  # q and o: 8 heads of 32; k and v: 4 heads
+    inputs = T * (3 * h + q + 2 * h + f // tp)  # q, k, v, gate, up read h wide; o reads q; down reads f / tp
+    weights = 2 * h * q + 2 * h * kv + 3 * h * f // tp
+    per_element = 2 + 1 if compiled else 2 * 2 + 1
+    assert (k8.elementwise - k0.elementwise) * rates(fp8).bandwidth == pytest.approx(per_element * (inputs + weights))
+    assert (k8.attention, k8.loss) == (k0.attention, k0.loss)
+
+
+def test_float8_leaves_the_router_and_memory_as_they_were_and_shortens_the_step():
+    """The router's GEMM stays at the bf16 peak (torchao's linears are the blocks' projections
+    and the experts); the memory is the plan's without fp8: torchao keeps each linear's
+    high-precision input and weight for backward and its fp8 copies are transient."""
+    moe = plan(model("mixtral", l=4, h=4096, a=32, kv=8, ffn=14336, s=4096, experts=8, top_k=2), ("ep", 8, "nvlink"))
+    fp8 = _float8(moe)
+    e0, e8 = estimate(moe), estimate(fp8)
+    assert [s.total for s in e8.memory] == [s.total for s in e0.memory]
+    assert e8.timing.step < e0.timing.step and e8.timing.mfu > e0.timing.mfu
+    router = 2 * 4096 * 4096 * 8  # FLOPs of its forward GEMM
+    r0, r8 = rates(moe), rates(fp8)
+    assert r8.gemm_seconds(router, 4096, 4096, 8) == r0.gemm_seconds(router, 4096, 4096, 8)  # only fp8=True GEMMs speed up
+    assert r8.gemm_seconds(router, 4096, 4096, 8, fp8=True) == pytest.approx(r0.gemm_seconds(router, 4096, 4096, 8) * 989 / 1979)
+
+
+def test_float8_does_not_pay_on_a_small_model():
+    """At hidden 256 the casts' passes over each input and weight cost more than the GEMMs
+    save: explain says fp8 slows such a plan down (torchao reports its speed-ups from
+    hidden 4096 on)."""
+    small = plan(model("llama", h=256, a=8, kv=4, ffn=768, s=256), ("dp", 2, "nvlink"), b=4)
+    assert estimate(_float8(small)).timing.step > estimate(small).timing.step
+
+
+def test_float8_on_a_cpu_emulates_at_the_plan_s_own_rate():
+    """No fp8 peak (cpu: torchao's emulation): the GEMMs cost what they cost without fp8."""
+    p = plan(model("llama", h=128, a=4, s=32), ("tp", 2, "nvlink"))
+    p8 = _float8(p, fp8=0.0)
+    from dslc.cost.compute import layer_kernels
+
+    assert layer_kernels(p8, rates(p8)).gemm == layer_kernels(p, rates(p)).gemm

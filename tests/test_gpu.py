@@ -5,7 +5,8 @@ the CPU fp32 reference within the tolerance of that precision; a bf16 run of a
 GPT-2 124M-sized model prints its MFU. A tensor-parallel plan needs one GPU per
 NCCL rank, so it runs only where two or more GPUs are visible; with --share-gpu the
 ranks of a parallel plan share one GPU (gloo, collectives staged through host memory),
-so a plan per axis and a 3D one run on a single GPU against the CPU fp32 serial run."""
+so a plan per axis and a 3D one run on a single GPU against the CPU fp32 serial run.
+`make gpu` (benchmarks/gpu_routine.py) runs this file first on a lent GPU."""
 
 from __future__ import annotations
 
@@ -43,7 +44,9 @@ def run(plan, run_script, root, device, *flags):
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-@pytest.mark.parametrize("name", ["gpt2_serial", "llama_serial", "mixtral_serial", "mixtralcap_serial", "tokens_serial"])
+@pytest.mark.parametrize(
+    "name", ["gpt2_serial", "llama_serial", "mixtral_serial", "mixtralcap_serial", "deepseek_serial", "tokens_serial"]
+)
 def test_serial_plan_on_cuda_tracks_cpu_fp32(name, precision, golden_plans, run_script, tmp_path):
     ref_plan = golden_plans[name]
     plan = dataclasses.replace(
@@ -73,27 +76,36 @@ def test_tensor_parallel_plan_on_cuda_matches_serial(golden_plans, run_script, t
 
 
 # --share-gpu: the plan's ranks on one GPU, each collective and message staged through
-# host memory; (golden plan, precision): a plan per axis, in bf16 (fp16 once), a 3D one,
-# and fp32 (tf32 matmuls) where the tolerance is tighter
+# host memory; (golden plan, precision, mode): a plan per axis, in bf16 (fp16 once), a 3D
+# one, fp32 (tf32 matmuls) where the tolerance is tighter, eager (--no-compile: the axes'
+# CUDA paths, not dynamo's) and compiled (the blocks' graphs broken at each collective)
 SHARED = [
-    ("llama_tp2_sp", "bf16"), ("llama_tp2_sp", "fp32"),  # tp + sp collectives in the blocks and the loss
-    ("gpt2pp_pp2_1f1b", "bf16"),  # pipeline p2p (batched isend/irecv), tied embeddings
-    ("llama_cp2", "bf16"), ("llama_cp2_ulysses", "bf16"),  # cp ring passes; Ulysses's all-to-alls
-    ("mixtral_ep2", "bf16"),  # ep dispatch; the local experts as torch._grouped_mm
-    ("gpt2_dp2_zero2", "bf16"), ("gpt2_dp2_zero3", "bf16"),  # bucket reduce-scatters; ZeRO-3 prefetch
-    ("llama_dp2_zero3_full", "fp16"),  # fp16 with ZeRO-3 gathers under full recompute
-    ("llamapp_dp2_pp2_tp2", "bf16"), ("llamapp_dp2_pp2_tp2", "fp32"),  # 3D: 8 ranks on one GPU
+    ("llama_tp2_sp", "bf16", "eager"), ("llama_tp2_sp", "fp32", "eager"),  # tp + sp collectives in the blocks and the loss
+    ("llama_tp2_sp", "bf16", "compiled"),
+    ("gpt2pp_pp2_1f1b", "bf16", "eager"),  # pipeline p2p (batched isend/irecv), tied embeddings
+    ("llamapp_pp2_interleaved", "bf16", "eager"),  # two chunks a rank
+    ("llamapp_pp2_dualpipe_v", "bf16", "eager"),  # the V's overlapped F&B pairs
+    ("llama_cp2", "bf16", "eager"), ("llama_cp2_ulysses", "bf16", "eager"),  # cp ring passes; Ulysses's all-to-alls
+    ("mixtral_ep2", "bf16", "eager"),  # ep dispatch; the local experts as torch._grouped_mm
+    ("mixtral_ep2", "bf16", "compiled"),  # dropless: the rows each rank receives change step to step
+    ("mixtralcap_ep2", "bf16", "eager"),  # the capacity path's fixed-size dispatch
+    ("deepseek_ep2", "bf16", "eager"),  # MLA, shared experts beside the routed ones
+    ("gpt2_dp2_zero2", "bf16", "eager"), ("gpt2_dp2_zero3", "bf16", "eager"),  # bucket reduce-scatters; ZeRO-3 prefetch
+    ("llama_dp2_zero3_full", "fp16", "eager"),  # fp16 with ZeRO-3 gathers under full recompute
+    ("llamapp_dp2_pp2_tp2", "bf16", "eager"), ("llamapp_dp2_pp2_tp2", "fp32", "eager"),  # 3D: 8 ranks on one GPU
+    ("llamapp_dp2_pp2_tp2", "bf16", "compiled"),
 ]
 
 
-@pytest.mark.parametrize(("name", "precision"), SHARED)
-def test_parallel_plan_sharing_one_gpu_tracks_cpu_fp32(name, precision, golden_plans, run_script, tmp_path):
-    """Eager (--no-compile: the axes' CUDA paths, not dynamo's), the losses of every step
-    and the final weights as the serial plans' test above has them."""
+@pytest.mark.parametrize(("name", "precision", "mode"), SHARED)
+def test_parallel_plan_sharing_one_gpu_tracks_cpu_fp32(name, precision, mode, golden_plans, run_script, tmp_path):
+    """The losses of every step and the final weights as the serial plans' test above
+    has them."""
     ref_plan, plan = golden_plans[name.split("_")[0] + "_serial"], golden_plans[name]
     plan = dataclasses.replace(plan, train=dataclasses.replace(plan.train, precision=precision))
     ref_losses, ref_weights, _ = run(ref_plan, run_script, tmp_path, "cpu")
-    losses, weights, out = run(plan, run_script, tmp_path, "cuda", "--share-gpu", "--no-compile")
+    flag = "--compile" if mode == "compiled" else "--no-compile"
+    losses, weights, out = run(plan, run_script, tmp_path, "cuda", "--share-gpu", flag)
     assert f"{precision}, cuda" in out  # the start-up line: the plan's precision, on the GPU
     rtol = TOLERANCE[precision]
     assert len(losses) == len(ref_losses)

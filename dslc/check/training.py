@@ -1,11 +1,11 @@
 """The training settings: the batch (E080), the ZeRO stage and its shard (E078, E081,
 W079, W089, W102), what the script cannot do yet (E100), fp16 and compile (W082, W103),
-and the Hugging Face checkpoint a plan starts from (E048, E049)."""
+fp8 (E104, N105, E106), and the Hugging Face checkpoint a plan starts from (E048, E049)."""
 
 from __future__ import annotations
 
 from .. import arch
-from ..diagnostics import error, warning
+from ..diagnostics import error, note, warning
 from ..front.recompute import EAGER_POLICIES
 from ..ir import Plan
 from ..unknown import unless_unknown
@@ -35,9 +35,30 @@ def training(plan: Plan):  # each apart: an unknown device leaves the default pr
     with unless_unknown():
         if t.compile and t.recompute in EAGER_POLICIES:
             yield warning("W103", plan.where("train.compile"), f"compile = true with recompute = {t.recompute}: the script runs its blocks eagerly", "selective_ops picks the ops to keep as they are dispatched; selective or full recompute compiles")
+    if t.float8:  # the key is read, linted and explained; the kernels come next
+        yield error("E100", plan.where("train.float8"), "float8 is not supported by code generation yet", "leave float8 out to compile the plan")
     if plan.model.dropout > 0 and plan.tp > 1:
         yield error("E100", plan.where("model.dropout", "mesh.tp"), f"dropout = {plan.model.dropout} with tp = {plan.tp} is not supported yet: "
                     "the tp ranks would need a shared dropout RNG", "set dropout = 0, or leave tp out")
+
+
+def float8(plan: Plan):
+    """``float8``: torchao's float8 training on top of bf16 or fp32 weights, on a device
+    with fp8 tensor cores, or emulated on cpu (tests)."""
+    if not plan.train.float8:
+        return
+    at, device = plan.where("train.float8"), plan.cluster.device
+    with unless_unknown():
+        if plan.train.precision == "fp16":
+            yield error("E104", plan.where("train.float8", "train.precision"), "float8 with precision = fp16: torchao's float8 training casts bf16 or fp32 tensors",
+                        "set precision = bf16 (the weights, gradients and non-GEMM math stay bf16; the linears' GEMMs run in fp8)")
+    with unless_unknown():
+        if device.name == "cpu":
+            yield note("N105", at, "float8 on cpu runs torchao's emulation: the GEMMs' inputs are rounded to fp8 as on a GPU, the products computed in "
+                       "fp32: the numbers of an fp8 run, not its speed")
+        elif not device.fp8_flops:
+            yield error("E106", at, f"float8 on {device.name}, which has no fp8 tensor cores",
+                        "leave float8 out, or plan for a device with them (h100_sxm, h200, b200; or set fp8_flops in the cluster)")
 
 
 def _zero(plan: Plan, z: int):

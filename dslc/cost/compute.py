@@ -5,7 +5,10 @@ Each class runs at its own rate (:class:`Rates`, from the catalog's calibration 
 
 * GEMMs (every linear layer, the router, the experts, the head): 2·m·n·k FLOPs at
   ``gemm · d/(d + gemm_half)`` of the peak, d the GEMM's smallest dimension — its
-  backward is two GEMMs of the same shape (input and weight gradients);
+  backward is two GEMMs of the same shape (input and weight gradients). With
+  ``train { float8 }`` the blocks' linears and experts run at the device's fp8 peak
+  instead (not the router or the head), and each such GEMM first casts its two inputs
+  to fp8: an elementwise pass (:func:`cast_bytes`);
 * the attention core (a fused causal kernel): its 2·s·q FLOPs per token (the causal
   half of the square, the same count MFU uses: :func:`dslc.arch.layer_flops`) at
   ``attention`` of the peak, its backward 2.5× the forward's FLOPs (FlashAttention
@@ -22,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import arch, catalog
+from ..front.recompute import EAGER_POLICIES
 from ..ir import Plan
 from . import loss as ls
 from .flops import peak_flops
@@ -39,11 +43,13 @@ class Rates:
     bandwidth: float  # bytes/s elementwise kernels move (HBM × the calibrated fraction)
     row: str  # the calibration row ("cluster" when the plan sets efficiency)
     source: str
+    fp8: float = 0.0  # FLOP/s of the plan's fp8 GEMMs (train { float8 }); 0: none, or emulated (cpu)
 
-    def gemm_seconds(self, flops: float, *dims: int) -> float:
+    def gemm_seconds(self, flops: float, *dims: int, fp8: bool = False) -> float:
         d = min(dims)
         eff = self.gemm * d / (d + self.gemm_half)
-        return flops / (self.peak * eff) if self.peak and eff else float("inf") if flops else 0.0
+        peak = self.fp8 if fp8 and self.fp8 else self.peak
+        return flops / (peak * eff) if peak and eff else float("inf") if flops else 0.0
 
     def bytes_seconds(self, nbytes: float) -> float:
         return nbytes / self.bandwidth if self.bandwidth else 0.0
@@ -54,17 +60,33 @@ class Rates:
         if self.row == "cluster":
             return (f"GEMMs and attention at {self.gemm:.0%} of peak (the cluster's efficiency), elementwise kernels at "
                     f"{self.bandwidth / 1e9:.0f} GB/s")
+        fp8 = f"; fp8 GEMMs at the same fractions of the fp8 peak, {self.fp8 / 1e12:g} TFLOP/s (uncalibrated)" if self.fp8 else ""
         return (f"GEMMs at {self.gemm:.0%}·d/(d+{self.gemm_half}) of peak (d: a GEMM's smallest dimension), attention at "
-                f"{self.attention:.0%}, elementwise kernels at {self.bandwidth / 1e9:.0f} GB/s (calibration '{self.row}': {self.source})")
+                f"{self.attention:.0%}, elementwise kernels at {self.bandwidth / 1e9:.0f} GB/s (calibration '{self.row}': {self.source}){fp8}")
 
 
 def rates(plan: Plan) -> Rates:
     dev, eff = plan.cluster.device, plan.cluster.efficiency
     row, cal = catalog.calibration(dev.name)
     bandwidth = dev.bandwidth * cal.bandwidth
+    fp8 = dev.fp8_flops if plan.train.float8 else 0.0
     if eff is not None:
-        return Rates(peak_flops(plan), eff, 0, eff, bandwidth, "cluster", "set in the plan")
-    return Rates(peak_flops(plan), cal.gemm, cal.gemm_half, cal.attention, bandwidth, row, cal.source)
+        return Rates(peak_flops(plan), eff, 0, eff, bandwidth, "cluster", "set in the plan", fp8)
+    return Rates(peak_flops(plan), cal.gemm, cal.gemm_half, cal.attention, bandwidth, row, cal.source, fp8)
+
+
+def cast_bytes(plan: Plan, rows: int, w) -> float:
+    """Bytes the forward's fp8 casts of one linear move (``train { float8 }``; 0 without):
+    its input (rows × the weight's inputs) and its weight, each read for the amax that sets
+    the scale and read again to write one byte per element: 2·e + 1 bytes an element
+    eagerly, e + 1 in a compiled block (the amax fused into the kernel that wrote the
+    tensor). Backward casts the output's gradient twice and the weight and input again:
+    the 2× every elementwise pass is charged in backward. Uncalibrated: no fp8 run measured yet."""
+    if not plan.train.float8:
+        return 0.0
+    t, e = plan.train, dtype_bytes(plan)
+    fused = (t.compile if t.compile is not None else plan.cluster.device.name != "cpu") and t.recompute not in EAGER_POLICIES
+    return (e + 1 + (0 if fused else e)) * (rows * w.shape[-1] + w.numel)
 
 
 @dataclass(frozen=True)
@@ -111,12 +133,14 @@ def layer_kernels(plan: Plan, r: Rates, settings: Settings = DEFAULT) -> Kernels
     a, h = arch.of(m), m.hidden
     q, kv, f = arch.widths(m, plan.tp)
     sp = plan.tp if plan.tensor_parallel.sequence_parallel else 1
-    gemm = 0.0
+    gemm = casts = 0.0
     for w in arch.weights(m, plan.tp):
         if len(w.shape) != 2 or w.part != "layer":
             continue
-        rows = routed_tokens(plan) if w.name.endswith("router") else T
-        gemm += r.gemm_seconds(2 * rows * w.numel, rows, *w.shape)
+        router = w.name.endswith("router")
+        rows = routed_tokens(plan) if router else T
+        gemm += r.gemm_seconds(2 * rows * w.numel, rows, *w.shape, fp8=not router)
+        casts += 0.0 if router else cast_bytes(plan, rows, w)
     elems = T // sp * (10 + (6 if m.dropout > 0 else 0)) * h
     elems += T * 2 * (q + kv) if a.positions == "rope" else 0
     if m.is_moe:
@@ -124,7 +148,8 @@ def layer_kernels(plan: Plan, r: Rates, settings: Settings = DEFAULT) -> Kernels
         per_expert = max(1, slots * plan.ep // m.experts)  # the rows one local expert's GEMMs run on
         for w in arch.weights(m, plan.tp):
             if w.part == "expert":
-                gemm += r.gemm_seconds(2 * slots * w.numel, per_expert, *w.shape)
+                gemm += r.gemm_seconds(2 * slots * w.numel, per_expert, *w.shape, fp8=True)
+                casts += cast_bytes(plan, slots, w) + (m.experts // plan.ep - 1) * cast_bytes(plan, 0, w)  # every local expert's weight
         elems += slots * (3 * m.ffn + 4 * h)
     else:
         elems += T * f * (3 if a.mlp == "swiglu" else 2)
@@ -132,9 +157,9 @@ def layer_kernels(plan: Plan, r: Rates, settings: Settings = DEFAULT) -> Kernels
     if settings.attention == "paper":
         scores = q // m.head_dim * m.seq_len * T
         attention = r.gemm_seconds(2 * T * core, m.head_dim, m.seq_len) + r.bytes_seconds(scores * (4 * e + 1))
-        return Kernels(gemm, attention, r.bytes_seconds(elems * e), 2.0)
+        return Kernels(gemm, attention, r.bytes_seconds(elems * e + casts), 2.0)
     attention = T * core / (r.peak * r.attention) if r.peak and r.attention else 0.0
-    return Kernels(gemm, attention, r.bytes_seconds(elems * e))
+    return Kernels(gemm, attention, r.bytes_seconds(elems * e + casts))
 
 
 def edge_kernels(plan: Plan, r: Rates, first: bool, last: bool) -> Kernels:

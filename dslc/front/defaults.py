@@ -77,6 +77,7 @@ BOUNDS: dict[str, tuple[object, object]] = {
     "cluster.nodes": (1, MAX_RANKS),
     "cluster.gpus_per_node": (1, MAX_RANKS),
     "cluster.peak_flops": ("1 GFLOP/s", "1000000 PFLOP/s"),
+    "cluster.fp8_flops": ("1 GFLOP/s", "1000000 PFLOP/s"),
     "cluster.device_memory": ("1 MiB", "1024 TiB"),
     "cluster.efficiency": (0.01, 1.0),
     "link.bandwidth": ("1 MB/s", "1000 TB/s"),

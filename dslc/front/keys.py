@@ -19,7 +19,7 @@ EXPERT_KEYS = ("count", "top_k", "capacity_factor", "aux_loss_weight", "router",
 MODEL_KEY = {"count": "experts", "shared": "shared_experts"}
 
 KEYS: dict[str, tuple[str, ...]] = {
-    "cluster": ("nodes", "gpus_per_node", "device", "peak_flops", "device_memory", "efficiency"),
+    "cluster": ("nodes", "gpus_per_node", "device", "peak_flops", "fp8_flops", "device_memory", "efficiency"),
     "link": ("scope", "bandwidth", "latency"),
     "model": ("arch", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len", "head_dim", "norm_eps",
               "rope_theta", "tie_embeddings", "dropout") + MODEL_EXPERT_KEYS,
@@ -31,7 +31,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "context_parallel": ("method", "load_balance"),
     "experts": EXPERT_KEYS,
     "train": ("steps", "micro_batch", "global_batch", "precision", "recompute", "grad_clip", "seed", "loss_scale", "data",
-              "timeout", "init", "seq_len", "compile"),
+              "timeout", "init", "seq_len", "compile", "float8"),
     "optimizer": ("lr", "betas", "eps", "weight_decay", "momentum"),
     "lr_schedule": ("warmup", "min_lr", "decay_steps"),
     "checkpoint": ("every", "dir", "keep", "async", "max_restarts"),

@@ -172,6 +172,7 @@ class Lowerer:
         dev_name = r.choice(f, "device", tuple(DEVICES), required=True)
         dev = DEVICES.get(dev_name) if dev_name else None
         peak = r.quantity(f, "peak_flops", "flops", dev.peak_flops if dev else None)
+        fp8 = r.quantity(f, "fp8_flops", "flops", dev.fp8_flops if dev else None)
         mem = r.quantity(f, "device_memory", "size", dev.memory if dev else None)
         efficiency = r.float(f, "efficiency")
         links: list[ir.Link] = []
@@ -193,7 +194,7 @@ class Lowerer:
             r.diags.append(error("E037", block.name_span or block.kind_span, f"cluster '{block.name}' has {nodes * gpn} GPUs ({nodes} nodes × {gpn}), more than the {MAX_RANKS} dslc plans for", "see the limits in docs/language.md"))
             return None
         # an error in a key leaves it unknown, not the cluster: its links and GPU count still serve
-        device = Unknown("cluster.device") if None in (dev, peak, mem) else ir.Device(dev.name, float(peak), int(mem), dev.bandwidth)
+        device = Unknown("cluster.device") if None in (dev, peak, mem) else ir.Device(dev.name, float(peak), int(mem), dev.bandwidth, float(fp8 or 0))
         nodes, gpn = (Unknown(k) if v is None else v for k, v in (("cluster.nodes", nodes), ("cluster.gpus_per_node", gpn)))
         return ir.Cluster(block.name or "cluster", nodes, gpn, device, tuple(links), block.span, efficiency)
 

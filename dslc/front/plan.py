@@ -263,7 +263,7 @@ def _train(r: Reader, f: Fields, plan_block, cluster, micro_batch, global_batch,
         evaluation = Unknown("train.eval")
     timeout = r.quantity(f, "timeout", "time", D["train.timeout"])
     return ir.Train(steps, micro_batch, global_batch, precision, recompute, grad_clip, seed, loss_scale, optimizer, lr_schedule, Unknown("train.data") if data is None else data, checkpoint, spans.get("train"), evaluation, timeout, _init(r, f, plan_block),
-                    recompute_every=recompute_every, compile=r.bool(f, "compile"))
+                    recompute_every=recompute_every, compile=r.bool(f, "compile"), float8=r.choice(f, "float8", ir.FLOAT8, None))
 
 
 def _init(r, f: Fields, plan_block) -> ir.Init | None:

@@ -138,10 +138,11 @@ def overview(ex: Explanation) -> list[str]:
         + (f" of {m.head_dim}" if m.heads * m.head_dim != m.hidden else "") + f", ffn {m.ffn}"
         + (f", {m.experts} experts top-{m.top_k}" if m.is_moe else "") + (f" + {m.shared_experts} shared" if m.is_moe and m.shared_experts else "")
         + (f", the first {m.dense_layers} layers dense (ffn {m.dense_ffn})" if m.is_moe and m.dense_layers else "") + f", vocab {m.vocab}, seq {m.seq_len}: {count(ex.params.total)} params",
-        f"  cluster  {c.name}: {_n(c.nodes, 'node')} × {c.gpus_per_node} {dev.name} ({si(dev.peak_flops, 'FLOP/s')}, {size(dev.memory)}); "
+        f"  cluster  {c.name}: {_n(c.nodes, 'node')} × {c.gpus_per_node} {dev.name} ({si(dev.peak_flops, 'FLOP/s')}"
+        + (f", fp8 {si(dev.fp8_flops, 'FLOP/s')}" if p.train.float8 and dev.fp8_flops else "") + f", {size(dev.memory)}); "
         + ", ".join(f"{lk.name} {lk.bandwidth / 1e9:g} GB/s ({lk.scope})" for lk in c.links),
         f"  mesh     {mesh} = {p.world_size} ranks",
-        f"  train    {p.train.precision}, zero {p.data_parallel.zero}"
+        f"  train    {p.train.precision}" + (f" with {p.train.float8} float8 GEMMs" if p.train.float8 else "") + f", zero {p.data_parallel.zero}"
         + (f" (HSDP: shards over {p.data_parallel.shard} dp ranks, {p.dp // p.data_parallel.shard} replicas)" if p.data_parallel.zero and p.data_parallel.hsdp(p.dp) else "")
         + f", recompute {p.train.recompute_label}"
         + (", sequence parallel" if p.tensor_parallel.sequence_parallel and p.tp > 1 else "")
