@@ -12,7 +12,9 @@ less the optimizer (so backward's, and what wraps the layers). A synchronisation
 makes the host wait for the device, counted on a CPU too, where it costs nothing: a
 tensor's value read (item, bool, tolist, numpy), an op whose output's shape depends on
 values (nonzero, a boolean mask, repeat_interleave without output_size) and a copy from
-the device to the host. ep on one GPU runs its two ranks on it (--share-gpu).
+the device to the host. ep on one GPU runs its two ranks on it (--share-gpu), whose
+staging copies are syncs of their own. `make gpu` profiles the serial MoE's kernels
+(benchmarks/gpu_mfu.py --profile); this adds ep2 and the syncs per layer.
 
 `moe_profile.py --inside [--profile] TRAIN_PY ARGS` is the wrapper each rank runs:
 train.py as python runs it, counted from the update of step 2 to that of the last step
