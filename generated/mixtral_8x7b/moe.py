@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from expert_parallel import combine, dispatch
+from expert_parallel import arrive, combine, dispatch
 from layers import param
 from mesh import all_reduce
 from plan import (
@@ -155,7 +155,8 @@ class MoE(nn.Module):
         token = torch.full((slots_total + 1,), B * T, device=x.device)
         token[slot.view(-1)] = torch.arange(B * T * TOP_K, device=x.device) // TOP_K
         buffer = F.pad(x, (0, 0, 0, 1))[token[:-1]].view(N_EXPERTS, B * CAPACITY, C)
-        out = combine(self.experts(dispatch(buffer)))
+        buffer, started = dispatch(buffer)
+        out = combine(self.experts(arrive(buffer, started)))
         picked = F.pad(out, (0, 0, 0, 1))[slot.view(-1, TOP_K)]  # (N, K, C)
         y = (picked * weights.view(-1, TOP_K, 1).to(out.dtype)).sum(dim=1)
         dropped = (~keep).sum()

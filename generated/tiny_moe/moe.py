@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from expert_parallel import combine, dispatch
+from expert_parallel import arrive, combine, dispatch
 from layers import param
 from mesh import all_reduce
 from plan import (
@@ -156,7 +156,7 @@ class MoE(nn.Module):
         rows = x[order // TOP_K]  # each choice's token
         # the layer's one host read: the rows each rank sends and receives (dispatch)
         rows, local, sizes, exchange = dispatch(rows, load)
-        out = combine(self.experts(rows, local, sizes), exchange)
+        out = combine(self.experts(arrive(rows, exchange), local, sizes), exchange)
         # back in (token, choice) order: row i is choice order[i], so choice j is row
         # unsort[j] (the permutation's inverse by a scatter, not a second sort; gathered, as
         # autograd keeps the indices where index_copy would keep the rows too)
