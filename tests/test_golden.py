@@ -436,6 +436,32 @@ def test_moe_log_shows_the_router(golden_plans, trained):
         assert 0.9 < aux < 1.5 and z > 0 and 1.0 <= imbalance < 2.0, line
 
 
+# Host synchronisations of a MoE step, counted on a CPU by benchmarks/moe_profile.py's
+# wrapper (what would make the host wait for a GPU: a value read on the host, an op whose
+# output's shape depends on values, a copy to the host): dropless routing reads its token
+# counts once per MoE layer and micro-batch (serial: the rows per expert, for the loop of
+# matmuls; ep: the all-to-all's split sizes, passed on to the experts), a capacity never;
+# backward reads none. On CUDA: tests/test_gpu.py (set_sync_debug_mode).
+HOST_READS = {"mixtral_serial": 1, "mixtral_ep2": 1, "deepseek_ep2": 1, "mixtralcap_serial": 0, "mixtralcap_ep2": 0}
+
+
+@pytest.mark.parametrize("name", sorted(HOST_READS))
+def test_a_moe_step_reads_the_device_at_most_once_per_moe_layer(name, golden_plans, run_script, tmp_path):
+    plan = golden_plans[name]
+    plan = dataclasses.replace(plan, train=dataclasses.replace(plan.train, eval=None))  # steps 3-4 only
+    script = codegen.write(plan, tmp_path) / "train.py"
+    wrapper = ROOT / "benchmarks" / "moe_profile.py"
+    out = run_script(wrapper, plan.world_size, "--inside", script, "--steps", "4", "--log-every", "100")
+    assert out.returncode == 0, out.stderr[-3000:]
+    ranks = [json.loads(line[6:]) for line in out.stdout.splitlines() if line.startswith("SYNCS ")]
+    assert sorted(r["rank"] for r in ranks) == list(range(plan.world_size)), out.stdout[-2000:]
+    moe_layers = plan.model.layers - plan.model.dense_layers
+    for r in ranks:  # steps 3 and 4: each MoE layer's forward on each micro-batch
+        assert len(r["forwards"]) == 2 * moe_layers * plan.microbatches, r
+        assert max(r["forwards"]) <= HOST_READS[name], r["where"]
+        assert r["step"] == sum(r["forwards"]), r["where"]  # none in backward, none outside the layers
+
+
 def test_weights_moved_and_loss_is_sane(golden_plans, trained):
     """The comparison above is meaningful: training changed the weights, from the
     first loss of an untrained model, ln(vocab)."""

@@ -6,7 +6,9 @@
 The experts are partitioned over the ep group: rank r holds experts r * LOCAL_EXPERTS to
 (r + 1) * LOCAL_EXPERTS - 1. Dispatch sends each routed token to its expert's rank and
 combine brings the expert's output back: two all-to-alls of tokens per MoE layer
-forward, their reverses in backward. ep ranks see different data, as dp ranks do."""
+forward, their reverses in backward. Dispatch starts its exchange and arrive waits for
+it: what the layer runs in between (the shared experts) overlaps it. ep ranks see
+different data, as dp ranks do."""
 
 import torch
 
@@ -16,16 +18,17 @@ from plan import EP, LOCAL_EXPERTS
 
 class AllToAll(torch.autograd.Function):
     """Rows sent over ep (send_splits[r] to rank r), rows received (recv_splits[r] from
-    rank r); None: equal parts. The backward is the reverse exchange of the gradients.
-    """
+    rank r); None: equal parts. Forward only starts the exchange and appends its handle
+    to `started`, for arrive() to wait for: what the caller runs in between overlaps it.
+    The backward is the reverse exchange of the gradients."""
 
     @staticmethod
-    def forward(ctx, x, send_splits, recv_splits):
+    def forward(ctx, x, send_splits, recv_splits, started):
         ctx.splits = send_splits, recv_splits
-        rows = sum(recv_splits) if recv_splits else x.size(0)
-        return all_to_all(
-            x.new_empty(rows, *x.shape[1:]), x, "ep", recv_splits, send_splits
-        )
+        out = x.new_empty(sum(recv_splits) if recv_splits else x.size(0), *x.shape[1:])
+        work = all_to_all(out, x, "ep", recv_splits, send_splits, async_op=True)
+        started.append((work, x))  # x kept until the exchange is done
+        return out
 
     @staticmethod
     def backward(ctx, grad):
@@ -33,22 +36,37 @@ class AllToAll(torch.autograd.Function):
         out = grad.new_empty(
             sum(send_splits) if send_splits else grad.size(0), *grad.shape[1:]
         )
-        return (
-            all_to_all(out, grad.contiguous(), "ep", send_splits, recv_splits),
-            None,
-            None,
-        )
+        back = all_to_all(out, grad.contiguous(), "ep", send_splits, recv_splits)
+        return back, None, None, None
+
+
+def exchanged(x, send_splits=None, recv_splits=None):
+    """AllToAll, waited for: combine's, whose rows are read at once."""
+    started = []
+    out = AllToAll.apply(x, send_splits, recv_splits, started)
+    started[0][0].wait()
+    return out
 
 
 @torch.compiler.disable  # a compiled block's graph breaks here: the all-to-all runs eagerly
 def dispatch(buffer):
     """GShard's dispatch with a capacity: (N_EXPERTS, n, C) slots, padded, one block per
-    expert -> (LOCAL_EXPERTS, EP * n, C), this rank's experts' slots from every rank.
-    Equal blocks: no counts to exchange, and the bytes sent are known before the step.
-    """
-    _, n, C = buffer.shape
-    # [source rank][local expert]
-    got = AllToAll.apply(buffer.reshape(-1, C), None, None)
+    expert, sent to their experts' ranks; arrive() waits for them. Equal blocks: no
+    counts to exchange, and the bytes sent are known before the step."""
+    started = []
+    got = AllToAll.apply(buffer.reshape(-1, buffer.size(2)), None, None, started)
+    return got, started
+
+
+@torch.compiler.disable
+def arrive(got, started):
+    """Waits for dispatch's exchange: (LOCAL_EXPERTS, EP * n, C), this rank's experts'
+    slots from every rank."""
+    for work, _ in started:
+        work.wait()
+    started.clear()
+    n, C = got.size(0) // (EP * LOCAL_EXPERTS), got.size(1)
+    # [source rank][local expert] -> [local expert][source rank]
     return (
         got.view(EP, LOCAL_EXPERTS, n, C)
         .transpose(0, 1)
@@ -62,4 +80,4 @@ def combine(out):
     (N_EXPERTS * n, C) slots back on the rank they came from, by expert."""
     _, en, C = out.shape
     out = out.view(LOCAL_EXPERTS, EP, en // EP, C).transpose(0, 1).reshape(-1, C)
-    return AllToAll.apply(out, None, None)
+    return exchanged(out)

@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from expert_parallel import combine, dispatch
+from expert_parallel import arrive, combine, dispatch
 from layers import param
 from mesh import all_reduce
 from plan import (
@@ -126,7 +126,8 @@ class MoE(nn.Module):
         probs = logits.softmax(dim=-1)
         top, chosen = logits.topk(TOP_K, dim=-1)  # (B, T, K): each token's experts
         weights = top.softmax(dim=-1)  # Mixtral: softmax over the chosen logits
-        slots = F.one_hot(chosen, N_EXPERTS)  # (B, T, K, E)
+        # (B, T, K, E), one-hot: compared, as F.one_hot on a CPU reads the ids' range on the host
+        slots = (chosen[..., None] == torch.arange(N_EXPERTS, device=x.device)).long()
         counts = slots.sum(dim=1)  # (B, K, E): per sequence, choice and expert
         load = counts.sum(dim=(0, 1))  # (E,): this rank's choices per expert
         total = counts
@@ -152,11 +153,10 @@ class MoE(nn.Module):
         # choices: autograd keeps the indices, not a copy of the rows as a scatter would
         # each slot's token; B * T (a zero row) when empty
         token = torch.full((slots_total + 1,), B * T, device=x.device)
-        token[slot.view(-1)] = torch.arange(B * T, device=x.device).repeat_interleave(
-            TOP_K
-        )
+        token[slot.view(-1)] = torch.arange(B * T * TOP_K, device=x.device) // TOP_K
         buffer = F.pad(x, (0, 0, 0, 1))[token[:-1]].view(N_EXPERTS, B * CAPACITY, C)
-        out = combine(self.experts(dispatch(buffer)))
+        buffer, started = dispatch(buffer)
+        out = combine(self.experts(arrive(buffer, started)))
         picked = F.pad(out, (0, 0, 0, 1))[slot.view(-1, TOP_K)]  # (N, K, C)
         y = (picked * weights.view(-1, TOP_K, 1).to(out.dtype)).sum(dim=1)
         dropped = (~keep).sum()

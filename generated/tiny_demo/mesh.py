@@ -132,15 +132,20 @@ def reduce_scatter(x, axis, dim, out=None, async_op=False):
     return work if async_op else out
 
 
-def all_to_all(out, x, axis, out_splits=None, in_splits=None, scalar=False):
+def all_to_all(
+    out, x, axis, out_splits=None, in_splits=None, scalar=False, async_op=False
+):
     """x's rows go to the group's ranks (in_splits[r] rows to rank r; equal parts if None),
-    and out takes theirs (out_splits[r] rows from rank r), in rank order."""
+    and out takes theirs (out_splits[r] rows from rank r), in rank order; out, or with
+    async_op the work handle, whose wait() comes before out is read."""
     CALLING[0] = f"all_to_all over {axis}"
     if METER.on:  # the payload is what this rank sends
         METER.count(axis, "all_to_all", x.nbytes, scalar)
     sizes = {"output_split_sizes": out_splits, "input_split_sizes": in_splits}
-    staged(dist.all_to_all_single, [out], [x], group=GROUPS[axis], **sizes)
-    return out
+    work = staged(
+        dist.all_to_all_single, [out], [x], async_op, group=GROUPS[axis], **sizes
+    )
+    return work if async_op else out
 
 
 def isend(x, peer, group):
@@ -214,6 +219,9 @@ class Staged:
     def wait(self):
         if self.work is not None:
             self.work.wait()
-        for x, copy in self.results:
-            x.copy_(copy)
+        # unseen by autograd, as torch's own handle writes (into an autograd function's
+        # output, say, filled after the function returned: expert_parallel's dispatch)
+        with torch.no_grad():
+            for x, copy in self.results:
+                x.copy_(copy)
         self.work, self.results, self.buffers = None, [], ()

@@ -6,8 +6,9 @@
 The experts are partitioned over the ep group: rank r holds experts r * LOCAL_EXPERTS to
 (r + 1) * LOCAL_EXPERTS - 1. Dispatch sends each routed token to its expert's rank and
 combine brings the expert's output back: two all-to-alls of tokens per MoE layer forward
-(after one of the counts), their reverses in backward. ep ranks see different data, as
-dp ranks do."""
+(after one of the counts), their reverses in backward. Dispatch starts its exchange and
+arrive waits for it: what the layer runs in between (the shared experts) overlaps it. ep
+ranks see different data, as dp ranks do."""
 
 import torch
 
@@ -17,16 +18,17 @@ from plan import EP, LOCAL_EXPERTS
 
 class AllToAll(torch.autograd.Function):
     """Rows sent over ep (send_splits[r] to rank r), rows received (recv_splits[r] from
-    rank r); None: equal parts. The backward is the reverse exchange of the gradients.
-    """
+    rank r); None: equal parts. Forward only starts the exchange and appends its handle
+    to `started`, for arrive() to wait for: what the caller runs in between overlaps it.
+    The backward is the reverse exchange of the gradients."""
 
     @staticmethod
-    def forward(ctx, x, send_splits, recv_splits):
+    def forward(ctx, x, send_splits, recv_splits, started):
         ctx.splits = send_splits, recv_splits
-        rows = sum(recv_splits) if recv_splits else x.size(0)
-        return all_to_all(
-            x.new_empty(rows, *x.shape[1:]), x, "ep", recv_splits, send_splits
-        )
+        out = x.new_empty(sum(recv_splits) if recv_splits else x.size(0), *x.shape[1:])
+        work = all_to_all(out, x, "ep", recv_splits, send_splits, async_op=True)
+        started.append((work, x))  # x kept until the exchange is done
+        return out
 
     @staticmethod
     def backward(ctx, grad):
@@ -34,33 +36,59 @@ class AllToAll(torch.autograd.Function):
         out = grad.new_empty(
             sum(send_splits) if send_splits else grad.size(0), *grad.shape[1:]
         )
-        return (
-            all_to_all(out, grad.contiguous(), "ep", send_splits, recv_splits),
-            None,
-            None,
-        )
+        back = all_to_all(out, grad.contiguous(), "ep", send_splits, recv_splits)
+        return back, None, None, None
+
+
+def exchanged(x, send_splits=None, recv_splits=None):
+    """AllToAll, waited for: combine's, whose rows are read at once."""
+    started = []
+    out = AllToAll.apply(x, send_splits, recv_splits, started)
+    started[0][0].wait()
+    return out
 
 
 @torch.compiler.disable  # a compiled block's graph breaks here: the all-to-all runs eagerly
 def dispatch(rows, counts):
     """GShard's dispatch, dropless: `rows` sorted by expert (counts[e] for expert e) go to
-    their experts' ranks. First the counts are exchanged (bookkeeping: int64 per expert),
-    then the rows, in uneven parts. Returns the rows this rank received sorted by its
-    local expert, the rows per local expert, and what combine needs to send them back.
-    """
+    their experts' ranks. First the counts are exchanged (bookkeeping: int64 per expert)
+    and read on the host, once: the layer's one synchronisation, for the split sizes of
+    the rows' all-to-all, in uneven parts, which is started: arrive() waits for it.
+    Returns the rows as they will arrive (by source rank, then expert), the rows per
+    local expert (on the device and on the host), and what arrive and combine need."""
     received = all_to_all(torch.empty_like(counts), counts, "ep", scalar=True)
-    sent = counts.view(EP, LOCAL_EXPERTS)  # [destination rank][its local expert]
-    got = received.view(EP, LOCAL_EXPERTS)  # [source rank][my local expert]
-    send_splits, recv_splits = sent.sum(1).tolist(), got.sum(1).tolist()
-    rows = AllToAll.apply(rows, send_splits, recv_splits)  # by source rank, then expert
+    # [rank][local expert]: the rows sent to each rank's experts and received from each
+    sent, got = torch.stack([counts, received]).view(2, EP, LOCAL_EXPERTS).tolist()
+    send_splits, recv_splits = [sum(r) for r in sent], [sum(r) for r in got]
+    started = []  # the rows' exchange, in flight: by source rank, then expert
+    rows = AllToAll.apply(rows, send_splits, recv_splits, started)
+    # each received row's local expert (the size known: no host read), then the rows by it
     expert = torch.arange(LOCAL_EXPERTS, device=rows.device).repeat(EP)
-    by_expert = expert.repeat_interleave(got.reshape(-1)).argsort(stable=True)
-    return rows[by_expert], got.sum(0), (by_expert, send_splits, recv_splits)
+    n = sum(recv_splits)
+    by_expert = expert.repeat_interleave(received, output_size=n).argsort(stable=True)
+    local = received.view(EP, LOCAL_EXPERTS).sum(0)  # rows per local expert
+    sizes = [sum(column) for column in zip(*got)]  # the same, on the host
+    return rows, local, sizes, (started, by_expert, send_splits, recv_splits)
+
+
+@torch.compiler.disable
+def arrive(rows, exchange):
+    """Waits for dispatch's exchange: the rows this rank received, sorted by its local
+    expert."""
+    started, by_expert, _, _ = exchange
+    for work, _ in started:
+        work.wait()
+    started.clear()
+    return rows[by_expert]
 
 
 @torch.compiler.disable
 def combine(rows, exchange):
     """GShard's combine: the experts' outputs back to the ranks their tokens came from, in
     the order dispatch took them (the reverse all-to-all)."""
-    by_expert, send_splits, recv_splits = exchange
-    return AllToAll.apply(rows[by_expert.argsort()], recv_splits, send_splits)
+    _, by_expert, send_splits, recv_splits = exchange
+    # row i is received row by_expert[i]: back by the permutation's inverse (a scatter, not
+    # a second sort)
+    place = torch.arange(rows.size(0), device=rows.device)
+    unsort = torch.empty_like(by_expert).scatter_(0, by_expert, place)
+    return exchanged(rows[unsort], recv_splits, send_splits)

@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from expert_parallel import combine, dispatch
+from expert_parallel import arrive, combine, dispatch
 from layers import param
 from mesh import all_reduce
 from plan import (
@@ -110,7 +110,9 @@ class MoE(nn.Module):
         self.up_proj = param(LOCAL_EXPERTS, FFN, N_EMBD, expert=True)
         self.down_proj = param(LOCAL_EXPERTS, N_EMBD, FFN, std=PROJ_STD, expert=True)
 
-    def experts(self, x, counts):  # rows sorted by local expert, counts[e] for expert e
+    def experts(self, x, counts, sizes=None):
+        # x: rows sorted by local expert, counts[e] (on the device) for expert e; sizes:
+        # the same on the host, where the caller has read them (the layer reads them once)
         # Measured (benchmarks/moe_experts.py, figures in the README): on a GPU in bf16
         # torch's grouped matmul is fastest (one kernel per weight, no host sync); elsewhere
         # a loop over the experts: padding each to the busiest one would cost the imbalance.
@@ -121,10 +123,14 @@ class MoE(nn.Module):
                 x, self.up_proj.transpose(1, 2), offs=ends
             )
             return torch._grouped_mm(h, self.down_proj.transpose(1, 2), offs=ends)
+        # unbound once: indexing the stack per expert would give each expert's slice its
+        # own gradient of the whole stack in backward, zeros but the slice
+        gate, up = self.gate_proj.unbind(), self.up_proj.unbind()
+        down = self.down_proj.unbind()
         out = []
-        for e, rows in enumerate(x.split(counts.tolist())):
-            h = F.silu(rows @ self.gate_proj[e].t()) * (rows @ self.up_proj[e].t())
-            out.append(h @ self.down_proj[e].t())
+        for e, rows in enumerate(x.split(counts.tolist() if sizes is None else sizes)):
+            h = F.silu(rows @ gate[e].t()) * (rows @ up[e].t())
+            out.append(h @ down[e].t())
         return torch.cat(out)
 
     def forward(self, x):  # (B, T, C)
@@ -133,7 +139,8 @@ class MoE(nn.Module):
         probs = logits.softmax(dim=-1)
         top, chosen = logits.topk(TOP_K, dim=-1)  # (B, T, K): each token's experts
         weights = top.softmax(dim=-1)  # Mixtral: softmax over the chosen logits
-        slots = F.one_hot(chosen, N_EXPERTS)  # (B, T, K, E)
+        # (B, T, K, E), one-hot: compared, as F.one_hot on a CPU reads the ids' range on the host
+        slots = (chosen[..., None] == torch.arange(N_EXPERTS, device=x.device)).long()
         counts = slots.sum(dim=1)  # (B, K, E): per sequence, choice and expert
         load = counts.sum(dim=(0, 1))  # (E,): this rank's choices per expert
         total = counts
@@ -147,9 +154,16 @@ class MoE(nn.Module):
         expert = chosen.reshape(-1)  # (N * K,)
         order = expert.argsort(stable=True)  # the choices, by expert
         rows = x[order // TOP_K]  # each choice's token
-        rows, local_counts, exchange = dispatch(rows, load)
-        out = combine(self.experts(rows, local_counts), exchange)
-        out = out[order.argsort()].view(-1, TOP_K, C)  # back in (token, choice) order
+        # the layer's one host read: the rows each rank sends and receives (dispatch)
+        rows, local, sizes, exchange = dispatch(rows, load)
+        out = combine(self.experts(arrive(rows, exchange), local, sizes), exchange)
+        # back in (token, choice) order: row i is choice order[i], so choice j is row
+        # unsort[j] (the permutation's inverse by a scatter, not a second sort; gathered, as
+        # autograd keeps the indices where index_copy would keep the rows too)
+        unsort = torch.empty_like(order).scatter_(
+            0, order, torch.arange(B * T * TOP_K, device=x.device)
+        )
+        out = out[unsort].view(-1, TOP_K, C)
         y = (out * weights.view(-1, TOP_K, 1).to(out.dtype)).sum(dim=1)
         dropped = 0
         ROUTING.add(self.routed, aux[None], load, dropped)
