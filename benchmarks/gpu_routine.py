@@ -367,11 +367,16 @@ def markdown(results: dict) -> str:
 
 
 def commit() -> str:
+    """HEAD, and whether the tree differs from it: a device machine gets a copy of the
+    working tree whose .git may be older than its files (seen: HEAD of the session's start)."""
     try:
-        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
     except OSError:
         return "unknown"
-    return out.stdout.strip() or "unknown (no .git)"
+    if not head.stdout.strip():
+        return "unknown (no .git)"
+    return head.stdout.strip() + (" with the tree's files changed since" if dirty.stdout.strip() else "")
 
 
 def main() -> int:
