@@ -196,3 +196,10 @@ def test_e052_in_a_v_names_the_rank_and_says_what_may_be_empty():
     assert message.startswith("layers_per_stage: chunk 0 (pp rank 0) has -1 layers")
     ((message, _),) = e052("[2, 3, -1, 0]")
     assert "chunk 2 (pp rank 1) has -1 layers" in message  # chunk 2 sits on rank 1 in a V, not 2 % 2 = 0
+
+
+def test_float8_on_a_cpu_is_a_note_that_it_is_emulated():
+    """Notes stay out of the .expected files: N105, at the key, for the case's cpu plan only."""
+    plan = CASES / "float8_without_fp8_tensor_cores.plan"
+    notes = [(d.code, d.span.line) for d in load_paths([plan]).diagnostics if d.severity.value == "note"]
+    assert notes == [("N105", 29)]
