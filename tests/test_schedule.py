@@ -245,13 +245,14 @@ def _send_right_after_compute(actions):
 
 
 def test_rendezvous_deadlock_that_eager_sends_would_hide():
-    # Interleaved p = 2, v = 2, m = 4 with each send right after its producer: a rank blocks in
-    # {SEND_F, RECV_B} until the peer posts the matching receive, which the peer only reaches
-    # after its own blocked batch; with buffered (eager) sends it would run.
+    # Interleaved p = 2, v = 2, m = 4 with each send right after its producer: a rank's batch
+    # {SEND_B} completes only once the peer's batch with the matching receive starts, which on
+    # the peer's stream waits for the peer's own {SEND_B}, waiting for this rank's next batch;
+    # with buffered (eager) sends it would run.
     naive = _send_right_after_compute(build("interleaved_1f1b", 2, 4, 2))
     problems = verify(naive)
     assert len(problems) == 1 and problems[0].startswith("deadlock: cycle through ranks 0, 1")
-    assert "post batch" in problems[0]
+    assert "batch at #" in problems[0]
     simulate(naive, 1.0, 2.0)  # eager semantics: completes
 
 

@@ -34,19 +34,25 @@ Ordering contract: the generated runtime executes the lists literally.
    chunk g−1; ``RECV_B(mb, c, q)`` receives the output gradient that ``B(mb, c)`` needs. When
    chunk g±1 is on the same rank (the turn of a V) there is no message: the runtime hands the
    tensor over in memory.
-3. Computes come in steps; between two steps sit the sends of the step before, then the
-   receives of the step after. A step is one compute, except in the interleaved steady state,
-   where it is the pair F, B followed by one batch {SEND_F, SEND_B, RECV_F, RECV_B} (Megatron's
-   ``send_forward_backward_recv_forward_backward``), and dualpipe_v's overlapped F&B pair. Sending F's output right after F instead
-   deadlocks under rendezvous p2p (p = 2, v = 2, m = 4 already).
+3. Computes come in steps; before a step sit the receives it needs, and each compute's sends
+   follow it at once. A step is one compute, except in the interleaved steady state, where it
+   is the pair F, B (Megatron's ``send_forward_backward_recv_forward_backward``), and
+   dualpipe_v's overlapped F&B pair (F of one micro-batch and chunk, B and W of another; its B
+   is marked ``overlaps``): both receives are posted before the F, so the B's gradient is in
+   flight while the F computes, and the F's activation is sent before the B, so it is in
+   flight while the B computes (DeepSeek's DualPipe; Megatron-Core's overlap_p2p_comm).
+   Waiting for every batch before the next compute would deadlock such a list (p = 2, v = 2,
+   m = 4 already): the runtime waits as contract 4 says, and the proof models those waits.
 4. A maximal run of consecutive comm actions is ONE batch: one ``P2POp`` per action in list
-   order, posted by a single ``torch.distributed.batch_isend_irecv``. In the 1F1B steady
-   state, rank r's batch {SEND_F → r+1, RECV_B ← r+1} meets rank r+1's batch {SEND_B → r,
-   RECV_F ← r}. The runtime waits for a receive just before the compute that reads it (on
-   NCCL, whose batch is one request, for the whole batch), for the sends before the rank's
-   next B, and for the rest at the end of the step (Megatron-Core's overlap_p2p_comm).
-   Waiting later never deadlocks where waiting for each batch at once does not: the
-   messages are posted in the same order, and each wait comes no earlier.
+   order, posted by a single ``torch.distributed.batch_isend_irecv`` without waiting. In the
+   1F1B steady state, rank r's batch {SEND_F → r+1, RECV_B ← r+1} meets rank r+1's batch
+   {SEND_B → r, RECV_F ← r}. The runtime waits for a receive just before the compute that
+   reads it (on NCCL, whose batch is one request, for the whole batch); for an activation's
+   send just before the B of its own micro-batch and chunk (the activation is kept for that B
+   anyway), for an input gradient's before the rank's next B (:func:`send_waits`), and for
+   the rest at the end of the step. On gloo a send completes only once its receive is posted
+   (measured), so a send waited before the very next compute would hold its rank until the
+   peer got there.
 5. Between two ranks, messages match in posting order (NCCL, and gloo with one tag, do not
    match by micro-batch): the k-th send from r to q is the k-th receive on q from r. Activations
    and gradients have the same shape (micro_batch, seq, hidden), so a mix-up would not fail
@@ -55,10 +61,11 @@ Ordering contract: the generated runtime executes the lists literally.
 
 :func:`dslc.cost.deadlock.verify` proves deadlock-freedom under the strictest p2p semantics
 (rendezvous: a send completes only once its receive is posted; a batch completes when all its
-operations have; each batch waited for before the next compute). :func:`simulate` times the
-lists as the runtime waits: a send arrives ``t_comm`` after it is posted without holding its
-rank, a receive waits for its message and for the sends of its own batch (one request on
-NCCL), a B for the sends posted before it.
+operations have, and a rank's batches complete in the order posted, as on one NCCL stream)
+with the runtime's waits of contract 4. :func:`simulate` times the lists as the runtime waits:
+a send arrives ``t_comm`` after it is posted without holding its rank, a receive waits for its
+message and for the sends of its own batch (one request on NCCL), a B for the sends
+:func:`send_waits` gives it.
 """
 
 from __future__ import annotations
@@ -80,7 +87,7 @@ SPLIT_BACKWARD = ("zb_h1", *V_SHAPED)  # the schedules whose backward is B, then
 
 __all__ = [
     "SCHEDULES", "SPLIT_BACKWARD", "Action", "Schedule", "ScheduleError", "Simulation", "build", "locate",
-    "message", "peak_inflight", "placed", "simulate", "step_of",
+    "message", "peak_inflight", "placed", "send_waits", "simulate", "step_of",
 ]
 
 
@@ -92,6 +99,7 @@ class Action:
     microbatch: int
     chunk: int  # local chunk (virtual stage) 0..v-1; global chunk: Placement.global_chunk
     peer: int | None = None  # the other pipeline rank of a send/receive
+    overlaps: bool = False  # a B run as DualPipe's F&B pair with the F before it (contract 3)
 
     @property
     def is_comm(self) -> bool:
@@ -239,6 +247,25 @@ def _with_comm(steps: Steps, rank: int, at: Placement) -> tuple[Action, ...]:
     return tuple(out + comm("SEND_", steps[-1] if steps else ()))
 
 
+def send_waits(acts: Sequence[Action]) -> dict[int, int | None]:
+    """Contract 4: for each send of a rank's list (by index), the index of the compute the
+    runtime waits for it before: an activation's (SEND_F) its own micro-batch and chunk's B, an
+    input gradient's (SEND_B) the next B; None: the end of the step."""
+    out: dict[int, int | None] = {}
+    grads: list[int] = []
+    activations: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for i, a in enumerate(acts):
+        if a.kind == "SEND_F":
+            activations[(a.microbatch, a.chunk)].append(i)
+        elif a.kind == "SEND_B":
+            grads.append(i)
+        elif a.kind == "B":
+            out.update((j, i) for j in grads + activations.pop((a.microbatch, a.chunk), []))
+            grads = []
+    out.update((j, None) for j in grads + [j for js in activations.values() for j in js])
+    return out
+
+
 def step_of(kind: str) -> int:
     """Which neighbour a send/receive talks to: +1, the next chunk (SEND_F, RECV_B), or −1;
     its peer rank is :meth:`Placement.peer` (None at either end of the model or a V's turn)."""
@@ -294,8 +321,9 @@ def simulate(actions: Schedule, t_f: Cost, t_b: Cost, t_w: Cost = 0.0,
     as the full backward). t_comm: p2p time per send. A rank runs its list in order; a send
     is posted and arrives t_comm later, the rank going on; a receive starts when the rank
     reaches it and ends when its message has arrived and its batch's sends have completed (a
-    batch is one request on NCCL); a B starts once the sends posted before it have completed
-    (ordering contract 4). The timeline holds every action, rank by rank in program order.
+    batch is one request on NCCL); a B starts once the input gradients sent since the last B
+    and its own micro-batch's activation have arrived (ordering contract 4, :func:`send_waits`).
+    The timeline holds every action, rank by rank in program order.
 
     ``peak_inflight[r]``: the most (micro-batch, local chunk) pairs whose F has run and whose
     backward has not finished on rank r; the backward finishes at W when the schedule has W
@@ -311,7 +339,8 @@ def simulate(actions: Schedule, t_f: Cost, t_b: Cost, t_w: Cost = 0.0,
     tables = tuple([t] * chunks if isinstance(t, (int, float)) else list(t) for t in (t_f, t_b, t_w))
     busy = 0.0
     clock, pos = [0.0] * p, [0] * p
-    batch_done, sends_done = [0.0] * p, [0.0] * p  # when the sends of this batch, and since the last B, complete
+    batch_done, sends_done = [0.0] * p, [0.0] * p  # when the sends of this batch, and the gradients' since the last B, complete
+    activation_done: list[dict[tuple, float]] = [{} for _ in range(p)]  # an activation's send, until its B
     sent: dict[tuple, float] = {}
     waiting: dict[tuple, list[int]] = defaultdict(list)
     rows: list[list[tuple[int, Action, float, float]]] | None = [[] for _ in range(p)] if timeline else None
@@ -322,10 +351,10 @@ def simulate(actions: Schedule, t_f: Cost, t_b: Cost, t_w: Cost = 0.0,
         i, start, n = pos[r], clock[r], len(todo)
         while i < n:
             what, key = todo[i]
-            if what < _SEND:  # F, B or W: key is the global chunk
-                if what == 1 and sends_done[r] > start:  # B waits for the sends before it
-                    start = sends_done[r]
-                end = start + tables[what][key]
+            if what < _SEND:  # F, B or W: key is (global chunk, micro-batch)
+                if what == 1:  # B waits for the gradients sent before it and its activation's send
+                    start = max(start, sends_done[r], activation_done[r].pop(("F", key[1], key[0]), 0.0))
+                end = start + tables[what][key[0]]
                 busy += end - start
                 batch_done[r] = 0.0
                 if what == 1:
@@ -334,7 +363,11 @@ def simulate(actions: Schedule, t_f: Cost, t_b: Cost, t_w: Cost = 0.0,
                 end, done = start, start + t_comm
                 if key not in sent:
                     sent[key] = done
-                batch_done[r], sends_done[r] = max(batch_done[r], done), max(sends_done[r], done)
+                batch_done[r] = max(batch_done[r], done)
+                if key[0] == "F":
+                    activation_done[r][key] = done
+                else:
+                    sends_done[r] = max(sends_done[r], done)
                 woken = waiting.pop(key, None)
                 if woken:
                     ready.extend(woken)
@@ -354,7 +387,8 @@ def simulate(actions: Schedule, t_f: Cost, t_b: Cost, t_w: Cost = 0.0,
                  for r in range(p) if pos[r] < len(actions[r])]:
         raise ScheduleError("deadlock in simulation: " + "; ".join(stuck), tuple(stuck))
     timeline = tuple(row for rank_rows in rows for row in rank_rows) if rows is not None else ()
-    makespan = max(max(clock, default=0.0), max(sends_done, default=0.0))  # the last action's end, or the last send's
+    last_send = max([*sends_done, *(t for done in activation_done for t in done.values())], default=0.0)
+    makespan = max(max(clock, default=0.0), last_send)  # the last action's end, or the last send's
     bubble = (p * makespan - busy) / busy if busy > 0 else 0.0
     return Simulation(bubble, makespan, peaks_of, timeline)
 
@@ -370,7 +404,7 @@ _SEND, _RECV, _OTHER = 3, 4, 5  # or a message sent or received, or a kind it do
 
 
 def _compile(actions: Schedule) -> tuple[list[list[tuple[int, object]]], tuple[int, ...]]:
-    """Each rank's actions as (what, key): F, B or W (:data:`_COMPUTE`) and the global chunk,
+    """Each rank's actions as (what, key): F, B or W (:data:`_COMPUTE`) and (global chunk, micro-batch),
     a send or a receive and its message, or another kind and its name; and
     :func:`peak_inflight`. :attr:`Schedule.compiled` keeps them (:func:`build` hands out the
     same schedule again), so the simulation of a large pipeline runs its loop without working
@@ -379,7 +413,8 @@ def _compile(actions: Schedule) -> tuple[list[list[tuple[int, object]]], tuple[i
     for r, acts in enumerate(actions):
         steps.append([(_SEND, message(a, r, at)) if a.kind in ("SEND_F", "SEND_B") else
                       (_RECV, message(a, r, at)) if a.kind in ("RECV_F", "RECV_B") else
-                      (_COMPUTE[a.kind], at.global_chunk(r, a.chunk)) if a.kind in _COMPUTE else (_OTHER, a.kind) for a in acts])
+                      (_COMPUTE[a.kind], (at.global_chunk(r, a.chunk), a.microbatch)) if a.kind in _COMPUTE else
+                      (_OTHER, a.kind) for a in acts])
     return steps, peak_inflight(actions)
 
 
