@@ -17,8 +17,8 @@ import pytest
 
 from dslc.chunks import Placement
 from dslc.cost.deadlock import check, verify
-from dslc.cost.schedule import Action, Schedule, ScheduleError, build, message, simulate
-from dslc.report.draw import draw, text_grid
+from dslc.cost.schedule import Action, Schedule, ScheduleError, build, message, send_waits, simulate
+from dslc.report.draw import draw, pairs, text_grid
 
 A = Action
 
@@ -474,3 +474,72 @@ def test_v_schedule_picture_and_turn_without_message(schedule):
     assert "v=2" in text and "W3 weight gradient" in text
     for label in ("F0·0", "F0·1", "B0·1", "W0·0"):
         assert label in text
+
+
+@pytest.mark.parametrize("p, m", [(2, 4), (2, 8), (3, 6), (4, 8), (4, 13)])
+def test_dualpipe_v_pairs_overlap_their_messages(p, m):
+    """DeepSeek's DualPipe: an F&B pair runs the forward of one micro-batch and the backward of
+    another with one half's messages in flight while the other half computes. In the lists:
+    each pair's B (marked ``overlaps``) follows its F with only messages between them; the F's
+    activation, when another rank takes it, is sent before the B, and the B's input gradient
+    before its W; the runtime waits for neither before the next compute (an activation's send
+    at its own B, a gradient's at the next B), and the proof holds with those waits."""
+    built = build("dualpipe_v", p, m, 2)
+    assert verify(built, split_backward=True) == []
+    at = built.placement
+    overlapped = 0
+    for r, acts in enumerate(built):
+        waits = send_waits(acts)
+        computes = [i for i, a in enumerate(acts) if not a.is_comm]
+        for i, j in zip(computes, computes[1:]):
+            f, b = acts[i], acts[j]
+            if not b.overlaps:
+                continue
+            overlapped += 1
+            assert f.kind == "F" and b.kind == "B" and (f.microbatch, f.chunk) != (b.microbatch, b.chunk)
+            if at.peer(r, f.chunk, 1) is not None:  # the activation leaves before the B runs
+                send = acts.index(A("SEND_F", f.microbatch, f.chunk, at.peer(r, f.chunk, 1)))
+                assert i < send < j and waits[send] != j
+            if at.peer(r, b.chunk, -1) is not None:  # the gradient leaves before the W runs
+                send = acts.index(A("SEND_B", b.microbatch, b.chunk, at.peer(r, b.chunk, -1)))
+                assert acts.index(A("W", b.microbatch, b.chunk)) > send > j
+    assert overlapped >= p * (m - 2 * p)  # the steady state is pairs
+
+
+def test_send_waits_follow_the_runtime():
+    """Contract 4: an activation's send is waited for at its own B, an input gradient's at
+    the next B, what is left at the end of the step."""
+    acts = [A("F", 0, 0), A("SEND_F", 0, 0, 1), A("F", 1, 0), A("SEND_F", 1, 0, 1), A("RECV_B", 0, 0, 1),
+            A("B", 0, 0), A("SEND_B", 0, 0, 1), A("RECV_B", 1, 0, 1), A("B", 1, 0), A("SEND_B", 1, 0, 1)]
+    assert send_waits(acts) == {1: 5, 3: 8, 6: 8, 9: None}
+
+
+def test_a_pair_split_apart_is_caught():
+    built = build("dualpipe_v", 2, 8, 2)
+    acts = lists(built)
+    i = next(i for i, a in enumerate(acts[0]) if a.overlaps)
+    acts[0].insert(i, acts[0].pop(next(j for j in range(i + 1, len(acts[0])) if acts[0][j].kind == "W")))
+    problems = verify(Schedule(acts, built.placement), split_backward=True)
+    assert any("an overlapped pair is an F and a B with only messages between them" in p for p in problems)
+
+
+def test_dualpipe_v_picture_shows_the_overlapped_pairs(tmp_path):
+    """`dslc schedule`: the text grid labels a pair's B ``&B`` and says so in its legend;
+    the picture outlines each pair and names it in its legend."""
+    built = build("dualpipe_v", 2, 8, 2)
+    sim = simulate(built, 1.0, 1.0, 1.0, 0.25)
+    text = text_grid(built, sim, time_unit="ms")
+    n = sum(a.overlaps for acts in built for a in acts)
+    cells = [c for line in text.splitlines() if line.startswith("rank") for c in line.split()[2:]]
+    assert sum(c.startswith("&B") for c in cells) == n > 0
+    assert "&B3 backward overlapped with the forward before it (an F&B pair)" in text
+    assert len(pairs(sim)) == n
+    for r, start, end in pairs(sim):  # a pair spans its F and its B, back to back on the rank
+        f, b = [(a, s, e) for q, a, s, e in sim.timeline if q == r and not a.is_comm and start <= s < end]
+        assert f[0].kind == "F" and b[0].overlaps and f[2] == b[1] and b[2] == end
+    svg = draw(built, sim, tmp_path / "s.svg", schedule="dualpipe_v").read_text()
+    assert "overlapped F&amp;B pair" in svg
+    zb_v = build("zb_v", 2, 8, 2)  # no pairs: nothing outlined or marked
+    zb_sim = simulate(zb_v, 1.0, 1.0, 1.0)
+    assert "overlapped" not in draw(zb_v, zb_sim, tmp_path / "z.svg").read_text()
+    assert "&" not in text_grid(zb_v, zb_sim) and pairs(zb_sim) == []
