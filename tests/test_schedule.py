@@ -87,15 +87,18 @@ def test_interleaved_follows_megatron_order():
     assert computes(actions, 1) == rank1.split()
 
 
-def test_interleaved_steady_state_exchanges_one_batch_per_forward_backward_pair():
-    # After F(k), B(k') a rank posts {SEND_F, SEND_B, RECV_F, RECV_B} together (Megatron's
-    # send_forward_backward_recv_forward_backward). Rank 1 runs F2·0 (global chunk 1) and
-    # B0·0, then sends both results to rank 0 (global chunks 2 and 0) and receives the inputs
-    # of its next pair, F3·0 (from global 0) and B1·0 (from global 2), all in one batch.
+def test_interleaved_steady_state_sends_each_result_before_the_next_compute():
+    # A steady F(k), B(k') pair: F's activation is sent before B runs and B's gradient before
+    # the next F, each in the batch open between two computes (Megatron-Core's overlap_p2p_comm;
+    # before, both waited for the pair's end in one batch). Rank 1 runs F2·0 (global chunk 1)
+    # and B0·0: F2·0's output goes to rank 0 (global 2) before B0·0, B0·0's gradient (to
+    # global 0) before F3·0, and the receives of F3·0 (from global 0) and B1·0 (from global 2)
+    # were posted earlier, each in the batch open when its message was made.
     acts = list(build("interleaved_1f1b", 2, 4, 2)[1])
-    i = acts.index(A("B", 0, 0))
-    assert acts[i - 1] == A("F", 2, 0)
-    assert acts[i + 1:i + 6] == ops("SEND_F2·0→0 SEND_B0·0→0 RECV_F3·0←0 RECV_B1·0←0 F3·0")
+    i, j = acts.index(A("F", 2, 0)), acts.index(A("B", 0, 0))
+    assert i < acts.index(A("SEND_F", 2, 0, 0)) < j < acts.index(A("SEND_B", 0, 0, 0)) < acts.index(A("F", 3, 0))
+    assert all(a.is_comm for a in acts[i + 1:j])
+    assert acts.index(A("RECV_F", 3, 0, 0)) < j and acts.index(A("RECV_B", 1, 0, 0)) < j
 
 
 def test_one_stage_has_no_communication():
@@ -338,22 +341,39 @@ def test_timeline_is_consistent():
     actions = build("interleaved_1f1b", 3, 6, 2)
     sim = simulate(actions, 1.0, 2.0, 0.0, 0.25)
     assert [a for _, a, _, _ in sim.timeline] == [a for acts in actions for a in acts]
-    arrives = {message(a, r, actions.placement): s + 0.25 for r, a, s, e in sim.timeline if a.kind.startswith("SEND")}
+    at = actions.placement
+    arrives = {message(a, r, at): s + 0.25 for r, a, s, e in sim.timeline if a.kind.startswith("SEND")}
     for r in range(3):
-        # a rank runs its list back to back; waits show as receive time (for the message
-        # and the sends of its batch), and as a B starting once the sends before it arrived
-        clock, batch, since_b = 0.0, [], []
-        for _, a, s, e in (row for row in sim.timeline if row[0] == r):
+        # a rank runs its list back to back, posting its messages without waiting; a compute
+        # waits for the message it reads and the sends of that receive's batch (the receive's
+        # row ends then), a B for the gradients sent since the last B and its own activation's send
+        rows = [row for row in sim.timeline if row[0] == r]
+        clock, since_b, activation, inbound = 0.0, [], {}, {}
+        for k, (_, a, s, e) in enumerate(rows):
             if a.kind.startswith("SEND"):
                 assert s == clock and e == s  # posted: the rank goes on
-                batch.append(s + 0.25)
-                since_b.append(s + 0.25)
+                if a.kind == "SEND_B":
+                    since_b.append(s + 0.25)
+                else:
+                    activation[(a.microbatch, a.chunk)] = s + 0.25
             elif a.kind.startswith("RECV"):
-                assert s == clock and e == max([s, arrives[message(a, r, actions.placement)], *batch])
+                assert s == clock
+                inbound[(a.kind[-1], a.microbatch, a.chunk)] = k
             else:
-                assert s == (max([clock, *since_b]) if a.kind == "B" else clock)
-                batch, since_b = [], [] if a.kind == "B" else since_b
-            clock = e
+                ready = [clock]
+                if (k_recv := inbound.pop((a.kind, a.microbatch, a.chunk), None)) is not None:
+                    _, recv, post, got = rows[k_recv]
+                    # its batch: the sends between the computes around the receive
+                    before = max((i for i in range(k_recv) if not rows[i][1].is_comm), default=-1)
+                    after = min(i for i in range(k_recv, len(rows)) if not rows[i][1].is_comm)
+                    sends = [rows[i][2] + 0.25 for i in range(before + 1, after) if rows[i][1].kind.startswith("SEND")]
+                    assert got == max([post, arrives[message(recv, r, at)], *sends])
+                    ready.append(got)
+                if a.kind == "B":
+                    ready += since_b + [activation.pop((a.microbatch, a.chunk), 0.0)]
+                assert s == max(ready), (r, a)
+                since_b = [] if a.kind == "B" else since_b
+                clock = e
 
 
 # ---------------------------------------------------------------------------- pictures

@@ -1,5 +1,5 @@
 """The compute order of the V-shaped schedules, rank by rank, as (kind, micro-batch, local
-chunk) steps; :func:`dslc.cost.schedule.build` adds the sends and receives.
+chunk) steps; :func:`dslc.cost.messages.place` adds the sends and receives.
 
 Both place two chunks per rank in a V (:mod:`dslc.chunks`): local chunk 0 of rank r is global
 chunk r, local chunk 1 is global chunk 2p−1−r.
@@ -27,9 +27,7 @@ chunk r, local chunk 1 is global chunk 2p−1−r.
 
 from __future__ import annotations
 
-from collections import defaultdict, deque
-
-from ..chunks import ONWARD, Placement
+from collections import deque
 
 Step = tuple[tuple[str, int, int], ...]  # (kind, micro-batch, local chunk) of one step
 
@@ -119,98 +117,3 @@ def dualpipe_v(p: int, m: int, r: int) -> list[Step]:
     for _ in range(r + 1):
         weight()
     return out
-
-
-def with_comm(steps: list[list[Step]], at: Placement) -> list[list[tuple]]:
-    """Each rank's steps with the sends and receives of the V placed among them, as
-    (kind, micro-batch, local chunk, peer, overlaps); ``overlaps`` marks the B of an
-    overlapped F&B pair (a step F, B[, W]).
-
-    Two message streams share each link (rank r sends chunk r's activations and chunk
-    2p−1−r's gradients both to r+1), and p2p matches in posting order, so the placement of
-    the other schedules (sends right after the step, receives right before the step that needs
-    them) would post them in different orders on the two sides. Here a timed run (F, B, W one
-    unit each) advances the rank whose next compute can start first; before it does, the
-    messages that rank has made and those it has been sent by then are paired, each send and
-    its receive into the batches the two ranks have open at that moment (so both sides list a
-    link's messages in the order they were made). Each compute of a pair is its own point, so
-    the F's activation is sent before its pair's B and the B's gradient before the W: one
-    half's messages are in flight while the other half computes. A rank is always between two
-    computes when a message is paired, so even if every batch were waited for before the next
-    compute, on a stream that completes a rank's batches in order, the lists would run as
-    constructed; :func:`dslc.cost.deadlock.verify` proves it, with the runtime's own waits, for
-    every shape tested. ``at``: the V's placement, which says each chunk's rank and neighbours."""
-    p = at.pp
-    computes = [[((a,), k == 1 and len(step) > 1 and step[0][0] == "F" and a[0] == "B")
-                 for step in rank for k, a in enumerate(step)] for rank in steps]
-    made: dict[tuple[str, int, int], float] = {}  # message -> when made
-    out: list[list[tuple]] = [[] for _ in range(p)]
-    batch: list[list[tuple]] = [[] for _ in range(p)]
-    pos, clock = [0] * p, [0.0] * p
-
-    def needs(r: int, step: Step):
-        """The messages a compute needs from other ranks: (F|B, micro-batch, making global chunk)."""
-        for kind, mb, c in step:
-            g = at.global_chunk(r, c)
-            source = at.neighbour(g, -ONWARD[kind]) if kind in ONWARD else None
-            if source is not None and at.rank(source) != r:
-                yield (kind, mb, source)
-
-    def peer_chunk(key: tuple[str, int, int]) -> tuple[int, int, int, int]:
-        """(sender, its local chunk, receiver, its local chunk) of a message."""
-        d, _, g = key
-        to = at.neighbour(g, ONWARD[d])
-        return at.rank(g), at.local(g), at.rank(to), at.local(to)
-
-    links: dict[tuple[int, int], deque] = defaultdict(deque)  # (from, to) -> (made when, message), unsent
-    none = (float("inf"), True, 0)
-
-    def pair(src: int, to: int) -> None:
-        _, key = links[(src, to)].popleft()
-        _, cs, _, cd = peer_chunk(key)
-        batch[src].append(("SEND_" + key[0], key[1], cs, to))
-        batch[to].append(("RECV_" + key[0], key[1], cd, src))
-
-    def candidate(r: int) -> tuple[float, bool, int]:
-        """(start, no message waiting for it by then, r) of r's next compute; ``none`` if it cannot start."""
-        if pos[r] >= len(computes[r]):
-            return none
-        want = list(needs(r, computes[r][pos[r]][0]))
-        if any(k not in made for k in want):
-            return none
-        start = max([clock[r]] + [made[k] for k in want])
-        waiting = any(links[(q, r)] and links[(q, r)][0][0] <= start for q in (r - 1, r + 1) if 0 <= q < p)
-        return start, not waiting, r
-
-    cands = [candidate(r) for r in range(p)]
-    while True:
-        start, _, r = min(cands)
-        if start == float("inf"):
-            break
-        # into the batches open now: what r has made, and what it has been sent by its start
-        for q in (r - 1, r + 1):
-            if 0 <= q < p:
-                while links[(r, q)]:
-                    pair(r, q)
-                while links[(q, r)] and links[(q, r)][0][0] <= start:
-                    pair(q, r)
-        ((kind, mb, c),), overlaps = computes[r][pos[r]]
-        out[r] += batch[r] + [(kind, mb, c, None, overlaps)]
-        batch[r] = []
-        clock[r] = start + 1
-        g = at.global_chunk(r, c)
-        if kind in ONWARD and at.neighbour(g, ONWARD[kind]) is not None:
-            made[(kind, mb, g)] = clock[r]
-            to = peer_chunk((kind, mb, g))[2]
-            if to != r:
-                links[(r, to)].append((clock[r], (kind, mb, g)))
-        pos[r] += 1
-        for q in (r - 1, r, r + 1):
-            if 0 <= q < p:
-                cands[q] = candidate(q)
-    if any(pos[r] < len(computes[r]) for r in range(p)):
-        raise ValueError(f"the V schedule cannot place its messages for p={p}")
-    for (src, to), queue in list(links.items()):
-        while queue:
-            pair(src, to)
-    return [acts + rest for acts, rest in zip(out, batch)]

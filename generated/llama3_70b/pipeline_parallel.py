@@ -23,7 +23,7 @@ from meter import METER, Timeline, measure_block
 from plan import MICRO_BATCH, MICRO_STEPS, N_EMBD, SEQ_LEN, TP
 from utils import fail
 
-SCHEDULE_SHA256 = "2561741a297e62f049b02f171103e3b0e1fbf4beded5eaf4f3990bafb375e44a"
+SCHEDULE_SHA256 = "d9b09dcd9d5f6f52a6b9140b5a96a91f5237828d5755c5863351a7a3aa4795d6"
 ACTIVATION_SHAPE = (MICRO_BATCH, SEQ_LEN // TP, N_EMBD)  # what crosses a stage boundary
 ACTIVATION_DTYPE = torch.bfloat16
 TIMELINE = Timeline()  # --trace: when this rank ran each action of the last step
@@ -91,11 +91,8 @@ def run_schedule(model, actions, x, y, scale, buckets):
     grads = {}  # -> received gradient of the output
     input_grads = {}  # -> gradient of the input, to send back
     pending = []  # the batch of sends and receives being collected
-    arriving = {}  # (RECV_F | RECV_B | SEND_F, micro-batch, chunk) -> its work handles
-    sending, sent = (
-        [],
-        [],
-    )  # the input gradients sent since the last B: work handles, tensors
+    arriving = {}  # (RECV_F | RECV_B | SEND_F, micro-batch, chunk) -> work handles
+    sending, sent = [], []  # gradients sent since the last B: handles, tensors
     loss = torch.zeros((), device=x.device)
     for kind, mb, chunk, *peer in actions:
         key = (mb, chunk)

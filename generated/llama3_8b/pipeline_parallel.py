@@ -23,7 +23,7 @@ from meter import METER, Timeline, measure_block
 from plan import MICRO_BATCH, MICRO_STEPS, N_EMBD, SEQ_LEN, TP
 from utils import fail
 
-SCHEDULE_SHA256 = "eff450b084b1c91fc7ac5de80320ff32fcc37f2c5a94447551f80566d5199624"
+SCHEDULE_SHA256 = "18699461895a4081f1176b2697cfd115d20e28c135aeb8f0400f6aa5f3a2338b"
 ACTIVATION_SHAPE = (MICRO_BATCH, SEQ_LEN // TP, N_EMBD)  # what crosses a stage boundary
 ACTIVATION_DTYPE = torch.bfloat16
 TIMELINE = Timeline()  # --trace: when this rank ran each action of the last step
@@ -91,11 +91,8 @@ def run_schedule(model, actions, x, y, scale, buckets):
     grads = {}  # -> received gradient of the output
     input_grads = {}  # -> gradient of the input, to send back
     pending = []  # the batch of sends and receives being collected
-    arriving = {}  # (RECV_F | RECV_B | SEND_F, micro-batch, chunk) -> its work handles
-    sending, sent = (
-        [],
-        [],
-    )  # the input gradients sent since the last B: work handles, tensors
+    arriving = {}  # (RECV_F | RECV_B | SEND_F, micro-batch, chunk) -> work handles
+    sending, sent = [], []  # gradients sent since the last B: handles, tensors
     loss = torch.zeros((), device=x.device)
     for kind, mb, chunk, *peer in actions:
         key = (mb, chunk)

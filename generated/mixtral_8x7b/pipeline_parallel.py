@@ -92,11 +92,8 @@ def run_schedule(model, actions, x, y, scale, buckets):
     grads = {}  # -> received gradient of the output
     input_grads = {}  # -> gradient of the input, to send back
     pending = []  # the batch of sends and receives being collected
-    arriving = {}  # (RECV_F | RECV_B | SEND_F, micro-batch, chunk) -> its work handles
-    sending, sent = (
-        [],
-        [],
-    )  # the input gradients sent since the last B: work handles, tensors
+    arriving = {}  # (RECV_F | RECV_B | SEND_F, micro-batch, chunk) -> work handles
+    sending, sent = [], []  # gradients sent since the last B: handles, tensors
     loss = torch.zeros((), device=x.device)
     for kind, mb, chunk, *peer in actions:
         key = (mb, chunk)
