@@ -90,44 +90,40 @@ def place(steps: list[list[Step]], at: Placement, pairs: bool = True) -> list[li
     every shape tested. ``at``: the placement, which says each chunk's rank and neighbours."""
     p = at.pp
     near = [sorted({at.rank(n) for g in at.ids(r) for n in (g - 1, g + 1) if 0 <= n < at.chunks} - {r}) for r in range(p)]
-    computes = [[((a,), pairs and k == 1 and step[0][0] == "F" and a[0] == "B")
-                 for step in rank for k, a in enumerate(step)] for rank in steps]
-    made: dict[tuple[str, int, int], float] = {}  # message -> when made
+    computes = []  # per rank: (action, the message it needs from another rank, the message it makes, its receiver)
+    for r, rank in enumerate(steps):
+        row = []
+        for step in rank:
+            for k, (kind, mb, c) in enumerate(step):
+                g = at.global_chunk(r, c)
+                source = at.neighbour(g, -ONWARD[kind]) if kind in ONWARD else None
+                want = (kind, mb, source) if source is not None and at.rank(source) != r else None
+                to = at.neighbour(g, ONWARD[kind]) if kind in ONWARD else None
+                makes = (kind, mb, g) if to is not None and at.rank(to) != r else None
+                row.append(((kind, mb, c, None, pairs and k == 1 and step[0][0] == "F" and kind == "B"),
+                            want, makes, None if makes is None else (at.local(g), at.rank(to), at.local(to))))
+        computes.append(row)
+    made: set[tuple[str, int, int]] = set()
     out: list[list[tuple]] = [[] for _ in range(p)]
     batch: list[list[tuple]] = [[] for _ in range(p)]
     pos, clock = [0] * p, [0.0] * p
-
-    def needs(r: int, step: Step):
-        """The messages a compute needs from other ranks: (F|B, micro-batch, making global chunk)."""
-        for kind, mb, c in step:
-            g = at.global_chunk(r, c)
-            source = at.neighbour(g, -ONWARD[kind]) if kind in ONWARD else None
-            if source is not None and at.rank(source) != r:
-                yield (kind, mb, source)
-
-    def peer_chunk(key: tuple[str, int, int]) -> tuple[int, int, int, int]:
-        """(sender, its local chunk, receiver, its local chunk) of a message."""
-        d, _, g = key
-        to = at.neighbour(g, ONWARD[d])
-        return at.rank(g), at.local(g), at.rank(to), at.local(to)
-
-    links: dict[tuple[int, int], deque] = defaultdict(deque)  # (from, to) -> (made when, message), unsent
+    links: dict[tuple[int, int], deque] = defaultdict(deque)  # (from, to) -> (made when, message, chunks), unsent
+    when: dict[tuple[str, int, int], float] = {}  # message -> when made
     none = (float("inf"), True, 0)
 
     def pair(src: int, to: int) -> None:
-        _, key = links[(src, to)].popleft()
-        _, cs, _, cd = peer_chunk(key)
-        batch[src].append(("SEND_" + key[0], key[1], cs, to))
-        batch[to].append(("RECV_" + key[0], key[1], cd, src))
+        _, (d, mb, _), (cs, _, cd) = links[(src, to)].popleft()
+        batch[src].append(("SEND_" + d, mb, cs, to))
+        batch[to].append(("RECV_" + d, mb, cd, src))
 
     def candidate(r: int) -> tuple[float, bool, int]:
         """(start, no message waiting for it by then, r) of r's next compute; ``none`` if it cannot start."""
         if pos[r] >= len(computes[r]):
             return none
-        want = list(needs(r, computes[r][pos[r]][0]))
-        if any(k not in made for k in want):
+        want = computes[r][pos[r]][1]
+        if want is not None and want not in made:
             return none
-        start = max([clock[r]] + [made[k] for k in want])
+        start = clock[r] if want is None else max(clock[r], when[want])
         waiting = any(links[(q, r)] and links[(q, r)][0][0] <= start for q in near[r])
         return start, not waiting, r
 
@@ -142,16 +138,15 @@ def place(steps: list[list[Step]], at: Placement, pairs: bool = True) -> list[li
                 pair(r, q)
             while links[(q, r)] and links[(q, r)][0][0] <= start:
                 pair(q, r)
-        ((kind, mb, c),), overlaps = computes[r][pos[r]]
-        out[r] += batch[r] + [(kind, mb, c, None, overlaps)]
+        action, _, makes, chunks = computes[r][pos[r]]
+        out[r] += batch[r]
+        out[r].append(action)
         batch[r] = []
         clock[r] = start + 1
-        g = at.global_chunk(r, c)
-        if kind in ONWARD and at.neighbour(g, ONWARD[kind]) is not None:
-            made[(kind, mb, g)] = clock[r]
-            to = peer_chunk((kind, mb, g))[2]
-            if to != r:
-                links[(r, to)].append((clock[r], (kind, mb, g)))
+        if makes is not None:
+            made.add(makes)
+            when[makes] = clock[r]
+            links[(r, chunks[1])].append((clock[r], makes, chunks))
         pos[r] += 1
         for q in (r, *near[r]):
             cands[q] = candidate(q)
