@@ -563,3 +563,27 @@ def test_dualpipe_v_picture_shows_the_overlapped_pairs(tmp_path):
     zb_sim = simulate(zb_v, 1.0, 1.0, 1.0)
     assert "overlapped" not in draw(zb_v, zb_sim, tmp_path / "z.svg").read_text()
     assert "&" not in text_grid(zb_v, zb_sim) and pairs(zb_sim) == []
+
+
+def test_dualpipe_v_receiving_just_before_the_consumer_deadlocks_on_an_ordered_stream():
+    """The pairs' sends are posted early; their receives must be too. With each receive moved
+    to just before the compute that reads it (as a runtime that receives on demand would post
+    them), rank 1's gradient send waits on rank 0's stream behind a send that waits for rank
+    1's receive, queued behind that first send: a cycle on NCCL, whose batches complete in
+    order on a rank, though gloo's messages, progressing on their own, would run it."""
+    built = build("dualpipe_v", 2, 8, 2)
+
+    def on_demand(acts):
+        receives = [a for a in acts if a.kind.startswith("RECV")]
+        out = []
+        for a in (a for a in acts if not a.kind.startswith("RECV")):
+            if not a.is_comm:
+                out += [x for x in receives if (x.kind[-1], x.microbatch, x.chunk) == (a.kind, a.microbatch, a.chunk)]
+            out.append(a)
+        return out
+
+    late = Schedule([list(built[0]), on_demand(built[1])], built.placement)
+    problems = verify(late, split_backward=True)
+    assert len(problems) == 1 and problems[0].startswith("deadlock: cycle through ranks 0, 1"), problems
+    assert "SEND_B" in problems[0]
+    simulate(late, 1.0, 1.0, 1.0, 0.25)  # eager sends: completes
