@@ -1,14 +1,15 @@
 """Deadlock-freedom proof of the pipeline action lists of :func:`dslc.cost.schedule.build`.
 
-The lists follow the ordering contract of :mod:`dslc.cost.schedule`. :func:`verify` proves they
-cannot deadlock as the runtime runs them, under the strictest p2p semantics (rendezvous: a send
-completes only once its receive is posted; a batch completes when all its operations have; a
-rank's batches complete in the order it posted them, as on one NCCL stream; a compute waits for
-the whole batch of a receive it reads, as on NCCL, and for the sends contract 4 waits for
-before it), by building a networkx "must finish before" graph and checking that it is acyclic
-(every edge one of those semantics adds; gloo, whose messages progress on their own, adds fewer); it also checks that every rank
-computes each micro-batch and chunk once, that sends and receives pair up one-to-one, and that
-two ranks list their messages to each other in the same order (p2p matches in posting order).
+The lists follow the ordering contract of :mod:`dslc.cost.schedule` and
+:mod:`dslc.cost.messages`. :func:`verify` proves they cannot deadlock as the runtime runs them,
+under the strictest p2p semantics (rendezvous: a send completes only once its receive is
+posted; a batch completes when all its operations have; a rank's batches complete in the order
+it posted them, as on one NCCL stream; a compute waits for the whole batch of a receive it
+reads, as on NCCL, and for the sends contract 4 waits for before it), by building a networkx
+"must finish before" graph and checking that it is acyclic (gloo, whose messages progress on
+their own, adds fewer edges); it also checks that every rank computes each micro-batch and
+chunk once, that sends and receives pair up one-to-one, and that two ranks list their
+messages to each other in the same order (p2p matches in posting order).
 :func:`check` raises :class:`~dslc.cost.schedule.ScheduleError` with every problem found.
 """
 
@@ -58,13 +59,12 @@ def verify(actions: Schedule, split_backward: bool | None = None) -> list[str]:
     send ↔ its receive as a rendezvous (either completes only once the other side's batch has
     started), data dependencies F(mb, g) → F(mb, g+1), B(mb, g+1) → B(mb, g), F → B → W of a
     micro-batch and chunk, a receive's batch done → its consumer, a send's batch done → the
-    compute that waits for it (:func:`~dslc.cost.schedule.send_waits`), producer → its send.
+    compute that waits for it (:func:`~dslc.cost.messages.send_waits`), producer → its send.
     An overlapped F&B pair (a B marked ``overlaps``) must follow its F with only messages
-    between them. No deadlock iff the
-    graph is acyclic; a cycle is reported with its ranks, actions and micro-batches. Also checks
-    that F and B (and W, if any) run once per micro-batch and chunk on every rank, every send has
-    exactly one receive of the same kind, peers hold the neighbouring chunk, and two ranks list
-    their messages to each other in the same order."""
+    between them. No deadlock iff the graph is acyclic; a cycle is reported with its ranks,
+    actions and micro-batches. Also checks that F and B (and W, if any) run once per micro-batch
+    and chunk on every rank, every send has exactly one receive of the same kind, peers hold the
+    neighbouring chunk, and two ranks list their messages to each other in the same order."""
     at = placed(actions).placement
     p, v = at.pp, at.v
     if p == 0:
