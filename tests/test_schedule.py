@@ -87,18 +87,15 @@ def test_interleaved_follows_megatron_order():
     assert computes(actions, 1) == rank1.split()
 
 
-def test_interleaved_steady_state_sends_each_result_before_the_next_compute():
-    # A steady F(k), B(k') pair: F's activation is sent before B runs and B's gradient before
-    # the next F, each in the batch open between two computes (Megatron-Core's overlap_p2p_comm;
-    # before, both waited for the pair's end in one batch). Rank 1 runs F2·0 (global chunk 1)
-    # and B0·0: F2·0's output goes to rank 0 (global 2) before B0·0, B0·0's gradient (to
-    # global 0) before F3·0, and the receives of F3·0 (from global 0) and B1·0 (from global 2)
-    # were posted earlier, each in the batch open when its message was made.
+def test_interleaved_steady_state_exchanges_one_batch_per_forward_backward_pair():
+    # After F(k), B(k') a rank posts {SEND_F, SEND_B, RECV_F, RECV_B} together (Megatron's
+    # send_forward_backward_recv_forward_backward). Rank 1 runs F2·0 (global chunk 1) and
+    # B0·0, then sends both results to rank 0 (global chunks 2 and 0) and receives the inputs
+    # of its next pair, F3·0 (from global 0) and B1·0 (from global 2), all in one batch.
     acts = list(build("interleaved_1f1b", 2, 4, 2)[1])
-    i, j = acts.index(A("F", 2, 0)), acts.index(A("B", 0, 0))
-    assert i < acts.index(A("SEND_F", 2, 0, 0)) < j < acts.index(A("SEND_B", 0, 0, 0)) < acts.index(A("F", 3, 0))
-    assert all(a.is_comm for a in acts[i + 1:j])
-    assert acts.index(A("RECV_F", 3, 0, 0)) < j and acts.index(A("RECV_B", 1, 0, 0)) < j
+    i = acts.index(A("B", 0, 0))
+    assert acts[i - 1] == A("F", 2, 0)
+    assert acts[i + 1:i + 6] == ops("SEND_F2·0→0 SEND_B0·0→0 RECV_F3·0←0 RECV_B1·0←0 F3·0")
 
 
 def test_one_stage_has_no_communication():

@@ -1,16 +1,20 @@
 """Where a pipeline's messages go in the action lists, and when the runtime waits for them:
 the ordering contract of :mod:`dslc.cost.schedule`, continued.
 
-3. Computes come in steps. gpipe, 1f1b and zb_h1 place, between two steps (one compute
-   each), the sends of the step before and then the receives of the step after.
-   interleaved_1f1b, zb_v and dualpipe_v are placed by :func:`place`: a timed run of the
-   computes pairs each message into the batches both ranks have open between two computes,
-   so a steady F, B pair (interleaved; dualpipe_v's overlapped F&B pair, DeepSeek-V3's
-   DualPipe, DeepSeek-AI 2024 §3.2.1, whose B is marked ``overlaps``) sends F's activation
-   before B runs and B's gradient before the next compute (W in a pair): one half's messages
-   are in flight while the other half computes (Megatron-Core's overlap_p2p_comm). Sending
-   each result right after its producer and receiving right before its consumer instead
-   deadlocks on a stream that completes a rank's batches in order (p = 2, v = 2, m = 4).
+3. Computes come in steps. gpipe, 1f1b, zb_h1 and interleaved_1f1b place, between two
+   steps, the sends of the step before and then the receives of the step after (a step is one
+   compute, but the interleaved steady state's F, B pair, followed by one batch {SEND_F,
+   SEND_B, RECV_F, RECV_B}: Megatron's ``send_forward_backward_recv_forward_backward``).
+   zb_v and dualpipe_v are placed by :func:`place`: a timed run of the computes pairs each
+   message into the batches both ranks have open between two computes, so dualpipe_v's
+   overlapped F&B pair (DeepSeek-V3's DualPipe, DeepSeek-AI 2024 §3.2.1; its B is marked
+   ``overlaps``) sends F's activation before B runs and B's gradient before its W: one half's
+   messages are in flight while the other half computes. Sending each result right after its
+   producer and receiving right before its consumer instead deadlocks on a stream that
+   completes a rank's batches in order (interleaved p = 2, v = 2, m = 4; dualpipe_v p = 2).
+   Placed as the V is, interleaved's pairs measured 15–20 % slower on CPU with gloo (a batch
+   between every two computes costs its posting; README, the pipeline benchmark), so they
+   keep Megatron's one batch.
 4. A maximal run of consecutive comm actions is ONE batch: one ``P2POp`` per action in list
    order, posted by a single ``torch.distributed.batch_isend_irecv`` without waiting. In the
    1F1B steady state, rank r's batch {SEND_F → r+1, RECV_B ← r+1} meets rank r+1's batch
@@ -46,7 +50,7 @@ Step = tuple[tuple[str, int, int], ...]  # (kind, micro-batch, local chunk) of o
 
 
 def between(steps: list[Step], rank: int, at: Placement) -> list[tuple]:
-    """Contract 3 for gpipe, 1f1b and zb_h1: between two steps, the sends of the step before,
+    """Contract 3 for gpipe, 1f1b, zb_h1 and interleaved_1f1b: between two steps, the sends of the step before,
     then the receives of the step after, as (kind, micro-batch, local chunk[, peer])."""
 
     def comm(prefix: str, step: Step) -> list[tuple]:
@@ -69,10 +73,10 @@ def step_of(kind: str) -> int:
     return 1 if kind in ("SEND_F", "RECV_B") else -1
 
 
-def place(steps: list[list[Step]], at: Placement, pairs: bool = True) -> list[list[tuple]]:
+def place(steps: list[list[Step]], at: Placement) -> list[list[tuple]]:
     """Each rank's steps with their sends and receives placed among them, as (kind,
-    micro-batch, local chunk, peer, overlaps); with ``pairs``, ``overlaps`` marks the B of an
-    overlapped F&B pair (a step F, B[, W]: dualpipe_v's).
+    micro-batch, local chunk, peer, overlaps); ``overlaps`` marks the B of an overlapped F&B
+    pair (a step F, B[, W]: dualpipe_v's).
 
     In a V two message streams share each link (rank r sends chunk r's activations and chunk
     2p−1−r's gradients both to r+1), and p2p matches in posting order, so the placement of
@@ -100,7 +104,7 @@ def place(steps: list[list[Step]], at: Placement, pairs: bool = True) -> list[li
                 want = (kind, mb, source) if source is not None and at.rank(source) != r else None
                 to = at.neighbour(g, ONWARD[kind]) if kind in ONWARD else None
                 makes = (kind, mb, g) if to is not None and at.rank(to) != r else None
-                row.append(((kind, mb, c, None, pairs and k == 1 and step[0][0] == "F" and kind == "B"),
+                row.append(((kind, mb, c, None, k == 1 and step[0][0] == "F" and kind == "B"),
                             want, makes, None if makes is None else (at.local(g), at.rank(to), at.local(to))))
         computes.append(row)
     made: set[tuple[str, int, int]] = set()

@@ -163,9 +163,7 @@ def build(schedule: str, pp: int, microbatches: int, virtual_stages: int = 1) ->
     else:
         order = {"gpipe": _gpipe, "1f1b": _one_f_one_b, "interleaved_1f1b": _interleaved, "zb_h1": _zb_h1}[schedule]
         steps = [[tuple((a.kind, a.microbatch, a.chunk) for a in step) for step in order(p, m, v, r)] for r in range(p)]
-        # interleaved: a steady F, B pair's messages overlap its computes (contract 3)
-        lists = place(steps, at, pairs=False) if schedule == "interleaved_1f1b" else \
-            [between(rank, r, at) for r, rank in enumerate(steps)]
+        lists = [between(rank, r, at) for r, rank in enumerate(steps)]
     return Schedule(tuple(tuple(Action(*a) for a in acts) for acts in lists), at)
 
 

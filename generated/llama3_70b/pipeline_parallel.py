@@ -23,7 +23,7 @@ from meter import METER, Timeline, measure_block
 from plan import MICRO_BATCH, MICRO_STEPS, N_EMBD, SEQ_LEN, TP
 from utils import fail
 
-SCHEDULE_SHA256 = "d9b09dcd9d5f6f52a6b9140b5a96a91f5237828d5755c5863351a7a3aa4795d6"
+SCHEDULE_SHA256 = "2561741a297e62f049b02f171103e3b0e1fbf4beded5eaf4f3990bafb375e44a"
 ACTIVATION_SHAPE = (MICRO_BATCH, SEQ_LEN // TP, N_EMBD)  # what crosses a stage boundary
 ACTIVATION_DTYPE = torch.bfloat16
 TIMELINE = Timeline()  # --trace: when this rank ran each action of the last step

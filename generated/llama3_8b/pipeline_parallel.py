@@ -23,7 +23,7 @@ from meter import METER, Timeline, measure_block
 from plan import MICRO_BATCH, MICRO_STEPS, N_EMBD, SEQ_LEN, TP
 from utils import fail
 
-SCHEDULE_SHA256 = "18699461895a4081f1176b2697cfd115d20e28c135aeb8f0400f6aa5f3a2338b"
+SCHEDULE_SHA256 = "eff450b084b1c91fc7ac5de80320ff32fcc37f2c5a94447551f80566d5199624"
 ACTIVATION_SHAPE = (MICRO_BATCH, SEQ_LEN // TP, N_EMBD)  # what crosses a stage boundary
 ACTIVATION_DTYPE = torch.bfloat16
 TIMELINE = Timeline()  # --trace: when this rank ran each action of the last step
