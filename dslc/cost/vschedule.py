@@ -17,9 +17,10 @@ chunk r, local chunk 1 is global chunk 2p−1−r.
   of another micro-batch (DualPipe's overlapped F&B pair, which on DeepSeek's GPUs hides the
   expert all-to-all of one under the compute of the other); the last micro-batches split
   their backward into B and W to fill the cool-down. The pair overlaps its messages with its
-  computes: both receives are posted before the F, the F's activation is sent before the B
-  and the B's input gradient before the W, each waited for only where the runtime needs it
-  (:mod:`dslc.cost.schedule`, ordering contract 4), so one half's messages are in flight
+  computes (:func:`dslc.cost.messages.place`): a receive is posted as soon as its message is
+  made (the B's before the F when it is made by then), the F's activation is sent before the
+  B and the B's input gradient before the W, each waited for only where the runtime needs it
+  (ordering contract 4, :mod:`dslc.cost.messages`), so one half's messages are in flight
   while the other half computes. The two computes themselves run one after the other on the
   rank, and so does an expert all-to-all inside them (a collective the compute waits for):
   :func:`dslc.cost.schedule.simulate` times the pair as the sum of its computes.
