@@ -20,7 +20,8 @@ summed to every rank, AdamW):
 A run's time is the median step after warm-up. The two sides alternate --repeats times;
 the line per schedule gives each side's median ms/step over the repeats with its range
 (min-max), and the median of the per-repeat ratios generated / native with its range
-(target <= 0.9). On a small, shared CPU machine the per-repeat ratios spread by about
+(target <= 0.9; <= 1.0 for interleaved_1f1b and dualpipe_v, issue 44's, whose F&B pairs
+overlap their messages with their computes). On a small, shared CPU machine the per-repeat ratios spread by about
 +-10 %: compare medians over several repeats.
 The default size is compute-bound (the busiest rank computes almost the whole step);
 a small one (--hidden 32 --seq-len 32 --micro-batch 1 --microbatches 16) weighs the
@@ -200,7 +201,8 @@ def main() -> None:
             for _ in range(args.repeats):
                 gens.append(generated_step_ms(script, args.pp, args.steps, args.warmup))
                 natives.append(float(run(args.pp, __file__, *flags).split()[-1]))
-            print(f"{schedule:17s}", compared("generated", gens, cls, natives, target="<= 0.9"))
+            target = "<= 1.0" if schedule in ("interleaved_1f1b", "dualpipe_v") else "<= 0.9"
+            print(f"{schedule:17s}", compared("generated", gens, cls, natives, target=target))
 
 
 if __name__ == "__main__":

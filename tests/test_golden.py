@@ -700,13 +700,16 @@ def test_weights_are_named_and_shaped_as_the_architecture_lists_them(golden_plan
         assert got == want, name
 
 
-def test_trace_shows_each_rank_running_its_action_list(golden_plans, run_script, tmp_path):
+@pytest.mark.parametrize("name", ["gpt2pp_pp2_interleaved", "llamapp_pp2_dualpipe_v"])
+def test_trace_shows_each_rank_running_its_action_list(golden_plans, run_script, tmp_path, name):
     """--trace FILE: the last step's timeline, all ranks in one Chrome trace. Each rank's
     computes are its action list's, in order, one after another; between them, one
-    span per batch of messages posted, and the waits for messages a compute reads."""
+    span per batch of messages posted, and the waits for messages a compute reads. In
+    dualpipe_v's overlapped F&B pairs, a batch is posted between the F and the B that
+    sends the F's activation, where the F's output leaves its rank."""
     from dslc.cost import schedule
 
-    plan = golden_plans["gpt2pp_pp2_interleaved"]
+    plan = golden_plans[name]
     script = codegen.write(plan, tmp_path) / "train.py"
     trace = tmp_path / "trace.json"
     out = run_script(script, plan.world_size, "--steps", "2", "--trace", trace)
@@ -728,3 +731,9 @@ def test_trace_shows_each_rank_running_its_action_list(golden_plans, run_script,
         assert spans[0]["ts"] >= 0  # after the barrier that starts the step
         for a, b in zip(spans, spans[1:]):
             assert a["ts"] + a["dur"] <= b["ts"] + 0.2, (a, b)  # one at a time (0.1 us rounding)
+        names = [e["name"] for e in spans if e["name"] != "wait"]
+        computes_at = [i for i, n in enumerate(names) if n != "send/recv"]
+        for (i, f), (j, b) in zip(zip(computes_at, want), zip(computes_at[1:], want[1:])):
+            k = next(k for k, a in enumerate(stage) if (a.kind, a.microbatch, a.chunk) == b)
+            if stage[k].overlaps and ("SEND_F", *f[1:]) in [(a.kind, a.microbatch, a.chunk) for a in stage]:
+                assert names[i + 1:j] == ["send/recv"], (rank, f, b)

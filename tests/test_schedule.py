@@ -17,8 +17,8 @@ import pytest
 
 from dslc.chunks import Placement
 from dslc.cost.deadlock import check, verify
-from dslc.cost.schedule import Action, Schedule, ScheduleError, build, message, simulate
-from dslc.report.draw import draw, text_grid
+from dslc.cost.schedule import Action, Schedule, ScheduleError, build, message, send_waits, simulate
+from dslc.report.draw import draw, pairs, text_grid
 
 A = Action
 
@@ -245,13 +245,14 @@ def _send_right_after_compute(actions):
 
 
 def test_rendezvous_deadlock_that_eager_sends_would_hide():
-    # Interleaved p = 2, v = 2, m = 4 with each send right after its producer: a rank blocks in
-    # {SEND_F, RECV_B} until the peer posts the matching receive, which the peer only reaches
-    # after its own blocked batch; with buffered (eager) sends it would run.
+    # Interleaved p = 2, v = 2, m = 4 with each send right after its producer: a rank's batch
+    # {SEND_B} completes only once the peer's batch with the matching receive starts, which on
+    # the peer's stream waits for the peer's own {SEND_B}, waiting for this rank's next batch;
+    # with buffered (eager) sends it would run.
     naive = _send_right_after_compute(build("interleaved_1f1b", 2, 4, 2))
     problems = verify(naive)
     assert len(problems) == 1 and problems[0].startswith("deadlock: cycle through ranks 0, 1")
-    assert "post batch" in problems[0]
+    assert "batch at #" in problems[0]
     simulate(naive, 1.0, 2.0)  # eager semantics: completes
 
 
@@ -337,22 +338,39 @@ def test_timeline_is_consistent():
     actions = build("interleaved_1f1b", 3, 6, 2)
     sim = simulate(actions, 1.0, 2.0, 0.0, 0.25)
     assert [a for _, a, _, _ in sim.timeline] == [a for acts in actions for a in acts]
-    arrives = {message(a, r, actions.placement): s + 0.25 for r, a, s, e in sim.timeline if a.kind.startswith("SEND")}
+    at = actions.placement
+    arrives = {message(a, r, at): s + 0.25 for r, a, s, e in sim.timeline if a.kind.startswith("SEND")}
     for r in range(3):
-        # a rank runs its list back to back; waits show as receive time (for the message
-        # and the sends of its batch), and as a B starting once the sends before it arrived
-        clock, batch, since_b = 0.0, [], []
-        for _, a, s, e in (row for row in sim.timeline if row[0] == r):
+        # a rank runs its list back to back, posting its messages without waiting; a compute
+        # waits for the message it reads and the sends of that receive's batch (the receive's
+        # row ends then), a B for the gradients sent since the last B and its own activation's send
+        rows = [row for row in sim.timeline if row[0] == r]
+        clock, since_b, activation, inbound = 0.0, [], {}, {}
+        for k, (_, a, s, e) in enumerate(rows):
             if a.kind.startswith("SEND"):
                 assert s == clock and e == s  # posted: the rank goes on
-                batch.append(s + 0.25)
-                since_b.append(s + 0.25)
+                if a.kind == "SEND_B":
+                    since_b.append(s + 0.25)
+                else:
+                    activation[(a.microbatch, a.chunk)] = s + 0.25
             elif a.kind.startswith("RECV"):
-                assert s == clock and e == max([s, arrives[message(a, r, actions.placement)], *batch])
+                assert s == clock
+                inbound[(a.kind[-1], a.microbatch, a.chunk)] = k
             else:
-                assert s == (max([clock, *since_b]) if a.kind == "B" else clock)
-                batch, since_b = [], [] if a.kind == "B" else since_b
-            clock = e
+                ready = [clock]
+                if (k_recv := inbound.pop((a.kind, a.microbatch, a.chunk), None)) is not None:
+                    _, recv, post, got = rows[k_recv]
+                    # its batch: the sends between the computes around the receive
+                    before = max((i for i in range(k_recv) if not rows[i][1].is_comm), default=-1)
+                    after = min(i for i in range(k_recv, len(rows)) if not rows[i][1].is_comm)
+                    sends = [rows[i][2] + 0.25 for i in range(before + 1, after) if rows[i][1].kind.startswith("SEND")]
+                    assert got == max([post, arrives[message(recv, r, at)], *sends])
+                    ready.append(got)
+                if a.kind == "B":
+                    ready += since_b + [activation.pop((a.microbatch, a.chunk), 0.0)]
+                assert s == max(ready), (r, a)
+                since_b = [] if a.kind == "B" else since_b
+                clock = e
 
 
 # ---------------------------------------------------------------------------- pictures
@@ -473,3 +491,96 @@ def test_v_schedule_picture_and_turn_without_message(schedule):
     assert "v=2" in text and "W3 weight gradient" in text
     for label in ("F0·0", "F0·1", "B0·1", "W0·0"):
         assert label in text
+
+
+@pytest.mark.parametrize("p, m", [(2, 4), (2, 8), (3, 6), (4, 8), (4, 13)])
+def test_dualpipe_v_pairs_overlap_their_messages(p, m):
+    """DeepSeek's DualPipe: an F&B pair runs the forward of one micro-batch and the backward of
+    another with one half's messages in flight while the other half computes. In the lists:
+    each pair's B (marked ``overlaps``) follows its F with only messages between them; the F's
+    activation, when another rank takes it, is sent before the B, and the B's input gradient
+    before its W; the runtime waits for neither before the next compute (an activation's send
+    at its own B, a gradient's at the next B), and the proof holds with those waits."""
+    built = build("dualpipe_v", p, m, 2)
+    assert verify(built, split_backward=True) == []
+    at = built.placement
+    overlapped = 0
+    for r, acts in enumerate(built):
+        waits = send_waits(acts)
+        computes = [i for i, a in enumerate(acts) if not a.is_comm]
+        for i, j in zip(computes, computes[1:]):
+            f, b = acts[i], acts[j]
+            if not b.overlaps:
+                continue
+            overlapped += 1
+            assert f.kind == "F" and b.kind == "B" and (f.microbatch, f.chunk) != (b.microbatch, b.chunk)
+            if at.peer(r, f.chunk, 1) is not None:  # the activation leaves before the B runs
+                send = acts.index(A("SEND_F", f.microbatch, f.chunk, at.peer(r, f.chunk, 1)))
+                assert i < send < j and waits[send] != j
+            if at.peer(r, b.chunk, -1) is not None:  # the gradient leaves before the W runs
+                send = acts.index(A("SEND_B", b.microbatch, b.chunk, at.peer(r, b.chunk, -1)))
+                assert acts.index(A("W", b.microbatch, b.chunk)) > send > j
+    assert overlapped >= p * (m - 2 * p)  # the steady state is pairs
+
+
+def test_send_waits_follow_the_runtime():
+    """Contract 4: an activation's send is waited for at its own B, an input gradient's at
+    the next B, what is left at the end of the step."""
+    acts = [A("F", 0, 0), A("SEND_F", 0, 0, 1), A("F", 1, 0), A("SEND_F", 1, 0, 1), A("RECV_B", 0, 0, 1),
+            A("B", 0, 0), A("SEND_B", 0, 0, 1), A("RECV_B", 1, 0, 1), A("B", 1, 0), A("SEND_B", 1, 0, 1)]
+    assert send_waits(acts) == {1: 5, 3: 8, 6: 8, 9: None}
+
+
+def test_a_pair_split_apart_is_caught():
+    built = build("dualpipe_v", 2, 8, 2)
+    acts = lists(built)
+    i = next(i for i, a in enumerate(acts[0]) if a.overlaps)
+    acts[0].insert(i, acts[0].pop(next(j for j in range(i + 1, len(acts[0])) if acts[0][j].kind == "W")))
+    problems = verify(Schedule(acts, built.placement), split_backward=True)
+    assert any("an overlapped pair is an F and a B with only messages between them" in p for p in problems)
+
+
+def test_dualpipe_v_picture_shows_the_overlapped_pairs(tmp_path):
+    """`dslc schedule`: the text grid labels a pair's B ``&B`` and says so in its legend;
+    the picture outlines each pair and names it in its legend."""
+    built = build("dualpipe_v", 2, 8, 2)
+    sim = simulate(built, 1.0, 1.0, 1.0, 0.25)
+    text = text_grid(built, sim, time_unit="ms")
+    n = sum(a.overlaps for acts in built for a in acts)
+    cells = [c for line in text.splitlines() if line.startswith("rank") for c in line.split()[2:]]
+    assert sum(c.startswith("&B") for c in cells) == n > 0
+    assert "&B3 backward overlapped with the forward before it (an F&B pair)" in text
+    assert len(pairs(sim)) == n
+    for r, start, end in pairs(sim):  # a pair spans its F and its B, back to back on the rank
+        f, b = [(a, s, e) for q, a, s, e in sim.timeline if q == r and not a.is_comm and start <= s < end]
+        assert f[0].kind == "F" and b[0].overlaps and f[2] == b[1] and b[2] == end
+    svg = draw(built, sim, tmp_path / "s.svg", schedule="dualpipe_v").read_text()
+    assert "overlapped F&amp;B pair" in svg
+    zb_v = build("zb_v", 2, 8, 2)  # no pairs: nothing outlined or marked
+    zb_sim = simulate(zb_v, 1.0, 1.0, 1.0)
+    assert "overlapped" not in draw(zb_v, zb_sim, tmp_path / "z.svg").read_text()
+    assert "&" not in text_grid(zb_v, zb_sim) and pairs(zb_sim) == []
+
+
+def test_dualpipe_v_receiving_just_before_the_consumer_deadlocks_on_an_ordered_stream():
+    """The pairs' sends are posted early; their receives must be too. With each receive moved
+    to just before the compute that reads it (as a runtime that receives on demand would post
+    them), rank 1's gradient send waits on rank 0's stream behind a send that waits for rank
+    1's receive, queued behind that first send: a cycle on NCCL, whose batches complete in
+    order on a rank, though gloo's messages, progressing on their own, would run it."""
+    built = build("dualpipe_v", 2, 8, 2)
+
+    def on_demand(acts):
+        receives = [a for a in acts if a.kind.startswith("RECV")]
+        out = []
+        for a in (a for a in acts if not a.kind.startswith("RECV")):
+            if not a.is_comm:
+                out += [x for x in receives if (x.kind[-1], x.microbatch, x.chunk) == (a.kind, a.microbatch, a.chunk)]
+            out.append(a)
+        return out
+
+    late = Schedule([list(built[0]), on_demand(built[1])], built.placement)
+    problems = verify(late, split_backward=True)
+    assert len(problems) == 1 and problems[0].startswith("deadlock: cycle through ranks 0, 1"), problems
+    assert "SEND_B" in problems[0]
+    simulate(late, 1.0, 1.0, 1.0, 0.25)  # eager sends: completes

@@ -1,11 +1,15 @@
 """Deadlock-freedom proof of the pipeline action lists of :func:`dslc.cost.schedule.build`.
 
-The lists follow the ordering contract of :mod:`dslc.cost.schedule`. :func:`verify` proves they
-cannot deadlock under the strictest p2p semantics (rendezvous: a send completes only once its
-receive is posted; a batch completes when all its operations have) by building a networkx
-"must finish before" graph and checking that it is acyclic; it also checks that every rank
-computes each micro-batch and chunk once, that sends and receives pair up one-to-one, and that
-two ranks list their messages to each other in the same order (p2p matches in posting order).
+The lists follow the ordering contract of :mod:`dslc.cost.schedule` and
+:mod:`dslc.cost.messages`. :func:`verify` proves they cannot deadlock as the runtime runs them,
+under the strictest p2p semantics (rendezvous: a send completes only once its receive is
+posted; a batch completes when all its operations have; a rank's batches complete in the order
+it posted them, as on one NCCL stream; a compute waits for the whole batch of a receive it
+reads, as on NCCL, and for the sends contract 4 waits for before it), by building a networkx
+"must finish before" graph and checking that it is acyclic (gloo, whose messages progress on
+their own, adds fewer edges); it also checks that every rank computes each micro-batch and
+chunk once, that sends and receives pair up one-to-one, and that two ranks list their
+messages to each other in the same order (p2p matches in posting order).
 :func:`check` raises :class:`~dslc.cost.schedule.ScheduleError` with every problem found.
 """
 
@@ -26,6 +30,7 @@ from .schedule import (
     locate,
     message,
     placed,
+    send_waits,
     step_of,
 )
 
@@ -49,14 +54,17 @@ def verify(actions: Schedule, split_backward: bool | None = None) -> list[str]:
     in a V) comes with the lists: the :class:`~dslc.cost.schedule.Schedule`'s placement.
 
     Builds a networkx DiGraph whose edges mean "must finish before": program order on each rank
-    (a run of comm actions is one batch, posted together, complete when all its operations are),
-    each send ↔ its receive as a rendezvous (either completes only once the other side's batch
-    is posted), data dependencies F(mb, g) → F(mb, g+1), B(mb, g+1) → B(mb, g), F → B → W of a
-    micro-batch and chunk, receive → its consumer and producer → its send. No deadlock iff the
-    graph is acyclic; a cycle is reported with its ranks, actions and micro-batches. Also checks
-    that F and B (and W, if any) run once per micro-batch and chunk on every rank, every send has
-    exactly one receive of the same kind, peers hold the neighbouring chunk, and two ranks list
-    their messages to each other in the same order."""
+    (a run of comm actions is one batch, posted together without waiting; it starts once posted
+    and once the rank's batch before it is done, and is done when all its operations are), each
+    send ↔ its receive as a rendezvous (either completes only once the other side's batch has
+    started), data dependencies F(mb, g) → F(mb, g+1), B(mb, g+1) → B(mb, g), F → B → W of a
+    micro-batch and chunk, a receive's batch done → its consumer, a send's batch done → the
+    compute that waits for it (:func:`~dslc.cost.messages.send_waits`), producer → its send.
+    An overlapped F&B pair (a B marked ``overlaps``) must follow its F with only messages
+    between them. No deadlock iff the graph is acyclic; a cycle is reported with its ranks,
+    actions and micro-batches. Also checks that F and B (and W, if any) run once per micro-batch
+    and chunk on every rank, every send has exactly one receive of the same kind, peers hold the
+    neighbouring chunk, and two ranks list their messages to each other in the same order."""
     at = placed(actions).placement
     p, v = at.pp, at.v
     if p == 0:
@@ -75,11 +83,13 @@ def verify(actions: Schedule, split_backward: bool | None = None) -> list[str]:
     pairs, pair_problems = _pair(actions, valid, m, first, at)
     problems += pair_problems + _order_problems(actions, valid, at)
 
+    problems += _pair_problems(actions)
     graph, batch_of = _program_graph(actions)
     for s, t in pairs:
-        graph.add_edge(batch_of[t], s, why="p2p")
-        graph.add_edge(batch_of[s], t, why="p2p")
+        graph.add_edge(("start", *batch_of[t][1:]), s, why="p2p")
+        graph.add_edge(("start", *batch_of[s][1:]), t, why="p2p")
     _add_data_edges(graph, valid, first, m, at)
+    _add_waits(graph, actions, batch_of, first)
     if nx.is_directed_acyclic_graph(graph):
         return problems
     # find_cycle's edge DFS is slow on the whole graph: search one strongly connected component
@@ -232,26 +242,66 @@ def _order_problems(actions: Schedule, valid, at: Placement) -> list[str]:
     return problems
 
 
+def _pair_problems(actions: Schedule) -> list[str]:
+    """An overlapped B follows the F of its pair, with only messages between them."""
+    problems = []
+    for r, acts in enumerate(actions):
+        for i, a in enumerate(acts):
+            if not a.overlaps:
+                continue
+            j = i - 1
+            while j >= 0 and acts[j].is_comm:
+                j -= 1
+            if a.kind != "B" or j < 0 or acts[j].kind != "F":
+                problems.append(f"{locate(r, i, a)}: an overlapped pair is an F and a B with only "
+                                "messages between them")
+    return problems
+
+
 def _program_graph(actions: Schedule) -> tuple[nx.DiGraph, dict]:
-    """Program order; a run of comm actions is one batch: a post node, then its operations."""
+    """Program order; a run of comm actions is one batch: a post node (the rank goes on at
+    once), a start node (once posted and once the rank's batch before it is done), its
+    operations, and a done node."""
     graph, batch_of = nx.DiGraph(), {}
     for r, acts in enumerate(actions):
-        prev: list = []
+        prev, done = None, None
         i = 0
         while i < len(acts):
             j = i + 1
             if acts[i].is_comm:
                 while j < len(acts) and acts[j].is_comm:
                     j += 1
-                post = ("post", r, i)
-                graph.add_edges_from(((u, post) for u in prev), why="order")
-                graph.add_edges_from(((post, (r, k)) for k in range(i, j)), why="order")
+                post, start = ("post", r, i), ("start", r, i)
+                if prev is not None:
+                    graph.add_edge(prev, post, why="order")
+                graph.add_edge(post, start, why="order")
+                if done is not None:
+                    graph.add_edge(done, start, why="stream")
+                done = ("done", r, i)
+                for k in range(i, j):
+                    graph.add_edge(start, (r, k), why="order")
+                    graph.add_edge((r, k), done, why="order")
                 batch_of.update(((r, k), post) for k in range(i, j))
+                prev = post
             else:
                 graph.add_node((r, i))
-                graph.add_edges_from(((u, (r, i)) for u in prev), why="order")
-            prev, i = [(r, k) for k in range(i, j)], j
+                if prev is not None:
+                    graph.add_edge(prev, (r, i), why="order")
+                prev = (r, i)
+            i = j
     return graph, batch_of
+
+
+def _add_waits(graph: nx.DiGraph, actions: Schedule, batch_of: dict, first: dict) -> None:
+    """The runtime's waits: a receive's whole batch before the compute that reads it (one
+    request on NCCL), a send's batch before the compute that contract 4 waits for it at."""
+    for r, acts in enumerate(actions):
+        for i, at_compute in send_waits(acts).items():
+            if at_compute is not None:
+                graph.add_edge(("done", *batch_of[(r, i)][1:]), (r, at_compute), why="wait")
+        for i, a in enumerate(acts):
+            if a.kind.startswith("RECV") and (c := first.get((r, a.kind[-1], a.microbatch, a.chunk))) is not None:
+                graph.add_edge(("done", *batch_of[(r, i)][1:]), (r, c), why="wait")
 
 
 def _add_data_edges(graph: nx.DiGraph, valid, first: dict, m: int, at: Placement) -> None:
@@ -271,8 +321,8 @@ def _add_data_edges(graph: nx.DiGraph, valid, first: dict, m: int, at: Placement
             edge(f, node(g + 1, "F", mb)), edge(node(g + 1, "B", mb), b)
             edge(f, b), edge(b, node(g, "W", mb))
     for r, i, a in valid:
-        if a.is_comm and (c := first.get((r, a.kind[-1], a.microbatch, a.chunk))) is not None:
-            edge(*(((r, i), (r, c)) if a.kind.startswith("RECV") else ((r, c), (r, i))))
+        if a.kind.startswith("SEND") and (c := first.get((r, a.kind[-1], a.microbatch, a.chunk))) is not None:
+            edge((r, c), (r, i))
 
 
 def _describe_cycle(cycle: list, graph: nx.DiGraph, actions: Schedule) -> str:
@@ -280,18 +330,23 @@ def _describe_cycle(cycle: list, graph: nx.DiGraph, actions: Schedule) -> str:
     runs shortened; a data dependency against program order is spelled out."""
 
     def text(n) -> str:
-        return f"post batch at #{n[2]}" if n[0] == "post" else \
+        if n[0] == "done":  # a batch is done when all its operations are: name them
+            acts, i = actions[n[1]], n[2]
+            ops = [a.describe() for a in acts[i:next((j for j in range(i, len(acts)) if not acts[j].is_comm), len(acts))]]
+            return f"batch at #{i} done ({', '.join(ops)})"
+        return f"{n[0]} batch at #{n[2]}" if isinstance(n[0], str) else \
             f"{actions[n[0]][n[1]].describe()} (#{n[1]})"
 
     runs: list[tuple[int, list[str]]] = []
     mbs: set[int] = set()
     for u, x in cycle:
-        r = u[1] if u[0] == "post" else u[0]
+        r = u[1] if isinstance(u[0], str) else u[0]
         item = text(u)
-        if u[0] != "post":
+        if not isinstance(u[0], str):
             mbs.add(actions[r][u[1]].microbatch)
-            if graph.edges[u, x]["why"] == "data" and x[0] == r and x[1] < u[1]:
-                item += f" ⇠ needed by {text(x)} earlier in rank {r}'s list"
+        index = u[2] if isinstance(u[0], str) else u[1]
+        if graph.edges[u, x]["why"] in ("data", "wait") and x[0] == r and x[1] < index:
+            item += f" ⇠ needed by {text(x)} earlier in rank {r}'s list"
         if runs and runs[-1][0] == r:
             runs[-1][1].append(item)
         else:

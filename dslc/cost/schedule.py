@@ -34,31 +34,11 @@ Ordering contract: the generated runtime executes the lists literally.
    chunk g−1; ``RECV_B(mb, c, q)`` receives the output gradient that ``B(mb, c)`` needs. When
    chunk g±1 is on the same rank (the turn of a V) there is no message: the runtime hands the
    tensor over in memory.
-3. Computes come in steps; between two steps sit the sends of the step before, then the
-   receives of the step after. A step is one compute, except in the interleaved steady state,
-   where it is the pair F, B followed by one batch {SEND_F, SEND_B, RECV_F, RECV_B} (Megatron's
-   ``send_forward_backward_recv_forward_backward``), and dualpipe_v's overlapped F&B pair. Sending F's output right after F instead
-   deadlocks under rendezvous p2p (p = 2, v = 2, m = 4 already).
-4. A maximal run of consecutive comm actions is ONE batch: one ``P2POp`` per action in list
-   order, posted by a single ``torch.distributed.batch_isend_irecv``. In the 1F1B steady
-   state, rank r's batch {SEND_F → r+1, RECV_B ← r+1} meets rank r+1's batch {SEND_B → r,
-   RECV_F ← r}. The runtime waits for a receive just before the compute that reads it (on
-   NCCL, whose batch is one request, for the whole batch), for the sends before the rank's
-   next B, and for the rest at the end of the step (Megatron-Core's overlap_p2p_comm).
-   Waiting later never deadlocks where waiting for each batch at once does not: the
-   messages are posted in the same order, and each wait comes no earlier.
-5. Between two ranks, messages match in posting order (NCCL, and gloo with one tag, do not
-   match by micro-batch): the k-th send from r to q is the k-th receive on q from r. Activations
-   and gradients have the same shape (micro_batch, seq, hidden), so a mix-up would not fail
-   loudly; :func:`dslc.cost.deadlock.verify` checks that both sides list the same messages in the
-   same order.
+3.–5. Where the sends and receives go, how a batch is posted, when the runtime waits for each
+   message and how two ranks' messages pair up: :mod:`dslc.cost.messages`.
 
-:func:`dslc.cost.deadlock.verify` proves deadlock-freedom under the strictest p2p semantics
-(rendezvous: a send completes only once its receive is posted; a batch completes when all its
-operations have; each batch waited for before the next compute). :func:`simulate` times the
-lists as the runtime waits: a send arrives ``t_comm`` after it is posted without holding its
-rank, a receive waits for its message and for the sends of its own batch (one request on
-NCCL), a B for the sends posted before it.
+:func:`dslc.cost.deadlock.verify` proves the lists free of deadlock as the runtime waits
+(contract 4) under the strictest p2p semantics; :func:`simulate` times them as it waits.
 """
 
 from __future__ import annotations
@@ -72,6 +52,7 @@ from ..chunks import Placement
 from ..ir import SCHEDULES
 from ..pipeline_shapes import SPLIT_BACKWARD, shape_problems
 from . import vschedule
+from .messages import between, place, send_waits, step_of
 
 COMPUTE = ("F", "B", "W")
 COMM = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
@@ -79,7 +60,7 @@ KINDS = COMPUTE + COMM
 
 __all__ = [
     "SCHEDULES", "SPLIT_BACKWARD", "Action", "Schedule", "ScheduleError", "Simulation", "build", "locate",
-    "message", "peak_inflight", "placed", "simulate", "step_of",
+    "message", "peak_inflight", "placed", "send_waits", "simulate", "step_of",
 ]
 
 
@@ -91,6 +72,7 @@ class Action:
     microbatch: int
     chunk: int  # local chunk (virtual stage) 0..v-1; global chunk: Placement.global_chunk
     peer: int | None = None  # the other pipeline rank of a send/receive
+    overlaps: bool = False  # a B run as DualPipe's F&B pair with the F before it (contract 3)
 
     @property
     def is_comm(self) -> bool:
@@ -176,10 +158,12 @@ def build(schedule: str, pp: int, microbatches: int, virtual_stages: int = 1) ->
     at = Placement.of(schedule, p, v)
     if at.v_shape:
         make = vschedule.zb_v if schedule == "zb_v" else vschedule.dualpipe_v
-        lists = vschedule.with_comm([make(p, m, r) for r in range(p)], at)
-        return Schedule(tuple(tuple(Action(*a) for a in acts) for acts in lists), at)
-    order = {"gpipe": _gpipe, "1f1b": _one_f_one_b, "interleaved_1f1b": _interleaved, "zb_h1": _zb_h1}[schedule]
-    return Schedule(tuple(_with_comm(order(p, m, v, r), r, at) for r in range(p)), at)
+        lists = place([make(p, m, r) for r in range(p)], at)
+    else:
+        order = {"gpipe": _gpipe, "1f1b": _one_f_one_b, "interleaved_1f1b": _interleaved, "zb_h1": _zb_h1}[schedule]
+        steps = [[tuple((a.kind, a.microbatch, a.chunk) for a in step) for step in order(p, m, v, r)] for r in range(p)]
+        lists = [between(rank, r, at) for r, rank in enumerate(steps)]
+    return Schedule(tuple(tuple(Action(*a) for a in acts) for acts in lists), at)
 
 
 def _gpipe(p: int, m: int, v: int, r: int) -> Steps:
@@ -218,30 +202,6 @@ def _zb_h1(p: int, m: int, v: int, r: int) -> Steps:
         if warm + k < m:
             out.append((Action("F", warm + k, 0),))
     return out + [(Action("W", i, 0),) for i in range(m - r, m)]
-
-
-def _with_comm(steps: Steps, rank: int, at: Placement) -> tuple[Action, ...]:
-    """Between two steps: the sends of the step before, then the receives of the step after."""
-
-    def comm(prefix: str, step: tuple[Action, ...]) -> list[Action]:
-        out = []
-        for a in step:
-            kind = prefix + a.kind
-            peer = at.peer(rank, a.chunk, step_of(kind)) if a.kind in ("F", "B") else None
-            if peer is not None:
-                out.append(Action(kind, a.microbatch, a.chunk, peer))
-        return out
-
-    out: list[Action] = []
-    for before, step in zip([()] + steps, steps):
-        out += comm("SEND_", before) + comm("RECV_", step) + list(step)
-    return tuple(out + comm("SEND_", steps[-1] if steps else ()))
-
-
-def step_of(kind: str) -> int:
-    """Which neighbour a send/receive talks to: +1, the next chunk (SEND_F, RECV_B), or −1;
-    its peer rank is :meth:`Placement.peer` (None at either end of the model or a V's turn)."""
-    return 1 if kind in ("SEND_F", "RECV_B") else -1
 
 
 def message(a: Action, rank: int, at: Placement) -> tuple[str, int, int]:
@@ -291,10 +251,12 @@ def simulate(actions: Schedule, t_f: Cost, t_b: Cost, t_w: Cost = 0.0,
     chunk or one per global chunk (:meth:`Placement.global_chunk`) (for zb_h1, t_b is
     backward-for-inputs and t_w the weight part; for the other schedules B covers both: pass t_b
     as the full backward). t_comm: p2p time per send. A rank runs its list in order; a send
-    is posted and arrives t_comm later, the rank going on; a receive starts when the rank
-    reaches it and ends when its message has arrived and its batch's sends have completed (a
-    batch is one request on NCCL); a B starts once the sends posted before it have completed
-    (ordering contract 4). The timeline holds every action, rank by rank in program order.
+    is posted and arrives t_comm later, the rank going on; a receive is posted too, and the
+    compute that reads it waits until its message has arrived and its batch's sends have
+    completed (a batch is one request on NCCL): the receive's row ends then; a B starts once
+    the input gradients sent since the last B
+    and its own micro-batch's activation have arrived (contract 4, :func:`~dslc.cost.messages.send_waits`).
+    The timeline holds every action, rank by rank in program order.
 
     ``peak_inflight[r]``: the most (micro-batch, local chunk) pairs whose F has run and whose
     backward has not finished on rank r; the backward finishes at W when the schedule has W
@@ -310,7 +272,10 @@ def simulate(actions: Schedule, t_f: Cost, t_b: Cost, t_w: Cost = 0.0,
     tables = tuple([t] * chunks if isinstance(t, (int, float)) else list(t) for t in (t_f, t_b, t_w))
     busy = 0.0
     clock, pos = [0.0] * p, [0] * p
-    batch_done, sends_done = [0.0] * p, [0.0] * p  # when the sends of this batch, and since the last B, complete
+    batch_done, sends_done = [0.0] * p, [0.0] * p  # when the sends of this batch, and the gradients' since the last B, complete
+    activation_done: list[dict[tuple, float]] = [{} for _ in range(p)]  # an activation's send, until its B
+    posted: list[list[tuple]] = [[] for _ in range(p)]  # the receives of the open batch: (message, row)
+    inbound: list[dict[tuple, tuple]] = [{} for _ in range(p)]  # message -> (its batch's sends done, row)
     sent: dict[tuple, float] = {}
     waiting: dict[tuple, list[int]] = defaultdict(list)
     rows: list[list[tuple[int, Action, float, float]]] | None = [[] for _ in range(p)] if timeline else None
@@ -321,10 +286,23 @@ def simulate(actions: Schedule, t_f: Cost, t_b: Cost, t_w: Cost = 0.0,
         i, start, n = pos[r], clock[r], len(todo)
         while i < n:
             what, key = todo[i]
-            if what < _SEND:  # F, B or W: key is the global chunk
-                if what == 1 and sends_done[r] > start:  # B waits for the sends before it
-                    start = sends_done[r]
-                end = start + tables[what][key]
+            if what < _SEND:  # F, B or W: key is (global chunk, micro-batch, the message it reads)
+                if posted[r]:  # the batch before this compute is complete: its sends are known
+                    inbound[r].update((k, (batch_done[r], at_row)) for k, at_row in posted[r])
+                    posted[r] = []
+                if key[2] is not None:  # it waits for the message it reads (and its batch, on NCCL)
+                    arrived = sent.get(key[2])
+                    if arrived is None:
+                        waiting[key[2]].append(r)
+                        break
+                    sends, at_row = inbound[r].pop(key[2], (0.0, -1))
+                    if row is not None and at_row >= 0:
+                        _, recv, post, _ = row[at_row]
+                        row[at_row] = (r, recv, post, max(post, arrived, sends))
+                    start = max(start, arrived, sends)
+                if what == 1:  # B waits for the gradients sent before it and its activation's send
+                    start = max(start, sends_done[r], activation_done[r].pop(("F", key[1], key[0]), 0.0))
+                end = start + tables[what][key[0]]
                 busy += end - start
                 batch_done[r] = 0.0
                 if what == 1:
@@ -333,16 +311,17 @@ def simulate(actions: Schedule, t_f: Cost, t_b: Cost, t_w: Cost = 0.0,
                 end, done = start, start + t_comm
                 if key not in sent:
                     sent[key] = done
-                batch_done[r], sends_done[r] = max(batch_done[r], done), max(sends_done[r], done)
+                batch_done[r] = max(batch_done[r], done)
+                if key[0] == "F":
+                    activation_done[r][key] = done
+                else:
+                    sends_done[r] = max(sends_done[r], done)
                 woken = waiting.pop(key, None)
                 if woken:
                     ready.extend(woken)
-            elif what == _RECV:
-                done = sent.get(key)
-                if done is None:
-                    waiting[key].append(r)
-                    break
-                end = max(start, done, batch_done[r])
+            elif what == _RECV:  # posted; its consumer waits for it
+                end = start
+                posted[r].append((key, len(row) if row is not None else -1))
             else:
                 raise ScheduleError(f"{locate(r, i, acts[i])}: unknown kind {key!r}")
             if row is not None:
@@ -353,7 +332,8 @@ def simulate(actions: Schedule, t_f: Cost, t_b: Cost, t_w: Cost = 0.0,
                  for r in range(p) if pos[r] < len(actions[r])]:
         raise ScheduleError("deadlock in simulation: " + "; ".join(stuck), tuple(stuck))
     timeline = tuple(row for rank_rows in rows for row in rank_rows) if rows is not None else ()
-    makespan = max(max(clock, default=0.0), max(sends_done, default=0.0))  # the last action's end, or the last send's
+    last_send = max([*sends_done, *(t for done in activation_done for t in done.values())], default=0.0)
+    makespan = max(max(clock, default=0.0), last_send)  # the last action's end, or the last send's
     bubble = (p * makespan - busy) / busy if busy > 0 else 0.0
     return Simulation(bubble, makespan, peaks_of, timeline)
 
@@ -369,16 +349,24 @@ _SEND, _RECV, _OTHER = 3, 4, 5  # or a message sent or received, or a kind it do
 
 
 def _compile(actions: Schedule) -> tuple[list[list[tuple[int, object]]], tuple[int, ...]]:
-    """Each rank's actions as (what, key): F, B or W (:data:`_COMPUTE`) and the global chunk,
+    """Each rank's actions as (what, key): F, B or W (:data:`_COMPUTE`) and (global chunk, micro-batch,
+    the message it reads from a receive of the list or None),
     a send or a receive and its message, or another kind and its name; and
     :func:`peak_inflight`. :attr:`Schedule.compiled` keeps them (:func:`build` hands out the
     same schedule again), so the simulation of a large pipeline runs its loop without working
     out a message again."""
     steps, at = [], actions.placement
     for r, acts in enumerate(actions):
+        reads, received = {}, {}  # compute index -> the message it reads; (kind, mb, chunk) -> message
+        for i, a in enumerate(acts):
+            if a.kind in ("RECV_F", "RECV_B"):
+                received.setdefault((a.kind[-1], a.microbatch, a.chunk), message(a, r, at))
+            elif a.kind in _COMPUTE and (a.kind, a.microbatch, a.chunk) in received:
+                reads[i] = received.pop((a.kind, a.microbatch, a.chunk))
         steps.append([(_SEND, message(a, r, at)) if a.kind in ("SEND_F", "SEND_B") else
                       (_RECV, message(a, r, at)) if a.kind in ("RECV_F", "RECV_B") else
-                      (_COMPUTE[a.kind], at.global_chunk(r, a.chunk)) if a.kind in _COMPUTE else (_OTHER, a.kind) for a in acts])
+                      (_COMPUTE[a.kind], (at.global_chunk(r, a.chunk), a.microbatch, reads.get(i))) if a.kind in _COMPUTE
+                      else (_OTHER, a.kind) for i, a in enumerate(acts)])
     return steps, peak_inflight(actions)
 
 

@@ -1,5 +1,5 @@
 """The compute order of the V-shaped schedules, rank by rank, as (kind, micro-batch, local
-chunk) steps; :func:`dslc.cost.schedule.build` adds the sends and receives.
+chunk) steps; :func:`dslc.cost.messages.place` adds the sends and receives.
 
 Both place two chunks per rank in a V (:mod:`dslc.chunks`): local chunk 0 of rank r is global
 chunk r, local chunk 1 is global chunk 2p−1−r.
@@ -16,17 +16,19 @@ chunk r, local chunk 1 is global chunk 2p−1−r.
   state one step runs a forward of one chunk together with the backward of the other chunk
   of another micro-batch (DualPipe's overlapped F&B pair, which on DeepSeek's GPUs hides the
   expert all-to-all of one under the compute of the other); the last micro-batches split
-  their backward into B and W to fill the cool-down. What is implemented: the action order
-  and its step structure (the pair's sends and receives are one batch). The generated runtime
-  runs the pair's two computes one after the other, with blocking collectives, so nothing
-  overlaps; :func:`dslc.cost.schedule.simulate` times the pair as the sum of its parts.
+  their backward into B and W to fill the cool-down. The pair overlaps its messages with its
+  computes (:func:`dslc.cost.messages.place`): a receive is posted as soon as its message is
+  made (the B's before the F when it is made by then), the F's activation is sent before the
+  B and the B's input gradient before the W, each waited for only where the runtime needs it
+  (ordering contract 4, :mod:`dslc.cost.messages`), so one half's messages are in flight
+  while the other half computes. The two computes themselves run one after the other on the
+  rank, and so does an expert all-to-all inside them (a collective the compute waits for):
+  :func:`dslc.cost.schedule.simulate` times the pair as the sum of its computes.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict, deque
-
-from ..chunks import ONWARD, Placement
+from collections import deque
 
 Step = tuple[tuple[str, int, int], ...]  # (kind, micro-batch, local chunk) of one step
 
@@ -116,96 +118,3 @@ def dualpipe_v(p: int, m: int, r: int) -> list[Step]:
     for _ in range(r + 1):
         weight()
     return out
-
-
-def with_comm(steps: list[list[Step]], at: Placement) -> list[list[tuple]]:
-    """Each rank's steps with the sends and receives of the V placed between them, as
-    (kind, micro-batch, local chunk[, peer]).
-
-    Two message streams share each link (rank r sends chunk r's activations and chunk
-    2p−1−r's gradients both to r+1), and p2p matches in posting order, so the placement of
-    the other schedules (sends right after the step, receives right before the step that needs
-    them) would post them in different orders on the two sides. Here a timed run (F, B, W one
-    unit each) advances the rank whose next step can start first; before it does, the messages
-    it has made and those it has been sent by then are paired, each send and its receive into
-    the batches the two ranks have open at that moment (so both sides list a link's messages
-    in the order they were made). A rank is always between two steps when a message is
-    paired, so under rendezvous semantics the lists run as constructed: no deadlock, which
-    :func:`dslc.cost.deadlock.verify` also proves for every shape tested. ``at``: the V's
-    placement, which says each chunk's rank and neighbours."""
-    p = at.pp
-    made: dict[tuple[str, int, int], float] = {}  # message -> when made
-    out: list[list[tuple]] = [[] for _ in range(p)]
-    batch: list[list[tuple]] = [[] for _ in range(p)]
-    pos, clock = [0] * p, [0.0] * p
-
-    def needs(r: int, step: Step):
-        """The messages a step needs from other ranks: (F|B, micro-batch, making global chunk)."""
-        local = set()
-        for kind, mb, c in step:
-            g = at.global_chunk(r, c)
-            source = at.neighbour(g, -ONWARD[kind]) if kind in ONWARD else None
-            want = None if source is None else (kind, mb, source)
-            if want and want not in local and at.rank(source) != r:
-                yield want
-            local.add((kind, mb, g))
-
-    def peer_chunk(key: tuple[str, int, int]) -> tuple[int, int, int, int]:
-        """(sender, its local chunk, receiver, its local chunk) of a message."""
-        d, _, g = key
-        to = at.neighbour(g, ONWARD[d])
-        return at.rank(g), at.local(g), at.rank(to), at.local(to)
-
-    links: dict[tuple[int, int], deque] = defaultdict(deque)  # (from, to) -> (made when, message), unsent
-    none = (float("inf"), True, 0)
-
-    def pair(src: int, to: int) -> None:
-        _, key = links[(src, to)].popleft()
-        _, cs, _, cd = peer_chunk(key)
-        batch[src].append(("SEND_" + key[0], key[1], cs, to))
-        batch[to].append(("RECV_" + key[0], key[1], cd, src))
-
-    def candidate(r: int) -> tuple[float, bool, int]:
-        """(start, no message waiting for it by then, r) of r's next step; ``none`` if it cannot start."""
-        if pos[r] >= len(steps[r]):
-            return none
-        want = list(needs(r, steps[r][pos[r]]))
-        if any(k not in made for k in want):
-            return none
-        start = max([clock[r]] + [made[k] for k in want])
-        waiting = any(links[(q, r)] and links[(q, r)][0][0] <= start for q in (r - 1, r + 1) if 0 <= q < p)
-        return start, not waiting, r
-
-    cands = [candidate(r) for r in range(p)]
-    while True:
-        start, _, r = min(cands)
-        if start == float("inf"):
-            break
-        # into the batches open now: what r has made, and what it has been sent by its start
-        for q in (r - 1, r + 1):
-            if 0 <= q < p:
-                while links[(r, q)]:
-                    pair(r, q)
-                while links[(q, r)] and links[(q, r)][0][0] <= start:
-                    pair(q, r)
-        out[r] += batch[r] + list(steps[r][pos[r]])
-        batch[r] = []
-        clock[r] = start + len(steps[r][pos[r]])
-        for kind, mb, c in steps[r][pos[r]]:
-            g = at.global_chunk(r, c)
-            key = (kind, mb, g) if kind in ONWARD and at.neighbour(g, ONWARD[kind]) is not None else None
-            if key is not None:
-                made[key] = clock[r]
-                to = peer_chunk(key)[2]
-                if to != r:
-                    links[(r, to)].append((clock[r], key))
-        pos[r] += 1
-        for q in (r - 1, r, r + 1):
-            if 0 <= q < p:
-                cands[q] = candidate(q)
-    if any(pos[r] < len(steps[r]) for r in range(p)):
-        raise ValueError(f"the V schedule cannot place its messages for p={p}")
-    for (src, to), queue in list(links.items()):
-        while queue:
-            pair(src, to)
-    return [acts + rest for acts, rest in zip(out, batch)]

@@ -25,6 +25,7 @@ MESSAGE_LOOK = {
     "B": ("#c0392b", "gradient send → recv"),
 }
 IDLE = "#e6e6e6"
+PAIR = "#1f4e79"  # the outline of an overlapped F&B pair (dualpipe_v)
 
 
 def shape(actions: Schedule) -> tuple[int, int, int]:
@@ -35,7 +36,19 @@ def shape(actions: Schedule) -> tuple[int, int, int]:
 
 
 def _label(a: Action, v: int) -> str:
-    return a.label(chunks=v > 1)
+    """``F3``, ``B3·1``; the B of an overlapped F&B pair ``&B3·1``."""
+    return "&" * a.overlaps + a.label(chunks=v > 1)
+
+
+def pairs(sim: Simulation) -> list[tuple[int, float, float]]:
+    """(rank, start, end) of each overlapped F&B pair of the timeline: its F's start to its B's end."""
+    out, last = [], {}
+    for r, a, s, e in sim.timeline:
+        if a.kind in COMPUTE:
+            if a.overlaps and r in last:
+                out.append((r, last[r], e))
+            last[r] = s
+    return out
 
 
 def draw(actions: Schedule, sim: Simulation, path: str | Path, *, schedule: str = "",
@@ -46,7 +59,8 @@ def draw(actions: Schedule, sim: Simulation, path: str | Path, *, schedule: str 
     and striped, W light and dotted) and labelled ``F3``, or ``F3·1`` with chunks when it fits;
     every message is a line from the end of its send to the end of its receive (dark:
     activations, red: gradients; left out when boxes are only a few pixels wide, as for
-    pp=16, m=64, v=4); idle time shows as grey gaps. ``schedule`` names the schedule
+    pp=16, m=64, v=4); an overlapped F&B pair (dualpipe_v) is outlined as one, its B labelled
+    ``&B3``, and its F's activation leaves while its B computes; idle time shows as grey gaps. ``schedule`` names the schedule
     in the title; ``time_unit`` labels the time axis ("s", "ms"; default: cost units)."""
     path = Path(path)
     if path.suffix.lower() not in (".png", ".svg"):
@@ -92,6 +106,10 @@ def draw(actions: Schedule, sim: Simulation, path: str | Path, *, schedule: str 
                               "alpha": 0.85})
     if detailed:
         _draw_messages(ax, sim, actions.placement, LineCollection)
+    overlapped = pairs(sim)
+    ax.add_collection(PatchCollection(
+        [Rectangle((s, r - 0.44), e - s, 0.88) for r, s, e in overlapped],
+        facecolors="none", edgecolors=PAIR, linewidths=1.6 if detailed else 0.8))
 
     ax.set_xlim(0, span)
     ax.set_ylim(p - 0.5, -0.5)  # rank 0 on top
@@ -110,6 +128,8 @@ def draw(actions: Schedule, sim: Simulation, path: str | Path, *, schedule: str 
                      hatch=look["hatch"],
                      label=look["name"] if kind != "B" or "W" not in kinds else "B  input gradient")
                for kind, look in KIND_LOOK.items() if kind in kinds]
+    if overlapped:
+        handles.append(Patch(facecolor="none", edgecolor=PAIR, lw=1.6, label="&  overlapped F&B pair"))
     if detailed:
         handles += [Line2D([], [], color=c, lw=1, label=name) for c, name in MESSAGE_LOOK.values()]
     handles.append(Patch(facecolor=IDLE, label="idle (bubble)"))
@@ -155,7 +175,8 @@ def text_grid(actions: Schedule, sim: Simulation, width: int = 80, time_unit: st
     A slot lasts the shortest compute and each compute covers the slots between its start
     and end rounded to slot boundaries. A cell shows the label where a compute starts
     (``F3``: forward of micro-batch 3; ``B3·1``: its backward in chunk 1), ``~`` while it
-    continues and ``.`` while the rank idles. When that takes more than ``max_lines``
+    continues and ``.`` while the rank idles; ``&B3`` is the B of an overlapped F&B pair
+    (``&`` one character a slot), run with the F just before it. When that takes more than ``max_lines``
     lines, one character per slot (F, B, W, ``.``); when even that does, slots are widened
     to fit and show the kind that kept the rank busiest (``.`` if it idled for most)."""
     p, m, v = shape(actions)
@@ -179,20 +200,22 @@ def text_grid(actions: Schedule, sim: Simulation, width: int = 80, time_unit: st
     for r, a, s, e in computes:
         if coarse:
             for k in range(int(s / step), min(slots, math.ceil(e / step))):
-                busy[(r, k, a.kind)] += min(e, (k + 1) * step) - max(s, k * step)
+                busy[(r, k, "&" if a.overlaps else a.kind)] += min(e, (k + 1) * step) - max(s, k * step)
             continue
         lo = math.floor(s / step + 0.5)
         for k in range(lo, min(slots, max(lo + 1, math.floor(e / step + 0.5)))):
-            grid[r][k] = a.kind if cell == 1 else _label(a, v) if k == lo else "~"
+            grid[r][k] = ("&" if a.overlaps else a.kind) if cell == 1 else _label(a, v) if k == lo else "~"
     for (r, k, kind), t in busy.items():
-        total = sum(busy.get((r, k, x), 0.0) for x in COMPUTE)
-        if total >= step / 2 and t == max(busy.get((r, k, x), 0.0) for x in COMPUTE):
+        total = sum(busy.get((r, k, x), 0.0) for x in (*COMPUTE, "&"))
+        if total >= step / 2 and t == max(busy.get((r, k, x), 0.0) for x in (*COMPUTE, "&")):
             grid[r][k] = kind
     kinds = sorted({a.kind for _, a, _, _ in computes}, key="FBW".index)
     names = {"F": "forward", "B": "backward", "W": "weight gradient"}
     legend = ", ".join(f"{k}{'3' * (cell > 1)} {names[k]}{' of micro-batch 3' * (cell > 1 and k == 'F')}" for k in kinds)
     if cell > 1:
         legend += (", ·1 in chunk 1" if v > 1 else "") + ", ~ continues"
+    if any(a.overlaps for _, a, _, _ in computes):
+        legend += f", {'&B3' if cell > 1 else '&'} backward overlapped with the forward before it (an F&B pair)"
     lines = [f"{p} rank{'s' * (p > 1)}, m={m}, v={v}; bubble {sim.bubble_fraction:.1%} of ideal, makespan {span:.4g} {unit}",
              f"one column = {step:.3g} {unit}", f"{legend}, . idle"]
     per_band = max(1, room // cell)
@@ -211,7 +234,7 @@ def to_json(plan, actions: Schedule, sim: Simulation, t) -> dict:
     rows: dict[int, list] = {r: [] for r in range(len(actions))}
     for rank, a, start, end in sim.timeline:
         rows[rank].append({"kind": a.kind, "microbatch": a.microbatch, "chunk": a.chunk, "peer": a.peer,
-                           "start_ms": round(start, 6), "end_ms": round(end, 6)})
+                           "overlaps": a.overlaps, "start_ms": round(start, 6), "end_ms": round(end, 6)})
     return {
         "plan": plan.name,
         "schedule": pl.schedule,

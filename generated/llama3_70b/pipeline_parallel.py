@@ -49,8 +49,9 @@ def pp_peer(q):
 
 def p2p(ops, arriving, sending):
     """Posts [("send" | "recv", tensor, pp rank, label)] as one batch and returns at once:
-    a receive's work handles go to arriving[label], a send's join `sending` (each
-    message's own on gloo; on NCCL the batch's one, which all of them wait for)."""
+    the work handles of a receive and of an activation's send go to arriving[label], an input
+    gradient's send's join `sending` (each message's own on gloo; on NCCL the batch's one,
+    which all of them wait for)."""
     begin, batch = time.perf_counter(), []
     CALLING[0] = "send/recv over pp"
     for kind, tensor, peer, _ in ops:
@@ -61,9 +62,9 @@ def p2p(ops, arriving, sending):
         else:
             batch.append(dist.P2POp(dist.irecv, tensor, pp_peer(peer), GROUPS["pp"]))
     works = batch_isend_irecv(batch)
-    for i, (kind, _, _, label) in enumerate(ops):
+    for i, (_, _, _, label) in enumerate(ops):
         handles = [works[i]] if len(works) == len(ops) else works
-        if kind == "send":
+        if label[0] == "SEND_B":
             sending += handles
         else:
             arriving[label] = handles
@@ -90,8 +91,8 @@ def run_schedule(model, actions, x, y, scale, buckets):
     grads = {}  # -> received gradient of the output
     input_grads = {}  # -> gradient of the input, to send back
     pending = []  # the batch of sends and receives being collected
-    arriving = {}  # (RECV_F | RECV_B, micro-batch, chunk) -> its work handles
-    sending, sent = [], []  # the sends posted since the last B: work handles, tensors
+    arriving = {}  # (RECV_F | RECV_B | SEND_F, micro-batch, chunk) -> work handles
+    sending, sent = [], []  # gradients sent since the last B: handles, tensors
     loss = torch.zeros((), device=x.device)
     for kind, mb, chunk, *peer in actions:
         key = (mb, chunk)
@@ -99,25 +100,28 @@ def run_schedule(model, actions, x, y, scale, buckets):
             buf = torch.empty(ACTIVATION_SHAPE, dtype=ACTIVATION_DTYPE, device=x.device)
             (inputs if kind == "RECV_F" else grads)[key] = buf
             pending.append(("recv", buf, peer[0], (kind, *key)))
-        elif kind == "SEND_F":
-            pending.append(("send", outputs[key].detach(), peer[0], None))
+        elif (
+            kind == "SEND_F"
+        ):  # the output is kept for its B, which waits for this send
+            pending.append(("send", outputs[key].detach(), peer[0], (kind, *key)))
         elif kind == "SEND_B":
-            pending.append(("send", input_grads.pop(key), peer[0], None))
+            pending.append(("send", input_grads.pop(key), peer[0], (kind, *key)))
         else:
             if pending:
                 p2p(pending, arriving, sending)
-                # a sent tensor is kept until its send is waited for
-                sent += [t for op, t, _, _ in pending if op == "send"]
+                # a sent gradient is kept until its send is waited for
+                sent += [t for _, t, _, label in pending if label[0] == "SEND_B"]
                 pending = []
             # the dp reduction of a chunk's gradients starts in its last backward
             buckets.sync = mb == MICRO_STEPS - 1
             # messages overlap the computes (Megatron-Core's overlap_p2p_comm): a receive
-            # is waited by the compute that reads it, the sends by the next B (an F's
-            # output is kept for its B anyway; an input gradient is held one B longer)
+            # is waited by the compute that reads it, an activation's send by its own B
+            # (the output is kept for it anyway), the input gradients' by the next B (each
+            # held one B longer): a send posted just before a compute is in flight during it
             if kind != "W":
                 wait_for(arriving.pop(("RECV_" + kind, *key), None), "receive")
             if kind == "B":
-                wait_for(sending, "send")
+                wait_for(sending + arriving.pop(("SEND_F", *key), []), "send")
                 sending.clear()
                 sent.clear()
             begin = time.perf_counter()
