@@ -911,6 +911,21 @@ def test_startup_errors_are_one_line(tmp_path, run_script):
         assert out.stderr == f"train.py: error: {flag} {missing}: cannot write into {missing.parent}\n"
 
 
+def test_float8_without_torchao_is_one_line(tmp_path, run_script):
+    """A float8 plan's script run where torchao does not import (here a stand-in first on
+    PYTHONPATH that raises, as a missing package or a build for another torch does) stops
+    with one line saying what to install, not the import's traceback."""
+    plan = make_plan(tmp_path, train="; float8 = tensorwise")
+    script = codegen.write(plan, tmp_path / "out") / "train.py"
+    (tmp_path / "shadow" / "torchao").mkdir(parents=True)
+    (tmp_path / "shadow" / "torchao" / "__init__.py").write_text('raise ImportError("No module named torchao")\n')
+    path = os.pathsep.join([str(tmp_path / "shadow"), *filter(None, [os.environ.get("PYTHONPATH")])])
+    out = run_script(script, 1, timeout=120, env={"PYTHONPATH": path})
+    assert out.returncode == 1 and out.stdout == "", out.stderr[-3000:]
+    assert out.stderr == ("train.py: error: train { float8 } needs torchao's float8 training (pip install torchao): "
+                          "ImportError: No module named torchao\n"), out.stderr[-3000:]
+
+
 @functools.cache
 def _repository_plans():
     from dslc.driver import load_paths
