@@ -827,3 +827,29 @@ def test_float8_on_a_cpu_emulates_at_the_plan_s_own_rate():
     from dslc.cost.compute import layer_kernels
 
     assert layer_kernels(p8, rates(p8)).gemm == layer_kernels(p, rates(p)).gemm
+
+
+def test_ep_dispatch_runs_behind_the_shared_experts(monkeypatch):
+    """expert_parallel.py's dispatch starts the tokens' all-to-all and the shared experts
+    run before arrive() waits for it: explain hides forward's dispatch behind their three
+    GEMMs (what they do not cover stays exposed); combine, and both exchanges in backward,
+    stay exposed. The bytes are those of the layer without shared experts."""
+    from dslc.cost.time import timing
+    from dslc.cost.topology import Topology
+
+    L, b, s, h, f = 2, 4, 512, 1024, 1024
+    bare = model("mixtral", L, h, 16, 128, s, kv=4, ffn=f, tie=False, experts=8, top_k=2)
+    p = plan(replace(bare, shared_experts=1), ("ep", 8, "ib"), b=b)
+    specs = [sp for sp in traffic.layer_specs(p) if sp.axes == ("ep",)]
+    assert sorted((sp.fwd, sp.bwd, sp.overlap) for sp in specs) == [(1, 0, "shared"), (1, 2, "exposed")]
+    assert traffic.rank_payload(p, 0)[("ep", "all_to_all")] == traffic.rank_payload(plan(bare, ("ep", 8, "ib"), b=b), 0)[("ep", "all_to_all")]
+    topo = Topology.of(p)
+    t_f = timing(p, topo)[0].chunks[0][0]
+    dispatch = traffic.to_comm(p, specs[0] if specs[0].overlap == "shared" else specs[1], 1).seconds(topo)
+    r, T = rates(p), b * s
+    shared = 3 * r.gemm_seconds(2 * T * h * f, T, h, f)  # gate, up and down on the rank's tokens
+    assert 0 < shared and 0 < dispatch
+    real = traffic.layer_specs
+    monkeypatch.setattr(traffic, "layer_specs", lambda *a, **k: [replace(sp, overlap="exposed") for sp in real(*a, **k)])
+    exposed = timing(p, topo)[0].chunks[0][0]
+    assert exposed - t_f == pytest.approx(L * min(dispatch, shared))

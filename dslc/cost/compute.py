@@ -172,6 +172,17 @@ def layer_kernels(plan: Plan, r: Rates, settings: Settings = DEFAULT) -> Kernels
     return Kernels(gemm, attention, r.bytes_seconds(elems * e + casts), hp_grad_weight=hp)
 
 
+def shared_experts_seconds(plan: Plan, r: Rates) -> float:
+    """Forward seconds of a MoE layer's shared experts on one rank (their GEMMs on its
+    tokens, its slice of them under sequence parallelism), which ep's dispatch overlaps."""
+    m = plan.model
+    if not (m.is_moe and m.shared_experts):
+        return 0.0
+    rows = local_tokens(plan) // (plan.tp if plan.tensor_parallel.sequence_parallel else 1)
+    return sum(r.gemm_seconds(2 * rows * w.numel, rows, *w.shape, fp8=True)
+               for w in arch.weights(m, plan.tp) if ".shared_experts." in w.name and len(w.shape) == 2)
+
+
 def edge_kernels(plan: Plan, r: Rates, first: bool, last: bool) -> Kernels:
     """The first chunk's embedding (a gather writing T·h) and the last chunk's final
     norm (2·h per token) and the loss in chunks of R rows (:mod:`dslc.cost.loss`), all
