@@ -103,6 +103,7 @@ CODES: dict[str, str] = {
     "E104": "float8 with precision = fp16",
     "N105": "float8 emulated on cpu",
     "E106": "float8 on a device without fp8 tensor cores",
+    "E107": "float8 with a linear's dim per rank not a multiple of 16",
 }
 
 # the estimates' codes: a plan that has only these is still explained (the report shows why)

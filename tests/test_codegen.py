@@ -911,6 +911,38 @@ def test_startup_errors_are_one_line(tmp_path, run_script):
         assert out.stderr == f"train.py: error: {flag} {missing}: cannot write into {missing.parent}\n"
 
 
+def test_float8_without_torchao_is_one_line(tmp_path, run_script):
+    """A float8 plan's script run where torchao does not import (here a stand-in first on
+    PYTHONPATH that raises, as a missing package or a build for another torch does) stops
+    with one line saying what to install, not the import's traceback."""
+    plan = make_plan(tmp_path, train="; float8 = tensorwise")
+    script = codegen.write(plan, tmp_path / "out") / "train.py"
+    (tmp_path / "shadow" / "torchao").mkdir(parents=True)
+    (tmp_path / "shadow" / "torchao" / "__init__.py").write_text('raise ImportError("No module named torchao")\n')
+    path = os.pathsep.join([str(tmp_path / "shadow"), *filter(None, [os.environ.get("PYTHONPATH")])])
+    out = run_script(script, 1, timeout=120, env={"PYTHONPATH": path})
+    assert out.returncode == 1 and out.stdout == "", out.stderr[-3000:]
+    assert out.stderr == ("train.py: error: train { float8 } needs torchao's float8 training (pip install torchao): "
+                          "ImportError: No module named torchao\n"), out.stderr[-3000:]
+
+
+def test_float8_on_a_gpu_without_fp8_tensor_cores_is_one_line(tmp_path):
+    """use_float8 on a CUDA device of compute capability below 8.9 (an A100: 8.0) stops
+    with one line, as lint's E106 refuses such a plan, rather than emulating fp8 there
+    (slower than without it); 8.9 takes torch._scaled_mm. The GPU is faked."""
+    folder = codegen.write(make_plan(tmp_path, train="; float8 = tensorwise"), tmp_path / "out")
+    code = ("import sys, torch; sys.path.insert(0, sys.argv[1]); cap = tuple(map(int, sys.argv[2].split('.')))\n"
+            "torch.cuda.get_device_capability = lambda d=None: cap\n"
+            "torch.cuda.get_device_name = lambda d=None: 'NVIDIA A100-SXM4-80GB'\n"
+            "import float8\nprint(float8.use_float8(torch.device('cuda')))\n")
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    out = subprocess.run([sys.executable, "-c", code, str(folder), "8.0"], capture_output=True, text=True, env=env)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert "error: float8 on NVIDIA A100-SXM4-80GB (compute capability 8.0), which has no fp8 tensor cores" in out.stderr
+    out = subprocess.run([sys.executable, "-c", code, str(folder), "8.9"], capture_output=True, text=True, env=env)
+    assert out.returncode == 0 and out.stdout == "True\n", out.stderr[-3000:]
+
+
 @functools.cache
 def _repository_plans():
     from dslc.driver import load_paths

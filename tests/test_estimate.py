@@ -753,23 +753,24 @@ def _float8(p: Plan, recipe="tensorwise", fp8=1979e12, compile=None) -> Plan:
     return replace(p, cluster=cluster, train=replace(p.train, float8=recipe, compile=compile))
 
 
-@pytest.mark.parametrize("compiled", [True, False])
-def test_float8_runs_the_blocks_linears_at_the_fp8_peak_and_pays_for_their_casts(compiled):
-    """A dense llama block on a tp = 2 rank: its seven linears' GEMMs at the fp8 peak (half
+@pytest.mark.parametrize("compiled, tp", [(True, 2), (False, 2), (True, 1)])
+def test_float8_runs_the_blocks_linears_at_the_fp8_peak_and_pays_for_their_casts(compiled, tp):
+    """A dense llama block on a tp rank: its seven linears' GEMMs at the fp8 peak (half
     the time at twice the peak); the elementwise work grows by the casts of each linear's
     input and weight, counted here by hand from the block's shapes: e + 1 bytes an element
-    compiled (the amax fused into the producer), 2·e + 1 eagerly."""
+    compiled (the amax fused into the producer), 2·e + 1 eagerly, and under tp, whose
+    amax reductions the script runs outside the compiled graph (float8_linear)."""
     from dslc.cost.compute import layer_kernels
 
-    h, f, tp, T = 256, 768, 2, 4 * 64
-    bf16 = plan(model("llama", h=h, a=8, kv=4, ffn=f, s=64), ("tp", tp, "nvlink"), b=4)
+    h, f, T = 256, 768, 4 * 64
+    bf16 = plan(model("llama", h=h, a=8, kv=4, ffn=f, s=64), *[("tp", tp, "nvlink")] * (tp > 1), b=4)
     fp8 = _float8(bf16, compile=compiled)
     k0, k8 = layer_kernels(bf16, rates(bf16)), layer_kernels(fp8, rates(fp8))
     assert k8.gemm == pytest.approx(k0.gemm * 989 / 1979)
     q, kv = h // tp, h // 2 // tp  # q and o: 8 heads of 32; k and v: 4 heads
     inputs = T * (3 * h + q + 2 * h + f // tp)  # q, k, v, gate, up read h wide; o reads q; down reads f / tp
     weights = 2 * h * q + 2 * h * kv + 3 * h * f // tp
-    per_element = 2 + 1 if compiled else 2 * 2 + 1
+    per_element = 2 + 1 if compiled and tp == 1 else 2 * 2 + 1
     assert (k8.elementwise - k0.elementwise) * rates(fp8).bandwidth == pytest.approx(per_element * (inputs + weights))
     assert (k8.attention, k8.loss) == (k0.attention, k0.loss)
 
@@ -789,6 +790,28 @@ def test_float8_leaves_the_router_and_memory_as_they_were_and_shortens_the_step(
     assert r8.gemm_seconds(router, 4096, 4096, 8, fp8=True) == pytest.approx(r0.gemm_seconds(router, 4096, 4096, 8) * 989 / 1979)
 
 
+def test_float8_routed_experts_compute_grad_weight_at_the_plan_s_peak():
+    """The routed experts run on torchao's rowwise_with_gw_hp recipe (float8.py): forward
+    and grad_input at the fp8 peak, grad_weight in high precision, at the plan's peak: a
+    MoE layer's backward is 2× its forward GEMMs plus the experts' bf16 GEMM time less their fp8 time."""
+    from dslc.cost.compute import layer_kernels
+    from dslc.cost.memory import routed_slots
+
+    moe = plan(model("mixtral", l=4, h=4096, a=32, kv=8, ffn=14336, s=4096, experts=8, top_k=2), ("ep", 8, "nvlink"))
+    fp8 = _float8(moe)
+    r0, r8 = rates(moe), rates(fp8)
+    k0, k8 = layer_kernels(moe, r0), layer_kernels(fp8, r8)
+    slots = routed_slots(moe, 1.0)
+    per_expert = max(1, slots * 8 // 8)
+    experts = [w for w in arch.weights(moe.model, 1) if w.part == "expert"]
+    bf16 = sum(r0.gemm_seconds(2 * slots * w.numel, per_expert, *w.shape) for w in experts)  # forward, one GEMM each
+    assert len(experts) == 3 and bf16 > 0
+    rest = k8.attention_backward * k8.attention + 2 * k8.elementwise
+    fp8_gemm = bf16 * 989 / 1979  # at the fp8 peak
+    assert k8.backward == pytest.approx(2 * k8.gemm + bf16 - fp8_gemm + rest)  # grad_weight at bf16's, not fp8's
+    assert k0.backward == pytest.approx(2 * k0.gemm + k0.attention_backward * k0.attention + 2 * k0.elementwise)
+
+
 def test_float8_does_not_pay_on_a_small_model():
     """At hidden 256 the casts' passes over each input and weight cost more than the GEMMs
     save: explain says fp8 slows such a plan down (torchao reports its speed-ups from
@@ -804,3 +827,29 @@ def test_float8_on_a_cpu_emulates_at_the_plan_s_own_rate():
     from dslc.cost.compute import layer_kernels
 
     assert layer_kernels(p8, rates(p8)).gemm == layer_kernels(p, rates(p)).gemm
+
+
+def test_ep_dispatch_runs_behind_the_shared_experts(monkeypatch):
+    """expert_parallel.py's dispatch starts the tokens' all-to-all and the shared experts
+    run before arrive() waits for it: explain hides forward's dispatch behind their three
+    GEMMs (what they do not cover stays exposed); combine, and both exchanges in backward,
+    stay exposed. The bytes are those of the layer without shared experts."""
+    from dslc.cost.time import timing
+    from dslc.cost.topology import Topology
+
+    L, b, s, h, f = 2, 4, 512, 1024, 1024
+    bare = model("mixtral", L, h, 16, 128, s, kv=4, ffn=f, tie=False, experts=8, top_k=2)
+    p = plan(replace(bare, shared_experts=1), ("ep", 8, "ib"), b=b)
+    specs = [sp for sp in traffic.layer_specs(p) if sp.axes == ("ep",)]
+    assert sorted((sp.fwd, sp.bwd, sp.overlap) for sp in specs) == [(1, 0, "shared"), (1, 2, "exposed")]
+    assert traffic.rank_payload(p, 0)[("ep", "all_to_all")] == traffic.rank_payload(plan(bare, ("ep", 8, "ib"), b=b), 0)[("ep", "all_to_all")]
+    topo = Topology.of(p)
+    t_f = timing(p, topo)[0].chunks[0][0]
+    dispatch = traffic.to_comm(p, specs[0] if specs[0].overlap == "shared" else specs[1], 1).seconds(topo)
+    r, T = rates(p), b * s
+    shared = 3 * r.gemm_seconds(2 * T * h * f, T, h, f)  # gate, up and down on the rank's tokens
+    assert 0 < shared and 0 < dispatch
+    real = traffic.layer_specs
+    monkeypatch.setattr(traffic, "layer_specs", lambda *a, **k: [replace(sp, overlap="exposed") for sp in real(*a, **k)])
+    exposed = timing(p, topo)[0].chunks[0][0]
+    assert exposed - t_f == pytest.approx(L * min(dispatch, shared))

@@ -1,6 +1,6 @@
 """The training settings: the batch (E080), the ZeRO stage and its shard (E078, E081,
 W079, W089, W102), what the script cannot do yet (E100), fp16 and compile (W082, W103),
-fp8 (E104, N105, E106), and the Hugging Face checkpoint a plan starts from (E048, E049)."""
+fp8 (E104, N105, E106, E107), and the Hugging Face checkpoint a plan starts from (E048, E049)."""
 
 from __future__ import annotations
 
@@ -61,6 +61,13 @@ def float8(plan: Plan):
         elif not device.fp8_flops:
             yield error("E106", at, f"float8 on {device.name}, which has no fp8 tensor cores",
                         "leave float8 out, or plan for a device with them (h100_sxm, h200, b200; or set fp8_flops in the cluster)")
+        elif odd := [w for w in arch.weights(plan.model, plan.tp) if len(w.shape) == 2 and w.part in ("layer", "expert")
+                     and not w.name.endswith("router") and any(d % 16 for d in w.shape)]:
+            # torchao pads a GEMM's inner dim (PAD_INNER_DIM), never its outer ones
+            w = odd[0]
+            yield error("E107", at, f"float8 with {w.name.replace('{i}', 'i')} of {w.shape[0]}×{w.shape[1]}"
+                        + (f" per tp rank (tp = {plan.tp})" if plan.tp > 1 else "") + ": torch._scaled_mm multiplies only dims that are multiples of 16",
+                        "pick widths (hidden, heads × head_dim, kv_heads × head_dim, ffn) whose share per tp rank is a multiple of 16, or leave float8 out")
 
 
 def _zero(plan: Plan, z: int):

@@ -57,6 +57,11 @@ EXTERNAL: dict[str, tuple[str, str | None]] = {
 _BUILTINS = set(dir(builtins)) | {"__file__", "__name__"}
 
 
+# packages beyond torch that a plan may need: their imports run in a try, and a missing
+# one (or a build for another torch) stops the script with one line, not a traceback
+OPTIONAL = {"torchao": "train { float8 } needs torchao's float8 training (pip install torchao)"}
+
+
 def link(modules: dict[str, str]) -> dict[str, str]:
     """``{module name: source without imports}`` -> the same sources with their imports."""
     defined = {name: _top_level_bindings(src, name) for name, src in modules.items()}
@@ -119,18 +124,26 @@ def _free_names(src: str, module: str) -> set[str]:
 
 
 def _import_block(wanted: dict[str, set[tuple[str, bool]]], siblings: set[str]) -> str:
-    """The import lines: the standard library, torch (and torchao), then the package's modules; in each,
-    ``import`` lines before ``from`` lines, by module (isort's order)."""
-    groups: list[list[tuple[bool, str, str]]] = [[], [], []]
+    """The import lines: the standard library, torch, the OPTIONAL packages (in a try),
+    then the package's modules; in each, ``import`` lines before ``from`` lines, by module
+    (isort's order)."""
+    groups: list[list[tuple[bool, str, str]]] = [[], [], [], []]
     for source, names in wanted.items():
-        group = groups[2 if source in siblings else 1 if source.split(".")[0] in ("torch", "torchao") else 0]
+        root = source.split(".")[0]
+        group = groups[3 if source in siblings else 2 if root in OPTIONAL else 1 if root == "torch" else 0]
         for n, plain in names:
             if plain:
                 group.append((False, source, f"import {source}" + ("" if n == source else f" as {n}")))
         named = sorted((n for n, plain in names if not plain), key=_isort_key)
         if named:
             group.append((True, source, f"from {source} import {', '.join(named)}"))
-    return "\n\n".join("\n".join(line for *_, line in sorted(g)) for g in groups if g)
+    blocks = ["\n".join(line for *_, line in sorted(g)) for g in groups]
+    if groups[2]:
+        need = " and ".join(OPTIONAL[r] for r in sorted({s.split(".")[0] for _, s, _ in groups[2]}))
+        need = need.replace("{", "{{").replace("}", "}}")  # in an f-string
+        blocks[2] = ("try:\n" + "".join(f"    {line}\n" for line in blocks[2].splitlines()) + "except Exception as e:  # missing, or built for another torch\n"
+                     f'    raise SystemExit(f"{ENTRY}.py: error: {need}: {{type(e).__name__}}: {{e}}") from None')
+    return "\n\n".join(b for b, g in zip(blocks, groups) if g)
 
 
 def _isort_key(name: str) -> tuple[int, str]:

@@ -17,8 +17,8 @@ if TYPE_CHECKING:  # pragma: no cover
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send")
 # when a collective runs against compute: on the critical path, or hidden behind the
 # backward (dp grads, ZeRO-3 backward gathers), the forward (ZeRO-3 forward gathers) or
-# the attention core (ring attention's K/V passes)
-OVERLAPS = ("exposed", "backward", "forward", "attention")
+# the attention core (ring attention's K/V passes) or the shared experts (ep's dispatch)
+OVERLAPS = ("exposed", "backward", "forward", "attention", "shared")
 PATTERNS = ("ring", "pairwise", "chain")
 
 FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,

@@ -81,11 +81,14 @@ def cast_bytes(plan: Plan, rows: int, w) -> float:
     the scale and read again to write one byte per element: 2·e + 1 bytes an element
     eagerly, e + 1 in a compiled block (the amax fused into the kernel that wrote the
     tensor). Backward casts the output's gradient twice and the weight and input again:
-    the 2× every elementwise pass is charged in backward. Uncalibrated: no fp8 run measured yet."""
+    the 2× every elementwise pass is charged in backward. Eager with tp or cp too: the
+    script runs the linears whose amax it reduces outside the compiled graph (float8.py's
+    float8_linear). Uncalibrated: no fp8 run measured yet."""
     if not plan.train.float8:
         return 0.0
     t, e = plan.train, dtype_bytes(plan)
     fused = (t.compile if t.compile is not None else plan.cluster.device.name != "cpu") and t.recompute not in EAGER_POLICIES
+    fused = fused and plan.tp == 1 and plan.cp == 1  # no amax to reduce: codegen.float8's float8_reduces
     return (e + 1 + (0 if fused else e)) * (rows * w.shape[-1] + w.numel)
 
 
@@ -98,6 +101,9 @@ class Kernels:
     elementwise: float = 0.0
     attention_backward: float = 2.5  # its backward over its forward: 2.5 fused (QKᵀ again), 2 unfused
     loss: float = 0.0  # the head and loss, whose gradients forward takes: no backward
+    # backward's GEMMs beyond 2× gemm: float8's routed experts compute grad_weight in high
+    # precision (rowwise_with_gw_hp), its time at the plan's peak less that at the fp8 peak
+    hp_grad_weight: float = 0.0
 
     @property
     def forward(self) -> float:
@@ -106,14 +112,16 @@ class Kernels:
     @property
     def backward(self) -> float:
         """Input and weight gradients: 2× the GEMMs and elementwise, 2.5× a fused attention."""
-        return 2 * self.gemm + self.attention_backward * self.attention + 2 * self.elementwise
+        return 2 * self.gemm + self.hp_grad_weight + self.attention_backward * self.attention + 2 * self.elementwise
 
     def __add__(self, other: Kernels) -> Kernels:
         return Kernels(self.gemm + other.gemm, self.attention + other.attention, self.elementwise + other.elementwise,
-                       self.attention_backward if self.attention else other.attention_backward, self.loss + other.loss)
+                       self.attention_backward if self.attention else other.attention_backward, self.loss + other.loss,
+                       self.hp_grad_weight + other.hp_grad_weight)
 
     def __mul__(self, n: float) -> Kernels:
-        return Kernels(self.gemm * n, self.attention * n, self.elementwise * n, self.attention_backward, self.loss * n)
+        return Kernels(self.gemm * n, self.attention * n, self.elementwise * n, self.attention_backward, self.loss * n,
+                       self.hp_grad_weight * n)
 
 
 def layer_kernels(plan: Plan, r: Rates, settings: Settings = DEFAULT) -> Kernels:
@@ -133,7 +141,7 @@ def layer_kernels(plan: Plan, r: Rates, settings: Settings = DEFAULT) -> Kernels
     a, h = arch.of(m), m.hidden
     q, kv, f = arch.widths(m, plan.tp)
     sp = plan.tp if plan.tensor_parallel.sequence_parallel else 1
-    gemm = casts = 0.0
+    gemm = casts = hp = 0.0
     for w in arch.weights(m, plan.tp):
         if len(w.shape) != 2 or w.part != "layer":
             continue
@@ -148,7 +156,9 @@ def layer_kernels(plan: Plan, r: Rates, settings: Settings = DEFAULT) -> Kernels
         per_expert = max(1, slots * plan.ep // m.experts)  # the rows one local expert's GEMMs run on
         for w in arch.weights(m, plan.tp):
             if w.part == "expert":
-                gemm += r.gemm_seconds(2 * slots * w.numel, per_expert, *w.shape, fp8=True)
+                fp8 = r.gemm_seconds(2 * slots * w.numel, per_expert, *w.shape, fp8=True)
+                gemm += fp8  # grad_weight's GEMM in high precision (float8.py's EXPERT_RECIPE)
+                hp += r.gemm_seconds(2 * slots * w.numel, per_expert, *w.shape) - fp8
                 casts += cast_bytes(plan, slots, w) + (m.experts // plan.ep - 1) * cast_bytes(plan, 0, w)  # every local expert's weight
         elems += slots * (3 * m.ffn + 4 * h)
     else:
@@ -157,9 +167,20 @@ def layer_kernels(plan: Plan, r: Rates, settings: Settings = DEFAULT) -> Kernels
     if settings.attention == "paper":
         scores = q // m.head_dim * m.seq_len * T
         attention = r.gemm_seconds(2 * T * core, m.head_dim, m.seq_len) + r.bytes_seconds(scores * (4 * e + 1))
-        return Kernels(gemm, attention, r.bytes_seconds(elems * e + casts), 2.0)
+        return Kernels(gemm, attention, r.bytes_seconds(elems * e + casts), 2.0, hp_grad_weight=hp)
     attention = T * core / (r.peak * r.attention) if r.peak and r.attention else 0.0
-    return Kernels(gemm, attention, r.bytes_seconds(elems * e + casts))
+    return Kernels(gemm, attention, r.bytes_seconds(elems * e + casts), hp_grad_weight=hp)
+
+
+def shared_experts_seconds(plan: Plan, r: Rates) -> float:
+    """Forward seconds of a MoE layer's shared experts on one rank (their GEMMs on its
+    tokens, its slice of them under sequence parallelism), which ep's dispatch overlaps."""
+    m = plan.model
+    if not (m.is_moe and m.shared_experts):
+        return 0.0
+    rows = local_tokens(plan) // (plan.tp if plan.tensor_parallel.sequence_parallel else 1)
+    return sum(r.gemm_seconds(2 * rows * w.numel, rows, *w.shape, fp8=True)
+               for w in arch.weights(m, plan.tp) if ".shared_experts." in w.name and len(w.shape) == 2)
 
 
 def edge_kernels(plan: Plan, r: Rates, first: bool, last: bool) -> Kernels:

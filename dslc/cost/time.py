@@ -16,7 +16,7 @@ from . import memory as mem
 from . import schedule as sched
 from . import traffic
 from .collectives import Comm
-from .compute import Kernels, Rates, edge_kernels, layer_kernels, rates
+from .compute import Kernels, Rates, edge_kernels, layer_kernels, rates, shared_experts_seconds
 from .flops import batch_tokens, flops
 from .recompute import shares
 from .topology import Topology
@@ -89,6 +89,7 @@ def timing(plan: Plan, topo: Topology, settings: mem.Settings = mem.DEFAULT, sta
         if settings.imbalance != 1.0 and mem.expert_capacity(kp) is None:  # the busiest ep rank receives r×
             specs = [replace(sp, nbytes=ceil(sp.nbytes * settings.imbalance)) if sp.axes == ("ep",) else sp for sp in specs]
         lay_f = secs(specs, "fwd", "exposed") + max(0.0, secs(specs, "fwd", "attention") - k.attention)
+        lay_f += max(0.0, secs(specs, "fwd", "shared") - shared_experts_seconds(kp, r))
         lay_b = secs(specs, "bwd", "exposed") + max(0.0, secs(specs, "bwd", "attention") - k.attention_backward * k.attention)
         return k, recompute_kernels(plan, k), lay_f, lay_b
 
@@ -119,7 +120,7 @@ def timing(plan: Plan, topo: Topology, settings: mem.Settings = mem.DEFAULT, sta
         late = sum(t for c, t in step_rows if c.overlap == "backward")
         early = sum(t for c, t in step_rows if c.overlap == "forward")
         out = sum(t for c, t in step_rows if c.overlap == "exposed")
-        ring = sum(c.seconds(topo) for c in rows if c.overlap == "attention")
+        ring = sum(c.seconds(topo) for c in rows if c.overlap in ("attention", "shared"))
         # the last backward and first forward of the stage's chunks hide the step's comm
         window_b = sum(t_b[g] for g in plan.placement.ids(s))
         window_f = sum(t_f[g] for g in plan.placement.ids(s))

@@ -127,7 +127,12 @@ def layer_specs(plan: Plan, reruns: bool | None = None) -> list[_Spec]:
         out += [_Spec(("cp",), "send", "K, V blocks (ring)", T * kv * e, 2 * (cp - 1) * fp, 2 * (cp - 1), "attention"),
                 _Spec(("cp",), "send", "dK, dV blocks (ring, fp32 accumulators)", T * kv * 4, 0, 2 * cp, "attention")]
     if plan.ep > 1 and m.is_moe:
-        out.append(_Spec(("ep",), "all_to_all", "token dispatch and combine", routed_slots(plan) * m.hidden * e, 2 * fp, 2))
+        a2a = routed_slots(plan) * m.hidden * e
+        if m.shared_experts:  # forward's dispatch in flight while the shared experts run (expert_parallel.py)
+            out += [_Spec(("ep",), "all_to_all", "token dispatch (behind the shared experts)", a2a, fp, 0, "shared"),
+                    _Spec(("ep",), "all_to_all", "token combine, and both in backward", a2a, fp, 2)]
+        else:
+            out.append(_Spec(("ep",), "all_to_all", "token dispatch and combine", a2a, 2 * fp, 2))
     return out
 
 

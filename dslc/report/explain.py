@@ -224,7 +224,8 @@ def render_text(ex: Explanation) -> str:
         + f"exposed step communication {seconds(t.exposed)}, overlapped {seconds(t.overlapped)}, optimizer step {seconds(t.optimizer)}",
         f"  {step_line(ex)}",
         "  assumed exposed: tp, Ulysses and ep collectives, pp sends, ZeRO param all-gathers after the step, the optimizer step;",
-        "  overlapped: dp grad reduction with the last backward, ZeRO-3 gathers by prefetch, ring-attention K/V passes with attention",
+        "  overlapped: dp grad reduction with the last backward, ZeRO-3 gathers by prefetch, ring-attention K/V passes with attention"
+        + (", ep's forward dispatch with the shared experts" if ex.plan.ep > 1 and ex.plan.model.shared_experts else ""),
     ] + _routing_lines(ex)
     return "\n".join(out) + "\n"
 
