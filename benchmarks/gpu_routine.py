@@ -239,7 +239,10 @@ def tests_part(limit: float, out: Path, scratch: Path, env: dict) -> dict:
     cmd = [sys.executable, "-m", "pytest", "-v", "-rfE", "-p", "gpu_routine", "-p", "no:cacheprovider", *workers,
            "--basetemp", str(scratch / "pytest"), "tests/test_gpu.py"]
     # this file is pytest's plugin (-p gpu_routine): its folder last, shadowing nothing
-    env = env | {"GPU_TESTS_RECORD": str(record), "PYTHONPATH": env["PYTHONPATH"] + os.pathsep + str(ROOT / "benchmarks")}
+    # not an xdist worker's identity inherited from a pytest that runs the routine (the
+    # hooks above would take the inner pytest for a worker and record nothing)
+    env = {k: v for k, v in env.items() if not k.startswith("PYTEST_XDIST")}
+    env |= {"GPU_TESTS_RECORD": str(record), "PYTHONPATH": env["PYTHONPATH"] + os.pathsep + str(ROOT / "benchmarks")}
     if n:  # inductor's compile workers: the cores shared among the test workers, not 16 each
         env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
     code, seconds = run_limited(cmd, limit, out / "tests.log", env)
