@@ -56,6 +56,7 @@ def test_serial_plan_on_cuda_tracks_cpu_fp32(name, precision, golden_plans, run_
     ref_validation = run.validation
     losses, weights, _ = run(plan, run_script, tmp_path, "cuda")
     rtol = TOLERANCE[precision]
+    assert len(losses) == len(ref_losses)  # zip would stop at the shorter
     for got, want in zip(losses, ref_losses):
         assert abs(got - want) <= rtol * want, (losses, ref_losses)
     # tokens_serial: uint32 token files, a blend and the validation loss on the GPU
@@ -71,6 +72,7 @@ def test_serial_plan_on_cuda_tracks_cpu_fp32(name, precision, golden_plans, run_
 def test_tensor_parallel_plan_on_cuda_matches_serial(golden_plans, run_script, tmp_path):
     ref_losses = run(golden_plans["llama_serial"], run_script, tmp_path, "cpu")[0]
     losses = run(golden_plans["llama_tp2_sp"], run_script, tmp_path, "cuda")[0]
+    assert len(losses) == len(ref_losses)  # zip would stop at the shorter
     for got, want in zip(losses, ref_losses):
         assert abs(got - want) <= TOLERANCE["fp32"] * want
 
@@ -136,6 +138,7 @@ def test_float8_plan_on_cuda_tracks_its_cpu_emulation(name, flags, golden_plans,
     ref_losses = run(ref_plan, run_script, tmp_path, "cpu")[0]
     losses, _, out = run(plan, run_script, tmp_path, "cuda", *flags)
     assert f"bf16, float8 {plan.train.float8}, cuda" in out
+    assert len(losses) == len(ref_losses)  # zip would stop at the shorter
     for got, want in zip(losses, ref_losses):
         assert abs(got - want) <= TOLERANCE["bf16"] * want, (losses, ref_losses)
 
