@@ -26,7 +26,7 @@ from .base import (
 
 ARCHS: dict[str, Arch] = {a.name: a for a in (gpt2.ARCH, llama.ARCH, mixtral.ARCH)}
 
-__all__ = ["ARCHS", "Arch", "Params", "Weight", "attention_matmul_flops", "hf", "kinds", "layer_flops", "layer_model", "layer_params", "layers_params", "model_flops_per_token",
+__all__ = ["ARCHS", "Arch", "Params", "Weight", "attention_matmul_flops", "float8_weights", "FLOAT8_ALIGN", "hf", "kinds", "layer_flops", "layer_model", "layer_params", "layers_params", "model_flops_per_token",
            "of", "params", "sc21_params", "vocab_per_rank", "weights", "widths"]
 
 
@@ -36,6 +36,15 @@ def of(model: Model) -> Arch:
 
 def weights(model: Model, t: int = 1) -> tuple[Weight, ...]:
     return base.weights(of(model), model, t)
+
+
+FLOAT8_ALIGN = 16  # torch._scaled_mm multiplies operands whose dims are multiples of 16
+
+
+def float8_weights(model: Model, t: int = 1) -> tuple[Weight, ...]:
+    """The weights whose GEMMs ``train { float8 }`` runs in fp8: the blocks' linears and
+    the experts, not the router (nor the embedding or the head)."""
+    return tuple(w for w in weights(model, t) if len(w.shape) == 2 and w.part in ("layer", "expert") and not w.name.endswith("router"))
 
 
 def params(model: Model) -> Params:

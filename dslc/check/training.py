@@ -61,8 +61,7 @@ def float8(plan: Plan):
         elif not device.fp8_flops:
             yield error("E106", at, f"float8 on {device.name}, which has no fp8 tensor cores",
                         "leave float8 out, or plan for a device with them (h100_sxm, h200, b200; or set fp8_flops in the cluster)")
-        elif odd := [w for w in arch.weights(plan.model, plan.tp) if len(w.shape) == 2 and w.part in ("layer", "expert")
-                     and not w.name.endswith("router") and any(d % 16 for d in w.shape)]:
+        elif odd := [w for w in arch.float8_weights(plan.model, plan.tp) if any(d % arch.FLOAT8_ALIGN for d in w.shape)]:
             # torchao pads a GEMM's inner dim (PAD_INNER_DIM), never its outer ones
             w = odd[0]
             yield error("E107", at, f"float8 with {w.name.replace('{i}', 'i')} of {w.shape[0]}×{w.shape[1]}"

@@ -10,9 +10,8 @@ the groups that shard those (the generated float8.py's ``to_float8``).
 
 from __future__ import annotations
 
+from .. import arch
 from ..ir import Plan
-
-ALIGN = 16  # torch._scaled_mm's: the dims of its operands are multiples of 16
 
 
 def float8_view(plan: Plan) -> dict:
@@ -33,11 +32,7 @@ def float8_view(plan: Plan) -> dict:
         "shared": (tokens + split * sp, (), ()),
     }
     wanted = {"linear": tp == 1, "column": tp > 1, "row": tp > 1, "shared": bool(m.shared_experts)}
-    per_rank = [m.hidden, m.heads * m.head_dim // tp, m.kv_heads * m.head_dim // tp]
-    if not m.is_moe or m.dense_layers:
-        per_rank.append((m.dense_ffn if m.is_moe else m.ffn) // tp)
-    if m.is_moe:
-        per_rank += [m.ffn, m.shared_experts * m.ffn]  # a routed expert's, the shared ones'
+    per_rank = [d for w in arch.float8_weights(m, tp) for d in w.shape]
     rows = plan.train.micro_batch * m.seq_len // cp  # the tokens of a dense grad_weight GEMM
     per_rank.append(rows // tp if sp and m.shared_experts else rows)
     return {
@@ -46,5 +41,5 @@ def float8_view(plan: Plan) -> dict:
         "float8_recipe_name": recipe,
         "float8_groups": [(name, repr(g)) for name, g in groups.items() if wanted[name]],
         "float8_reduces": any(g for name, dims in groups.items() if wanted[name] for g in dims),
-        "pad_inner_dim": any(d % ALIGN for d in per_rank if d),
+        "pad_inner_dim": any(d % arch.FLOAT8_ALIGN for d in per_rank),
     }
