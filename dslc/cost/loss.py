@@ -72,13 +72,19 @@ def buffer_bytes(plan: Plan) -> int:
     return chunk + (2 * V * h if _dw_bytes(plan) == 2 else 0)
 
 
-def compiled(plan: Plan) -> bool:
-    """Whether the script runs the loss compiled, its elementwise kernels fused: compile on
-    (the default on a GPU), blocks that compile (not selective_ops), and no graph break at
-    the loss (tp's all-reduces, the split backward's deferred dW run it eagerly)."""
+def blocks_compiled(plan: Plan) -> bool:
+    """Whether the script compiles its blocks: compile on (the default on a GPU), and a
+    recompute policy that compiles (not selective_ops)."""
     t = plan.train
     on = t.compile if t.compile is not None else plan.cluster.device.name != "cpu"
-    return on and t.recompute not in EAGER_POLICIES and plan.tp == 1 and plan.pipeline.schedule not in SPLIT_BACKWARD
+    return on and t.recompute not in EAGER_POLICIES
+
+
+def compiled(plan: Plan) -> bool:
+    """Whether the script runs the loss compiled, its elementwise kernels fused: blocks that
+    compile, and no graph break at the loss (tp's all-reduces, the split backward's
+    deferred dW run it eagerly)."""
+    return blocks_compiled(plan) and plan.tp == 1 and plan.pipeline.schedule not in SPLIT_BACKWARD
 
 
 def elementwise_bytes(plan: Plan) -> int:
