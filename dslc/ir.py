@@ -63,6 +63,7 @@ class Cluster:
     links: tuple[Link, ...]
     span: Span
     efficiency: float | None = None  # `cluster { efficiency }`: GEMM and attention at this fraction of peak
+    host_memory: int | None = None  # bytes of host memory a node has; None: not said (offload's hint)
 
     @property
     def world_size(self) -> int:
@@ -276,6 +277,14 @@ class Checkpoint:
 
 
 @dataclass(frozen=True)
+class Offload:
+    """``offload { … }``: what lives in host memory instead of the device's."""
+    optimizer: bool  # the fp32 master weights and moments of the rank's shard, stepped on the host
+    activations: bool  # what each block saves for its backward, between its forward and backward
+    span: Span | None
+
+
+@dataclass(frozen=True)
 class Init:
     """``init = hf("DIR")``: the weights start from a Hugging Face checkpoint."""
 
@@ -306,6 +315,7 @@ class Train:
     recompute_every: int = 1  # `full every N`: blocks N-1, 2N-1, … (0-based) are recomputed
     compile: bool | None = None  # torch.compile each block; None: on CUDA, not on CPU
     float8: str | None = None  # one of FLOAT8: the blocks' linears multiply in fp8; None: off
+    offload: Offload | None = None  # None: everything on the device
 
     @property
     def recompute_label(self) -> str:

@@ -19,7 +19,7 @@ EXPERT_KEYS = ("count", "top_k", "capacity_factor", "aux_loss_weight", "router",
 MODEL_KEY = {"count": "experts", "shared": "shared_experts"}
 
 KEYS: dict[str, tuple[str, ...]] = {
-    "cluster": ("nodes", "gpus_per_node", "device", "peak_flops", "fp8_flops", "device_memory", "efficiency"),
+    "cluster": ("nodes", "gpus_per_node", "device", "peak_flops", "fp8_flops", "device_memory", "efficiency", "host_memory"),
     "link": ("scope", "bandwidth", "latency"),
     "model": ("arch", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len", "head_dim", "norm_eps",
               "rope_theta", "tie_embeddings", "dropout") + MODEL_EXPERT_KEYS,
@@ -36,12 +36,13 @@ KEYS: dict[str, tuple[str, ...]] = {
     "lr_schedule": ("warmup", "min_lr", "decay_steps"),
     "checkpoint": ("every", "dir", "keep", "async", "max_restarts"),
     "eval": ("every", "batches", "data"),
+    "offload": ("optimizer", "activations"),
 }
 
 BLOCKS: dict[str, tuple[str, ...]] = {
     "": TOP_BLOCKS,
     "cluster": ("link",),
     "plan": ("model", "cluster", "mesh", "tensor_parallel", "data_parallel", "pipeline", "context_parallel", "experts", "train"),
-    "train": ("optimizer", "lr_schedule", "checkpoint", "eval"),
+    "train": ("optimizer", "lr_schedule", "checkpoint", "eval", "offload"),
 }
 

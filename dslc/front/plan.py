@@ -257,13 +257,25 @@ def _train(r: Reader, f: Fields, plan_block, cluster, micro_batch, global_batch,
             checkpoint = ir.Checkpoint(every, cdir, ck_block.span, keep, r.bool(cf, "async", False), restarts)
             spans["checkpoint.dir"] = cf.assigns["dir"].value.span
     evaluation = _eval(r, f, plan_block, spans)
+    offload = _offload(r, f, spans)
     if None in (steps, grad_clip, seed, lr, micro_batch):
         return None
     if "eval" in f.blocks and evaluation is None:  # an error in it: unknown, as a bad data source
         evaluation = Unknown("train.eval")
     timeout = r.quantity(f, "timeout", "time", D["train.timeout"])
     return ir.Train(steps, micro_batch, global_batch, precision, recompute, grad_clip, seed, loss_scale, optimizer, lr_schedule, Unknown("train.data") if data is None else data, checkpoint, spans.get("train"), evaluation, timeout, _init(r, f, plan_block),
-                    recompute_every=recompute_every, compile=r.bool(f, "compile"), float8=r.choice(f, "float8", ir.FLOAT8, None))
+                    recompute_every=recompute_every, compile=r.bool(f, "compile"), float8=r.choice(f, "float8", ir.FLOAT8, None), offload=offload)
+
+
+def _offload(r: Reader, f: Fields, spans) -> ir.Offload | None:
+    """``offload { optimizer = true; activations = true }``: None without the block."""
+    block = r.single(f, "offload")
+    if block is None:
+        return None
+    spans["train.offload"] = block.kind_span
+    of = r.fields(block, KEYS["offload"])
+    spans.update((f"offload.{key}", a.span) for key, a in of.assigns.items())
+    return ir.Offload(bool(r.bool(of, "optimizer", False)), bool(r.bool(of, "activations", False)), block.span)
 
 
 def _init(r, f: Fields, plan_block) -> ir.Init | None:
