@@ -928,3 +928,5 @@ def test_offload_s_time_is_the_host_step_and_what_pcie_does_not_hide():
     f, b = t1.chunks[0][0], t1.chunks[0][1]
     assert t1.offload.exposed == pytest.approx(max(0, host.d2h / 20e9 - b) + max(0, host.h2d / 20e9 - f))
     assert t1.step == pytest.approx(t0.step - t0.optimizer + t1.offload.host_step + t1.offload.exposed)
+    slow = replace(off, cluster=replace(off.cluster, host_bandwidth=100e9))  # the cluster's own host_bandwidth
+    assert estimate(slow).timing.offload.host_step == pytest.approx(t1.offload.host_step * catalog.HOST_BANDWIDTH / 100e9)

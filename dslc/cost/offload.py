@@ -21,7 +21,8 @@ direction each way. Gradients go out behind the backward and activations behind 
 block's forward; weights come back behind the next forward (ZeRO-3 and no ZeRO, whose
 forward waits per unit) or before ZeRO-1/2's all-gather (exposed), activations behind the
 later block's backward. What a window cannot hide is exposed. The host's optimizer step is
-memory-bound at the node's host bandwidth shared by its GPUs (``catalog.HOST_BANDWIDTH``).
+memory-bound at the node's host bandwidth shared by its GPUs (the cluster's ``host_bandwidth``,
+else ``catalog.HOST_BANDWIDTH``).
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def link(plan: Plan) -> Link:
 def host_bandwidth(plan: Plan) -> float:
     """Host memory bytes/s one GPU's process gets: the node's, shared by its GPUs."""
     c = plan.cluster
-    return (c.device.bandwidth if c.device.name == "cpu" else catalog.HOST_BANDWIDTH) / c.gpus_per_node
+    return (c.host_bandwidth or (c.device.bandwidth if c.device.name == "cpu" else catalog.HOST_BANDWIDTH)) / c.gpus_per_node
 
 
 @dataclass(frozen=True)
