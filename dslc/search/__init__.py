@@ -225,14 +225,16 @@ OFFLOADS = (Offload(True, False, None), Offload(False, True, None), Offload(True
 def search(plan: Plan, gpus: int | None = None, beam: int = BEAM, progress=None,
            settings: mem.Settings = mem.DEFAULT, fixed: frozenset[str] = frozenset(), work: int = WORK) -> Result:
     """:func:`search_layouts`, and when no layout fits and the plan offloads nothing (nor
-    fixes ``offload``), the layouts of each of :data:`OFFLOADS` too, all ranked by their
-    step: offload trades PCIe copies and a host step for device memory, worth it only
+    fixes ``offload``), the layouts of each of :data:`OFFLOADS` too, within what is left
+    of ``work``, all ranked by their step: offload trades PCIe copies and a host step for device memory, worth it only
     where nothing fits without."""
     result = search_layouts(plan, gpus, beam, progress, settings, fixed, work)
     if result.ranked or plan.train.offload is not None or "offload" in fixed:
         return result
-    for o in OFFLOADS:
-        more = search_layouts(replace(plan, train=replace(plan.train, offload=o)), gpus, beam, progress, settings, fixed, work)
+    for o in OFFLOADS:  # within what is left of the one bound
+        if result.work >= work:
+            break
+        more = search_layouts(replace(plan, train=replace(plan.train, offload=o)), gpus, beam, progress, settings, fixed, work - result.work)
         result.ranked += [replace(f, changes=changes(result.plan, f.plan)) for f in more.ranked]
         for name in ("shapes", "unprobed", "unsearched", "memory_pruned", "rule_pruned", "costed", "checked", "work"):
             setattr(result, name, getattr(result, name) + getattr(more, name))
