@@ -28,7 +28,7 @@ MODULES = ("activation_offload", "meter", "plan", "utils")
 
 @pytest.fixture
 def offload(tmp_path, unformatted):
-    """The generated activation_offload module, and its Group's calls spied on."""
+    """The generated activation_offload module."""
     pytest.importorskip("torch")
     with unformatted():
         folder = str(codegen.write(load_text(PLAN).program.plans[0], tmp_path))
@@ -47,9 +47,9 @@ def offload(tmp_path, unformatted):
 def test_saved_tensors_are_copied_out_and_back_one_block_ahead(offload, monkeypatch):
     import torch
 
-    Group = offload.Group
+    Block = offload.OffloadedBlock  # its calls spied on
     groups, originals, hosts, unpacked, arrived = [], [], [], [], []
-    pack, close, unpack, arrive, init = Group.pack, Group.close, Group.unpack, Group.arrive, Group.__init__
+    pack, close, unpack, arrive, init = Block.pack, Block.close, Block.unpack, Block.arrive, Block.__init__
 
     def spy_init(self, *args):
         init(self, *args)
@@ -73,7 +73,7 @@ def test_saved_tensors_are_copied_out_and_back_one_block_ahead(offload, monkeypa
         arrive(self)
 
     for name, spy in [("__init__", spy_init), ("pack", spy_pack), ("close", spy_close), ("unpack", spy_unpack), ("arrive", spy_arrive)]:
-        monkeypatch.setattr(Group, name, spy)
+        monkeypatch.setattr(Block, name, spy)
 
     torch.manual_seed(0)
     blocks = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh()) for _ in range(3))
@@ -87,7 +87,7 @@ def test_saved_tensors_are_copied_out_and_back_one_block_ahead(offload, monkeypa
     want = [forward(x, lambda b: b).square().sum() for x in inputs]
     want_grads = torch.autograd.grad(sum(want), [*blocks.parameters(), *inputs])
 
-    offload.OFFLOAD.start(blocks, torch.device("cpu"))
+    offload.ACTIVATION_OFFLOAD.start(blocks, torch.device("cpu"))
     got = [forward(x, offload.offloaded).square().sum() for x in inputs]
     assert len(groups) == 6 and all(g.saved is None for g in groups)  # every forward closed
     # each micro-batch's blocks are a chain of their own: its first block follows none

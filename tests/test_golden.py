@@ -307,7 +307,8 @@ COMPILED = {
 }
 # Passed as well, left out of the suite for its time (compiling is slow on 2 cores):
 # gpt2_dp2_tp2_sp, gpt2pp_pp2_1f1b, llama_cp2, gpt2pp_pp2_tp2_zb_h1, gpt2_cp2_ulysses
-# and mixtral_dp2_ep2_zero1 (docs/compile.md).
+# and mixtral_dp2_ep2_zero1 (docs/compile.md); activation offload's hooks around compiled
+# blocks: llamapp_pp2_offload_selective and mixtral_ep2_zero3_offload.
 
 
 def compiled_variant(golden_plans, name):
