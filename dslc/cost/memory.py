@@ -363,9 +363,10 @@ def memory(plan: Plan, settings: Settings = DEFAULT, peaks: tuple[int, ...] | No
         held = peaks[s]
         per_layer = layer_activation_bytes(plan, settings, rc.stage_layer_ids(plan, s))  # full every N: per stage
         act = round(held * sum(chunks) / v * per_layer)
-        acts = off.activation_host(plan, act, round(plan.microbatches * sum(chunks) * per_layer))
+        moved = off.moved_per_layer(plan, per_layer)
+        acts = off.activation_host(plan, round(held * sum(chunks) / v * moved), round(plan.microbatches * sum(chunks) * moved))
         if acts.d2h:  # on the host, but for the blocks being written or read
-            act = round(min(off.PREFETCHED, sum(chunks)) * per_layer)
+            act += round(min(off.PREFETCHED, sum(chunks)) * moved) - acts.activations
         if s == 0:
             act += ceil(held / v) * emb
         if s == plan.last_stage:

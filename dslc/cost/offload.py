@@ -12,8 +12,9 @@ optimizer state and no step temporaries.
 
 Activation offload moves what each block saves for its backward to the host during the
 forward and brings it back one block ahead of the block's backward: the host holds every
-block's saved tensors of the forwards in flight (what the device held without offload),
-the device the blocks being written or read (two at most) and the pipeline edges'. Each
+block's saved tensors of the forwards in flight (what the device held without offload;
+under ``selective_ops`` the blocks' inputs, the outputs its policy keeps staying on the
+device), the device the blocks being written or read (two at most) and the pipeline edges'. Each
 forward of a chunk copies its blocks' bytes out and its backward brings them back.
 
 Time: a GPU's copies use its own PCIe link (the cluster's ``pcie``, or the catalog's), one
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 
 from .. import catalog
 from ..ir import Link, Plan
+from .params import dtype_bytes, local_tokens
 
 PREFETCHED = 2  # blocks of saved tensors on the device at once under activation offload
 
@@ -77,6 +79,16 @@ def activation_host(plan: Plan, held_bytes: int, per_step: int) -> Host:
     if not activations_on_host(plan):
         return NONE
     return Host(activations=held_bytes, d2h=per_step, h2d=per_step)
+
+
+def moved_per_layer(plan: Plan, per_layer: float) -> float:
+    """What activation offload moves of a block's ``per_layer`` saved bytes: all of what
+    autograd's hooks see, which under ``selective_ops`` is the block's input alone (the
+    outputs its policy keeps are held by the checkpoint, past the hooks, on the device)."""
+    if plan.train.recompute != "selective_ops":
+        return per_layer
+    r = plan.tp if plan.tensor_parallel.sequence_parallel else 1
+    return local_tokens(plan) * plan.model.hidden * dtype_bytes(plan) // r
 
 
 def link(plan: Plan) -> Link:
