@@ -193,14 +193,14 @@ def sp_choices(plan: Plan, tp: int, fixed=()) -> list[bool]:
 
 def changes(before: Plan, after: Plan) -> tuple[str, ...]:
     """What ``after`` changes of ``before``'s layout, shortly: ``tp 8→4``, ``cp 1→2``,
-    ``axis order``, ``v5→v4``, ``zero 1→3``, ``recompute selective→none``."""
+    ``axis order``, ``v5→v4``, ``zero 1→3``, ``recompute selective→none``, ``offload none→optimizer``."""
     out = [f"{n} {before.mesh.size(n)}→{after.mesh.size(n)}" for n in AXIS_ORDER if before.mesh.size(n) != after.mesh.size(n)]
     if not out and [(a.name, a.link) for a in before.mesh.axes if a.size > 1] != [(a.name, a.link) for a in after.mesh.axes if a.size > 1]:
         out.append("axis order")
     a, b = knobs(before), knobs(after)
     for k in ("schedule", "micro_batch", "zero", "recompute", "sp", "cp", "offload"):
         if a.get(k) != b.get(k) and k in b and (k != "cp" or k in a):  # a new cp's method is in its layout
-            old, new = a.get(k, "-"), b[k]
+            old, new = a.get(k, "none" if k == "offload" else "-"), b[k]
             if k == "schedule" and old.split()[0] == new.split()[0] == "interleaved_1f1b":
                 old, new, k = old.split()[1], new.split()[1], "interleaved"
             out.append(f"{k} {old}→{new}")
