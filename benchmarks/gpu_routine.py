@@ -60,6 +60,8 @@ PARTS = [
     ("mfu:moe_capacity", 90, [*MFU, "--only", "moe_capacity", "--modes", "compiled", "--profile"]),
     ("mfu:llama_1b", 150, [*MFU, "--only", "llama_1b,llama_1b_fp8", "--modes", "compiled"]),
     ("mfu:llama_3b", 200, [*MFU, "--only", "llama_3b,llama_3b_fp8,llama_3b_fp8_rowwise", "--modes", "compiled"]),
+    ("mfu:offload", 240, ["benchmarks/gpu_mfu.py", "--steps", "6", "--log-every", "2", "--warmup", "2",
+                          "--only", "llama_4b_offload", "--modes", "compiled"]),
     ("mfu:llama_3d_shared", 90, [*MFU, "--only", "llama_3d_shared", "--modes", "eager"]),
     ("mfu:eager", 150, [*MFU, "--only", "gpt2_124m,moe_dropless,moe_capacity,llama_1b", "--modes", "eager"]),
 ]

@@ -114,6 +114,12 @@ def allowance(device: str) -> Allowance:
     return ALLOWANCES["cpu" if device == "cpu" else "gpu"]
 
 
+# Host (CPU) memory bandwidth of one node, shared by its GPUs' processes: what the host's
+# optimizer step under `train { offload }` runs at. A two-socket node with eight DDR5-4800
+# channels a socket (a DGX H100's two Xeon 8480C) peaks at 614 GB/s; STREAM reaches about
+# half of it with every core, and the host step gets fewer of them.
+HOST_BANDWIDTH = 300e9
+
 # name → (scope, bandwidth bytes/s per direction per GPU, latency s)
 LINKS: dict[str, tuple[str, float, float]] = {
     "nvlink": ("node", 450e9, 2e-6),  # NVLink 4 (H100): 900 GB/s bidirectional
@@ -123,7 +129,7 @@ LINKS: dict[str, tuple[str, float, float]] = {
     # writes it as one node of 72 GPUs for this link to span it.
     "nvlink5": ("node", 900e9, 2e-6),
     "xgmi": ("node", 64e9, 2e-6),  # AMD Infinity Fabric, per peer link
-    "pcie": ("node", 32e9, 5e-6),  # PCIe 4.0 x16
+    "pcie": ("node", 32e9, 5e-6),  # PCIe 4.0 x16; the host ↔ GPU link of `train { offload }`
     "shm": ("node", 20e9, 5e-6),  # shared memory between CPU processes
     "ib": ("cluster", 50e9, 8e-6),  # 400 Gb/s NDR InfiniBand per GPU
     "roce": ("cluster", 50e9, 10e-6),

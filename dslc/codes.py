@@ -95,6 +95,7 @@ CODES: dict[str, str] = {
     "E090": "does not fit in device memory",
     "E091": "the experts of one rank alone do not fit in device memory",
     "E092": "a gathered ZeRO-3 unit does not fit in device memory",
+    "E093": "what a node offloads does not fit in its host memory",
     # -- code generation ----------------------------------------------------
     "E100": "not supported by code generation",
     "E101": "a ZeRO stage the code generator cannot combine with the plan",
@@ -104,7 +105,8 @@ CODES: dict[str, str] = {
     "N105": "float8 emulated on cpu",
     "E106": "float8 on a device without fp8 tensor cores",
     "E107": "float8 with a linear's dim per rank not a multiple of 16",
+    "N111": "offload on a cluster without its host memory or PCIe link",
 }
 
 # the estimates' codes: a plan that has only these is still explained (the report shows why)
-FIT_CODES = ("E090", "E091", "E092")
+FIT_CODES = ("E090", "E091", "E092", "E093")

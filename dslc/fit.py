@@ -15,10 +15,10 @@ from dataclasses import dataclass, replace
 from .check import check_plan
 from .cost import memory as mem
 from .diagnostics import Diagnostic, error
-from .ir import MeshAxis, Plan
+from .ir import MeshAxis, Offload, Plan
 from .units import gib
 
-KNOBS = ("zero", "recompute", "micro_batch", "tp", "pp")
+KNOBS = ("zero", "recompute", "micro_batch", "tp", "pp", "offload")
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,10 @@ def variants(plan: Plan) -> Iterator[Candidate]:
             yield Candidate(name, f"{name} = {size} with dp = {dp.size // k}",
                             replace(plan, mesh=replace(mesh, axes=tuple(axes)), pipeline=new))
             k *= 2
+    if tr.offload is None:  # to host memory: the optimizer's state, the activations, both
+        for o in (Offload(True, False, None), Offload(False, True, None), Offload(True, True, None)):
+            words = "; ".join(f"{k} = true" for k in ("optimizer", "activations") if getattr(o, k))
+            yield Candidate("offload", f"offload {{ {words} }}", replace(plan, train=replace(tr, offload=o)))
 
 
 def _more_recompute(plan: Plan) -> list:
@@ -92,10 +96,22 @@ def diagnostics(plan: Plan) -> list[Diagnostic]:
 
 
 def fits(plan: Plan, settings: mem.Settings = mem.DEFAULT) -> tuple[bool, int]:
-    """Whether the worst rank of ``plan`` fits in its device's memory (E090's test), and
-    its bytes."""
-    need = peak(plan, settings)
-    return need <= plan.cluster.device.memory, need
+    """Whether the worst rank of ``plan`` fits in its device's memory (E090's test) and what
+    it offloads in its nodes' host memory (E093's), and the worst rank's device bytes."""
+    stages = mem.memory(plan, settings)
+    need = max(s.total for s in stages)
+    return need <= plan.cluster.device.memory and host_fits(plan, stages), need
+
+
+def host_per_node(stages: tuple[mem.StageMemory, ...], gpus_per_node: int) -> int:
+    """Host bytes a node holds for what its ranks offload, each rank taken as the worst."""
+    return max(s.host_optimizer.total + s.host_activations.total for s in stages) * gpus_per_node
+
+
+def host_fits(plan: Plan, stages: tuple[mem.StageMemory, ...]) -> bool:
+    """A cluster that does not say its host memory (N111) takes any."""
+    host = plan.cluster.host_memory
+    return host is None or host_per_node(stages, plan.cluster.gpus_per_node) <= host
 
 
 @dataclass(frozen=True)
@@ -133,7 +149,7 @@ def fit_diagnostics(plan: Plan, settings: mem.Settings = mem.DEFAULT,
         return []
     worst = max(stages, key=lambda s: s.total)
     if worst.total <= cap:
-        return []
+        return host_fit(plan, stages)
     who = f"pipeline stage {worst.stage}" if plan.pp > 1 else "the plan"
     msg = (f"{who} needs {gib(worst.total)} per GPU but {dev} has {gib(cap)}: params "
            f"{gib(worst.params)}, grads {gib(worst.grads)}, optimizer {gib(worst.optimizer)}, activations "
@@ -148,9 +164,24 @@ def fit_diagnostics(plan: Plan, settings: mem.Settings = mem.DEFAULT,
         hint = "it fits with any one of: " + ", ".join(f"{c.label} ({gib(need)})" for c, need in found.fits)
     else:
         close = found.closest
-        hint = ("no single change of zero, recompute, micro_batch, tp or pp fits"
+        hint = ("no single change of zero, recompute, micro_batch, tp, pp or offload fits"
                 + (f"; closest: {close[0].label} ({gib(close[1])})" if close else "") + "; combine them or add GPUs")
-    return [error("E090", plan.span, msg, hint), *expert_fit(plan), *unit_fit(plan)]
+    return [error("E090", plan.span, msg, hint), *expert_fit(plan), *unit_fit(plan), *host_fit(plan, stages)]
+
+
+def host_fit(plan: Plan, stages: tuple[mem.StageMemory, ...]) -> list[Diagnostic]:
+    """E093 at the offload block when what a node's ranks offload exceeds its host memory."""
+    if host_fits(plan, stages):
+        return []
+    c, need = plan.cluster, host_per_node(stages, plan.cluster.gpus_per_node)
+    worst = max(stages, key=lambda s: s.host_optimizer.total + s.host_activations.total)
+    o, a = worst.host_optimizer, worst.host_activations
+    msg = (f"offload needs {gib(need)} of host memory per node ({c.gpus_per_node} ranks × {gib(o.total + a.total)}: "
+           + ", ".join(f"{k} {gib(v)}" for k, v in (("master weights", o.master), ("optimizer state", o.moments),
+                                                     ("gradients", o.grads + o.staging), ("activations", a.activations)) if v)
+           + f") but cluster '{c.name}' has {gib(c.host_memory)}")
+    return [error("E093", plan.where("train.offload"), msg, "offload less (only the optimizer or the activations), "
+                  "shard more (a higher zero stage), or spread the model over more nodes")]
 
 
 def in_flight(plan: Plan, worst: mem.StageMemory) -> str:

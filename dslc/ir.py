@@ -1,9 +1,8 @@
 """The typed intermediate representation.
 
-Everything after ``lower`` consumes these frozen dataclasses and nothing else:
-units are resolved to SI (bytes, bytes/s, seconds, FLOP/s), every default is
-explicit, and every node keeps the span of the source it came from so later
-stages can still point at a line.
+Everything after ``lower`` consumes these frozen dataclasses and nothing else: units are
+resolved to SI (bytes, bytes/s, seconds, FLOP/s), every default is explicit, and every
+node keeps the span of the source it came from so later stages can still point at a line.
 
 Vocabulary (after torchtitan): an *axis* is a mesh axis (dp, tp, pp, cp, ep);
 a *dim* is a tensor dimension.
@@ -64,6 +63,7 @@ class Cluster:
     span: Span
     efficiency: float | None = None  # `cluster { efficiency }`: GEMM and attention at this fraction of peak
     host_memory: int | None = None  # bytes of host memory a node has; None: not said (offload's hint)
+    host_bandwidth: float = 0.0  # bytes/s of a node's host memory; 0: the catalog's HOST_BANDWIDTH
 
     @property
     def world_size(self) -> int:

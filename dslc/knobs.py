@@ -27,4 +27,7 @@ def knobs(p: Plan) -> dict[str, str]:
         out["sp"] = "on" if p.tensor_parallel.sequence_parallel else "off"
     if p.cp > 1:
         out["cp"] = p.context_parallel.method
+    o = p.train.offload
+    if o and (o.optimizer or o.activations):
+        out["offload"] = "+".join(k for k in ("optimizer", "activations") if getattr(o, k))
     return out

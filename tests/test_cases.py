@@ -203,3 +203,11 @@ def test_float8_on_a_cpu_is_a_note_that_it_is_emulated():
     plan = CASES / "float8_without_fp8_tensor_cores.plan"
     notes = [(d.code, d.span.line) for d in load_paths([plan]).diagnostics if d.severity.value == "note"]
     assert notes == [("N105", 29)]
+
+
+def test_offload_on_a_cluster_that_does_not_say_its_hosts_is_a_note():
+    """N111 at the offload block, for the case's plan whose cluster has neither host_memory
+    nor a pcie link; the cluster that gives both has none."""
+    plan = CASES / "offload_beyond_host_memory.plan"
+    notes = [(d.code, d.span.line) for d in load_paths([plan]).diagnostics if d.severity.value == "note"]
+    assert notes == [("N111", 28)]

@@ -853,3 +853,80 @@ def test_ep_dispatch_runs_behind_the_shared_experts(monkeypatch):
     monkeypatch.setattr(traffic, "layer_specs", lambda *a, **k: [replace(sp, overlap="exposed") for sp in real(*a, **k)])
     exposed = timing(p, topo)[0].chunks[0][0]
     assert exposed - t_f == pytest.approx(L * min(dispatch, shared))
+
+
+def _offload(p: Plan, optimizer=False, activations=False) -> Plan:
+    from dslc.ir import Offload
+
+    return replace(p, train=replace(p.train, offload=Offload(optimizer, activations, None)))
+
+
+@pytest.mark.parametrize("precision, optimizer, moments", [("bf16", "adamw", 8), ("fp32", "adamw", 8), ("fp32", "sgd", 4)])
+def test_optimizer_offload_moves_the_optimizer_s_shard_to_the_host(precision, optimizer, moments):
+    """ZeRO-1 over dp4: the rank's optimizer steps n = ⌈params / 4⌉ of them. With offload the
+    device holds no optimizer state and no step temporaries, the rest as before; the host
+    holds an fp32 master copy (4n, under fp32 too), the moments, fp32 gradients (4n) and,
+    in 16-bit, a staging buffer in bf16 (2n); each step copies the gradients out and the
+    weights back in the working precision."""
+    base = plan(model("llama", l=4, h=512, a=8, kv=4, V=1024, s=256), ("dp", 4, "nvlink"), zero=1, precision=precision,
+                optimizer=optimizer, momentum=0.9)
+    n = ceil(arch.params(base.model).total / 4)
+    before, after = est.memory(base)[0], est.memory(_offload(base, optimizer=True))[0]
+    assert (after.optimizer, after.step_temp) == (0, 0) and before.optimizer > 0
+    assert (after.params, after.grads, after.activations) == (before.params, before.grads, before.activations)
+    w = 2 if precision == "bf16" else 4
+    host = after.host_optimizer
+    assert (host.master, host.moments, host.grads, host.staging) == (4 * n, moments * n, 4 * n, 2 * n if w == 2 else 0)
+    assert (host.d2h, host.h2d, host.activations) == (w * n, w * n, 0)
+    if precision == "bf16":  # what the device held is what the host holds now, and more
+        assert host.master + host.moments == before.optimizer
+
+
+@pytest.mark.parametrize("pp, m", [(1, 1), (2, 4)])
+def test_activation_offload_keeps_two_blocks_on_the_device_and_the_rest_on_the_host(pp, m):
+    """Each forward's blocks go to the host and come back one block ahead of their backward:
+    the device holds two blocks' saved tensors and the edges' (embedding, head), the host
+    what the device held of the blocks (1f1b's first stage: pp forwards in flight), and
+    every forward of every micro-batch copies its blocks out and back."""
+    axes = [("pp", pp, "nvlink")] if pp > 1 else []
+    base = plan(model("llama", l=4, h=512, a=8, kv=4, V=1024, s=256), *axes, m=m)
+    per_layer = est.layer_activation_bytes(base)
+    emb, head = est.edge_activation_bytes(base)
+    layers = 4 // pp
+    before, after = est.memory(base)[0], est.memory(_offload(base, activations=True))[0]
+    held = before.inflight  # forwards in flight on the first stage at its peak
+    assert held == (pp if pp > 1 else 1)
+    edges = held * emb + (head if pp == 1 else 0)
+    assert before.activations == round(held * layers * per_layer) + edges
+    assert after.activations == round(2 * per_layer) + edges
+    host = after.host_activations
+    assert host.activations == round(held * layers * per_layer)
+    assert host.d2h == host.h2d == round(m * layers * per_layer)
+    assert after.host_optimizer.total == 0 and after.optimizer == before.optimizer
+
+
+def test_offload_s_time_is_the_host_step_and_what_pcie_does_not_hide():
+    """A small model's copies outlast its compute: the step grows by the host's optimizer
+    step — its bytes (master and moments read and written, the gradients read, the staging
+    buffer read and written) at the node's host bandwidth shared by its 8 GPUs — and by the
+    copies the forward and backward do not hide, each at the pcie link's bandwidth; the
+    device's optimizer step is gone."""
+    from dslc import catalog
+    from dslc.ir import Link
+
+    base = plan(model("llama", l=2, h=256, a=4, V=512, s=128), ("dp", 8, "nvlink"), zero=3)
+    pcie = Link("pcie", "node", 20e9, 5e-6, base.span)
+    base = replace(base, cluster=replace(base.cluster, links=base.cluster.links + (pcie,)))
+    off = _offload(base, optimizer=True)
+    t0, t1 = estimate(base).timing, estimate(off).timing
+    host = est.memory(off)[0].host_optimizer
+    assert t1.optimizer == 0 and t0.optimizer > 0
+    assert t1.offload.host_step == pytest.approx((2 * (host.master + host.moments) + host.grads + 2 * host.staging)
+                                                 / (catalog.HOST_BANDWIDTH / 8))
+    assert t1.offload.d2h == pytest.approx(host.d2h / 20e9)
+    # the gradients out behind the last backward, the weights back behind the next forward
+    f, b = t1.chunks[0][0], t1.chunks[0][1]
+    assert t1.offload.exposed == pytest.approx(max(0, host.d2h / 20e9 - b) + max(0, host.h2d / 20e9 - f))
+    assert t1.step == pytest.approx(t0.step - t0.optimizer + t1.offload.host_step + t1.offload.exposed)
+    slow = replace(off, cluster=replace(off.cluster, host_bandwidth=100e9))  # the cluster's own host_bandwidth
+    assert estimate(slow).timing.offload.host_step == pytest.approx(t1.offload.host_step * catalog.HOST_BANDWIDTH / 100e9)

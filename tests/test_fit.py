@@ -18,12 +18,16 @@ from irbuild import GiB, model, plan
 
 from dslc import driver, fit
 from dslc.check import check_plan
+from dslc.ir import Offload
 
-LABEL = re.compile(r"(zero|recompute|micro_batch|tp|pp) = (\w+(?: every \d+)?)(?: with dp = (\d+))?")
+LABEL = re.compile(r"(zero|recompute|micro_batch|tp|pp) = (\w+(?: every \d+)?)(?: with dp = (\d+))?|offload \{ [^}]* \}")
 
 
 def edited(p, label: str):
     """The plan a user gets by writing the change ``label`` into the plan file."""
+    if label.startswith("offload"):  # offload { optimizer = true; activations = true }
+        o = Offload("optimizer = true" in label, "activations = true" in label, None)
+        return replace(p, train=replace(p.train, offload=o))
     knob, value, dp = LABEL.fullmatch(label).groups()
     if knob == "zero":
         return replace(p, data_parallel=replace(p.data_parallel, zero=int(value)))

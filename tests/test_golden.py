@@ -129,6 +129,11 @@ def test_matrix_is_complete(golden_plans):
     assert any(p.model.is_moe and p.ep > 1 and p.data_parallel.hsdp(p.dp) for p in zero3)  # HSDP with experts
     assert any(p.train.recompute == "full" for p in zero3)
     assert golden_plans["mixtralcap_serial"].model.capacity_factor > 0
+    # activation offload: without recompute (dp x tp + sp), with selective in a pipeline,
+    # and with experts over ep under ZeRO-3
+    offloaded = [golden_plans[n] for n in PARALLEL if golden_plans[n].train.offload]
+    assert {p.train.recompute for p in offloaded if p.train.offload.activations} >= {"none", "selective"}
+    assert any(p.ep > 1 and p.data_parallel.zero == 3 for p in offloaded) and any(p.pp > 1 for p in offloaded)
     assert golden_plans["mixtralcap_pp2_ep2_zero1_full"].train.recompute == "full"
     assert not golden_plans["mixtral_serial"].model.capacity_factor
     deepseek = golden_plans["deepseek_serial"].model
@@ -302,7 +307,8 @@ COMPILED = {
 }
 # Passed as well, left out of the suite for its time (compiling is slow on 2 cores):
 # gpt2_dp2_tp2_sp, gpt2pp_pp2_1f1b, llama_cp2, gpt2pp_pp2_tp2_zb_h1, gpt2_cp2_ulysses
-# and mixtral_dp2_ep2_zero1 (docs/compile.md).
+# and mixtral_dp2_ep2_zero1 (docs/compile.md); activation offload's hooks around compiled
+# blocks: llamapp_pp2_offload_selective and mixtral_ep2_zero3_offload.
 
 
 def compiled_variant(golden_plans, name):

@@ -118,6 +118,35 @@ def test_parallel_plan_sharing_one_gpu_tracks_cpu_fp32(name, precision, mode, go
         torch.testing.assert_close(weights[key], want, rtol=0, atol=10 * plan.train.optimizer.lr)
 
 
+# train { offload { activations } } on CUDA: pinned host buffers, the side stream's copies,
+# the prefetch one block ahead; each plan against itself without offload (eager and
+# compiled: the compiled graph's saved tensors through the same hooks), in fp32 (tf32),
+# within what the kernels' own nondeterminism leaves (atomic adds in backward)
+OFFLOADED = [("llamapp_pp2_offload_selective", "--no-compile"), ("llamapp_pp2_offload_selective", "--compile"),
+             ("mixtral_ep2_zero3_offload", "--no-compile"), ("llama_dp2_tp2_sp_offload", "--compile")]
+
+
+@pytest.mark.parametrize(("name", "flag"), OFFLOADED)
+def test_activation_offload_on_cuda_computes_what_the_plan_computes_without_it(name, flag, golden_plans, run_script, tmp_path):
+    plan = golden_plans[name]
+    kept = dataclasses.replace(plan, name=f"{name}_kept", train=dataclasses.replace(plan.train, offload=None))
+    want, want_weights, _ = run(kept, run_script, tmp_path, "cuda", "--share-gpu", flag)
+    losses, weights, _ = run(plan, run_script, tmp_path, "cuda", "--share-gpu", flag)
+    assert len(losses) == len(want)
+    for got, ref in zip(losses, want):
+        assert abs(got - ref) <= 1e-5 * ref, (losses, want)
+    for key, ref in want_weights.items():
+        torch.testing.assert_close(weights[key], ref, rtol=1e-5, atol=1e-5)
+    if flag == "--no-compile":  # and every byte that went to the host came back
+        measure = tmp_path / f"{name}-measure.json"
+        out = run_script(codegen.write(plan, tmp_path) / "train.py", plan.world_size, "--device", "cuda", "--share-gpu", "--steps", "1", "--measure", measure)
+        assert out.returncode == 0, out.stderr[-4000:]
+        for rank in range(plan.world_size):
+            record = json.loads((tmp_path / f"{name}-measure.rank{rank}.json").read_text())
+            moved = record["offload"]["activations"]
+            assert moved["d2h_per_microbatch"] == moved["h2d_per_microbatch"] and min(moved["d2h_per_microbatch"]) > 0
+
+
 # train { float8 }: torch._scaled_mm on a GPU with fp8 tensor cores (compute capability
 # 8.9 on), against the CPU's fp32 run of torchao's emulation of the same plan: the same
 # casts, the products accumulated differently (the forward's with cuBLAS's fast accumulation)

@@ -139,10 +139,15 @@ def test_the_fp8_cases_and_their_bf16_twin_are_skipped_with_the_reason_until_the
 def test_every_case_of_gpu_mfu_is_a_plan_dslc_takes_or_an_fp8_case_it_says_why_not():
     from dslc.driver import load_text
 
-    for name in [*gpu_mfu.CASES, *gpu_mfu.FP8]:
-        text = gpu_mfu.plan_text(name, "h100_sxm", 20)
-        errors = [f"{d.code} {d.message}" for d in load_text(text, f"{name}.plan").diagnostics if d.is_error]
-        if name in gpu_mfu.FP8:
+    twins = {twin for twin, _, _ in gpu_mfu.OFFLOAD.values()}
+    host = "host_memory = 128 GiB; host_bandwidth = 30 GB/s; link pcie { scope = node; bandwidth = 40 GB/s }"
+    for name in [*gpu_mfu.CASES, *gpu_mfu.FP8, *gpu_mfu.OFFLOAD]:
+        text = gpu_mfu.plan_text(name, "h100_sxm", 20, host)
+        diags = [d for d in load_text(text, f"{name}.plan").diagnostics if d.is_error]
+        errors = [f"{d.code} {d.message}" for d in diags]
+        if name in twins:  # what an H100 cannot hold without offload, its case's point
+            assert [d.code for d in diags] == ["E090"] and "offload { optimizer = true }" in diags[0].hint, errors
+        elif name in gpu_mfu.FP8:
             why = gpu_mfu.fp8_unready(text)
             assert ("float8 = " in text) and (why is None) == (not errors and gpu_mfu.importlib.util.find_spec("torchao") is not None)
         else:

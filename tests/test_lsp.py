@@ -319,7 +319,7 @@ def test_completion_of_values_links_and_clusters(client, work):
     assert labels(ask(client, "textDocument/completion", uri, at(text, "schedule = ", 11))) == {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v", "dualpipe_v"}
     text = base.replace("pp = 4 on ib", "pp = 4 on ")
     change(client, uri, 32, text)
-    assert labels(ask(client, "textDocument/completion", uri, at(text, "pp = 4 on ", 10))) == {"nvlink", "ib"}
+    assert labels(ask(client, "textDocument/completion", uri, at(text, "pp = 4 on ", 10))) == {"nvlink", "ib", "pcie"}  # the cluster's links
     text = base.replace("cluster = h100_8x8", "cluster = h1")
     change(client, uri, 33, text)
     assert labels(ask(client, "textDocument/completion", uri, at(text, "cluster = h1", 12))) == {"h100_1x8", "h100_2x8", "h100_4x8", "h100_8x8"}
@@ -334,7 +334,7 @@ def test_completion_in_a_document_opened_before_it_ever_parsed(client, work):
     base = (work / "plans" / "llama3_70b.plan").read_text()
     text = base.replace("dp = 2 on ib\n        pp = 4 on ib\n        tp = 8 on nvlink\n    }", "dp = 2 on ib; tp = 8 on nvlink; pp = 4 on  }")
     uri = open_doc(client, work / "plans" / "typed.plan", text)
-    assert labels(ask(client, "textDocument/completion", uri, at(text, "pp = 4 on  }", 10))) == {"nvlink", "ib"}
+    assert labels(ask(client, "textDocument/completion", uri, at(text, "pp = 4 on  }", 10))) == {"nvlink", "ib", "pcie"}
     text = base.replace("cluster = h100_8x8", "cluster = h1")
     uri = open_doc(client, work / "plans" / "typed_cluster.plan", text)
     assert labels(ask(client, "textDocument/completion", uri, at(text, "cluster = h1", 12))) == {"h100_1x8", "h100_2x8", "h100_4x8", "h100_8x8"}

@@ -29,10 +29,12 @@ pytestmark = pytest.mark.slow
 ACTIVATION_RTOL = 0.10
 
 
-def _variant(plan, name, precision=None, recompute=None, zero=None, every=1, capacity_factor=None, offload=False):
+def _variant(plan, name, precision=None, recompute=None, zero=None, every=1, capacity_factor=None, offload=None, offload_optimizer=False):
     train, model = plan.train, plan.model
-    if offload:  # train { offload { optimizer = true } }
-        train = dataclasses.replace(train, offload=Offload(optimizer=True, activations=False, span=None))
+    if offload is not None:  # activation offload on or off
+        train = dataclasses.replace(train, offload=Offload(False, True, None) if offload else None)
+    if offload_optimizer:  # train { offload { optimizer = true } }
+        train = dataclasses.replace(train, offload=Offload(True, False, None))
     if capacity_factor:  # padded all-to-alls: every micro-batch sends and saves the same
         model = dataclasses.replace(model, capacity_factor=capacity_factor)
     if precision:
@@ -134,6 +136,16 @@ PLANS = {
     "pp2_gpipe_full_every2": ("gpt2pp_pp2_gpipe", {"recompute": "full", "every": 2}),
 }
 
+# activation offload: name -> (golden plan, changes), each measured beside the same plan
+# without offload (name + "_kept"): no recompute, full every 2 (block 1 recomputed, its
+# input moved), selective in a pipeline (four forwards in flight on stage 0), ep and ZeRO-3
+OFFLOADED = {
+    "offload_serial": ("llama_serial", {"recompute": "full", "every": 2, "offload": True}),
+    "offload_pp2_selective": ("llamapp_pp2_offload_selective", {}),
+    "offload_ep2_zero3": ("mixtral_ep2_zero3_offload", {}),
+}
+OFFLOADED_KEPT = {f"{name}_kept": (base, {**kw, "offload": False}) for name, (base, kw) in OFFLOADED.items()}
+
 # Pipeline plans, written out here. zb_h1 with tp: its W pass must not run the tp
 # collectives of the backward a second time.
 PIPELINE_SOURCE = """
@@ -220,15 +232,16 @@ def pipeline_plans():
     return {p.name: p for p in res.program.plans}
 
 
-# optimizer offload: each a plan of PLANS (the key after "offload_") with the optimizer in
+# optimizer offload: each a plan of PLANS (the key after "host_optimizer_") with the optimizer in
 # host memory, held to that plan's measured state (ZeRO-1 in fp16: staging and the loss
 # scale; tp + sp in fp32 without data parallelism: no buckets, no staging)
-OFFLOAD_PLANS = {f"offload_{name}": (PLANS[name][0], {**PLANS[name][1], "offload": True}) for name in ("dp2_tp2_sp_zero1", "tp2_sp")}
+HOST_OPTIMIZER = {f"host_optimizer_{name}": (PLANS[name][0], {**PLANS[name][1], "offload_optimizer": True}) for name in ("dp2_tp2_sp_zero1", "tp2_sp")}
 
 
 @pytest.fixture(scope="module")
 def plans(golden_plans, pipeline_plans):
-    out = {name: _variant(golden_plans[base], name, **kw) for name, (base, kw) in {**PLANS, **OFFLOAD_PLANS}.items()}
+    every = {**PLANS, **OFFLOADED, **OFFLOADED_KEPT, **HOST_OPTIMIZER}
+    out = {name: _variant(golden_plans[base], name, **kw) for name, (base, kw) in every.items()}
     return {**out, **pipeline_plans}
 
 
@@ -427,6 +440,27 @@ def test_params_total_is_the_generated_models_parameter_count(case):
     assert {r["param_count"] for r in records} == {total}
 
 
+@pytest.mark.parametrize("name", OFFLOADED)
+def test_offloaded_activations_come_back_byte_for_byte(name, measured):
+    """Per forward (micro-batch and chunk) of every rank: what went to the host comes back
+    in its backward, byte for byte, none of it a weight; with what stayed on the device it
+    is what autograd saved, which is what the same plan saves without offload."""
+    plan, records = measured(name)
+    _, kept = measured(name + "_kept")
+    assert len(records) == len(kept) == plan.world_size
+    for record, ref in zip(records, kept):
+        moved = record["offload"]["activations"]
+        d2h, h2d = moved["d2h_per_microbatch"], moved["h2d_per_microbatch"]
+        stayed, saved = moved["device_saved_per_microbatch"], record["saved_per_microbatch"]
+        assert len(d2h) == len(saved) == plan.microbatches * plan.pipeline.virtual_stages
+        assert d2h == h2d and min(d2h) > 0, moved
+        assert [a + b for a, b in zip(d2h, stayed)] == saved == ref["saved_per_microbatch"]
+        assert "offload" not in ref
+        # explain's bytes out and back per step: within the activations' 10 %, as saved bytes are
+        want = est.memory(plan)[_stage(plan, record["rank"])].host_activations
+        assert want.d2h == want.h2d and abs(sum(d2h) - want.d2h) <= ACTIVATION_RTOL * want.d2h, (sum(d2h), want)
+
+
 def test_measuring_costs_nothing_without_the_flag(golden_plans, pipeline_plans):
     """Without --measure METER is off, and every use of it but the switch that turns it
     on (METER.start, behind the flag) sits behind a test of METER.on: the training path
@@ -437,6 +471,7 @@ def test_measuring_costs_nothing_without_the_flag(golden_plans, pipeline_plans):
         golden_plans["gpt2_dp2_tp2_sp"],
         golden_plans["llama_dp2_tp2_sp_zero1"],
         pipeline_plans["dp2_pp2_tp2"],
+        golden_plans["llama_dp2_tp2_sp_offload"],
     ):
         uses = 0
         for name, source in codegen.render(plan, layout=False).items():  # the code, not its layout
@@ -459,7 +494,7 @@ def test_measuring_costs_nothing_without_the_flag(golden_plans, pipeline_plans):
         assert uses >= 5
 
 
-@pytest.mark.parametrize("name", sorted(OFFLOAD_PLANS))
+@pytest.mark.parametrize("name", sorted(HOST_OPTIMIZER))
 def test_optimizer_offload_bytes(name, measured):
     """With the optimizer in host memory, the device holds none of its state, and the host
     holds, for the n elements this rank's optimizer steps (n = the fp32 master bytes / 4, the
@@ -468,7 +503,7 @@ def test_optimizer_offload_bytes(name, measured):
     staging n·w (16 bits only; fp32 copies go straight to the masters and their gradients);
     each step copies n·w bytes each way."""
     plan, records = measured(name)
-    _, plain = measured(name.removeprefix("offload_"))
+    _, plain = measured(name.removeprefix("host_optimizer_"))
     w = 4 if plan.train.precision == "fp32" else 2
     for got, ref in zip(records, plain):
         assert got["rank"] == ref["rank"]

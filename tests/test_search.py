@@ -63,6 +63,49 @@ def test_search_prints_its_table_and_writes_a_plan_that_lints_clean_and_explains
     assert plan.train.micro_batch == int(best["layout"]["micro_batch"]) and plan.microbatches == best["microbatches"]
 
 
+ONE_GPU = """
+cluster one_h100 {
+    nodes = 1
+    gpus_per_node = 1
+    device = h100_sxm
+    host_memory = 2 TB
+    link pcie { scope = node; bandwidth = 50 GB/s; latency = 5 us }
+}
+
+plan llama8b {
+    model llama { layers = 32; hidden = 4096; heads = 32; kv_heads = 8; ffn = 14336; vocab = 128256; seq_len = 4096 }
+    cluster = one_h100
+    train {
+        steps = 100
+        global_batch = 8
+    }
+}
+"""
+
+
+def test_search_offloads_a_model_that_fits_only_with_offload_and_writes_it(tmp_path, capsys):
+    """Llama 3 8B on one H100: 16 GB of bf16 weights, as much of gradients and 96 GB of
+    Adam's state and master weights fit with no recompute, micro-batch or ZeRO stage, so
+    the search offloads; the fastest layout keeps the optimizer on the host, its plan file
+    writes the offload block, lints clean and explains to its row."""
+    src, out = tmp_path / "big.plan", tmp_path / "offloaded.plan"
+    src.write_text(ONE_GPU)
+    assert cli.main(["search", str(src), "--top", "3", "--json", "-o", str(out)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    best = doc["layouts"][0]
+    assert best["layout"]["offload"].startswith("optimizer"), best["layout"]
+    assert all("offload" in row["layout"] for row in doc["layouts"])  # nothing fits without
+    res = load_paths([out])
+    assert [d for d in res.diagnostics if d.severity.value in ("error", "warning")] == []
+    (plan,) = res.own_plans
+    assert plan.train.offload is not None and plan.train.offload.optimizer
+    assert "offload { optimizer = true" in out.read_text()
+    assert cli.main(["explain", str(out), "--json"]) == 0
+    explained = json.loads(capsys.readouterr().out)
+    assert explained["step_time_s"] == pytest.approx(best["step_s"], rel=1e-12)
+    assert explained["offload"]["stages"][0]["master_host_bytes"] > 0
+
+
 def test_search_table_shows_the_plan_as_written_below_the_fastest(capsys):
     assert cli.main(["search", str(ROOT / "plans/tiny_demo.plan"), "--top", "3", "-q"]) == 0
     captured = capsys.readouterr()

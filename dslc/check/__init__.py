@@ -22,7 +22,7 @@ CHECKS: list[Check] = [  # in the order lint reports them
     pipeline.pipeline,
     sequence.sequence_context,
     experts.experts,
-    training.batch, training.zero, training.training, training.float8, training.init_checkpoint,
+    training.batch, training.zero, training.training, training.float8, training.offload, training.init_checkpoint,
     data.checkpoint_dir,  # where the script writes its checkpoints
     data.data_file,  # reads the files, left out by check_plan(files=False)
 ]

@@ -1,6 +1,6 @@
 """The training settings: the batch (E080), the ZeRO stage and its shard (E078, E081,
 W079, W089, W102), what the script cannot do yet (E100), fp16 and compile (W082, W103),
-fp8 (E104, N105, E106, E107), and the Hugging Face checkpoint a plan starts from (E048, E049)."""
+fp8 (E104, N105, E106, E107), offload (N111), and the Hugging Face checkpoint a plan starts from (E048, E049)."""
 
 from __future__ import annotations
 
@@ -42,6 +42,21 @@ def training(plan: Plan):  # each apart: an unknown device leaves the default pr
     if plan.model.dropout > 0 and plan.tp > 1:
         yield error("E100", plan.where("model.dropout", "mesh.tp"), f"dropout = {plan.model.dropout} with tp = {plan.tp} is not supported yet: "
                     "the tp ranks would need a shared dropout RNG", "set dropout = 0, or leave tp out")
+
+
+def offload(plan: Plan):
+    """``offload``: what the cluster does not say of its hosts, the figures explain then
+    goes without (host memory) or takes from the catalog (the PCIe link)."""
+    o, c = plan.train.offload, plan.cluster
+    if not (o and (o.optimizer or o.activations)):
+        return
+    with unless_unknown():
+        missing = [what for what, gone in (("its host memory", c.host_memory is None), ("a pcie link", c.link("pcie") is None)) if gone]
+        if missing:
+            yield note("N111", plan.where("train.offload"), f"offload on cluster '{c.name}', which does not give {' or '.join(missing)}: "
+                       + ("lint cannot check that the host holds what is offloaded" if c.host_memory is None else "")
+                       + ("; " if len(missing) == 2 else "") + ("explain copies over the catalog's PCIe 4.0 x16" if c.link("pcie") is None else ""),
+                       "add `host_memory = 2 TB` and `link pcie { scope = node; bandwidth = 50 GB/s }` (PCIe 5.0 x16) to the cluster")
 
 
 def float8(plan: Plan):

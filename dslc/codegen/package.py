@@ -12,7 +12,7 @@ from __future__ import annotations
 MODULES = (
     "train.py", "checkpoint.py", "checkpoint_files.py", "data.py", "hf_init.py", "hf.py", "optimizer.py",
     "data_parallel.py", "host_optimizer.py", "pipeline_parallel.py", "model.py", "moe.py", "expert_parallel.py",
-    "context_parallel.py", "tensor_parallel.py", "layers.py", "zero_bubble.py", "float8.py", "mesh.py", "meter.py", "plan.py", "utils.py",
+    "context_parallel.py", "tensor_parallel.py", "layers.py", "activation_offload.py", "zero_bubble.py", "float8.py", "mesh.py", "meter.py", "plan.py", "utils.py",
 )
 # modules whose text does not depend on the plan: the same bytes in every plan that has
 # them, so their stamp names no plan
@@ -37,6 +37,7 @@ def package(view: dict) -> list[tuple[str, str]]:
         ("context_parallel.py", "cp: " + ("ring attention" if view["ring"] else "Ulysses' all-to-alls"), view["context_parallel"]),
         ("expert_parallel.py", "ep: GShard's dispatch and combine", view["expert_parallel"]),
         ("pipeline_parallel.py", f"pp: the {view.get('pp_schedule')} schedule's runner and messages", view["pipeline_parallel"]),
+        ("activation_offload.py", "what each block saves for backward, in host memory until then", view["offload_activations"]),
         ("zero_bubble.py", "zb_h1's backward, split into B and W", view["split_backward"]),
         ("float8.py", f"float8 ({view.get('float8_recipe_name')}): the linears' GEMMs through torchao, their scales", view["float8"]),
         ("data_parallel.py", dp, view["data_parallel"]),

@@ -12,17 +12,18 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, replace
-from fractions import Fraction
 from math import ceil, prod
 
 from .. import arch, catalog
 from ..groups import DP_SHARD, axes_of, group_mesh
 from ..ir import Plan
 from . import loss as ls
+from . import offload as off
 from . import recompute as rc
 from . import ring
 from . import schedule as sched
 from .params import StageParams, chunk_layers, dtype_bytes, local_tokens, stage_params  # noqa: F401 (mem.stage_params for the other stages)
+from .routing import expert_capacity, routed_slots, routed_tokens  # noqa: F401 (mem.routed_slots for the other stages)
 
 
 @dataclass(frozen=True)
@@ -48,39 +49,6 @@ class Settings:
 
 DEFAULT = Settings()
 PAPER = Settings(attention="paper", dropout=True, sp_inputs="shard")
-
-
-def routed_tokens(plan: Plan) -> int:
-    """Tokens a rank routes per MoE layer per micro-batch: T, its slice T/t under sequence
-    parallelism (each tp rank routes its own; without SP every tp rank routes all T)."""
-    return local_tokens(plan) // (plan.tp if plan.tensor_parallel.sequence_parallel else 1)
-
-
-def expert_capacity(plan: Plan) -> int | None:
-    """C = ⌈cf·top_k·s/E⌉ token slots each expert accepts per sequence, None when dropless
-    (cf = 0). The routing group is one sequence (GShard's groups, Lepikhin et al. 2020);
-    slots past C are dropped and the token skips the MoE through the residual. Computed on
-    the decimal written in the plan (1.1 is 11/10), so the script should take C from here."""
-    m = plan.model
-    return ceil(Fraction(repr(m.capacity_factor)) * m.top_k * m.seq_len / m.experts) if m.capacity_factor else None
-
-
-def routed_slots(plan: Plan, imbalance: float = 1.0) -> int:
-    """Token slots one rank sends to the experts per MoE layer per micro-batch — the rows of
-    its dispatch all-to-all input, of what it receives back, and of what its experts run on.
-
-    With a capacity factor: E·b·C, the padded buffer (E, b·C, h), with or without tp, SP
-    (one rank's slice may take a whole sequence's capacity) or cp. Dropless:
-    :func:`routed_tokens`·top_k under uniform routing; at a load imbalance r the busiest
-    ep rank receives ⌈r·that⌉ (``imbalance``; padded buffers ignore it, and so does ep = 1,
-    where one rank holds every expert)."""
-    m = plan.model
-    if not m.is_moe:
-        return 0
-    cap = expert_capacity(plan)
-    if cap is not None:
-        return m.experts * plan.train.micro_batch * cap
-    return ceil(routed_tokens(plan) * m.top_k * (imbalance if plan.ep > 1 else 1))
 
 
 def grad_group(plan: Plan, expert: bool) -> tuple[str, ...]:
@@ -337,6 +305,8 @@ class StageMemory:
     allocator: float = 0.0
     context: int = 0
     ring: int = 0  # ring attention's accumulators and blocks in flight (ring.working_bytes)
+    host_optimizer: off.Host = off.NONE  # train { offload }: what the host holds instead, and copies
+    host_activations: off.Host = off.NONE
 
     @property
     def states(self) -> int:
@@ -367,34 +337,45 @@ def actions(plan: Plan) -> sched.Schedule:
     return sched.build(*schedule_shape(plan))
 
 
+def shards(plan: Plan, stage: int, sp, w: int, g: int, k: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """The dense and the expert (params, grads, optimizer) bytes of a stage's rank."""
+    if plan.data_parallel.zero == 3 and group_size(plan, grad_group(plan, False)) > 1:  # padded per unit, experts' too
+        return zero3_state(plan, stage, w, g, k), (0, 0, 0)
+    zero = plan.data_parallel.zero
+    return (zero_state(sp.dense, group_size(plan, grad_group(plan, False)), zero, w, g, k),
+            zero_state(sp.expert, group_size(plan, grad_group(plan, True)), zero, w, g, k))
+
+
 def memory(plan: Plan, settings: Settings = DEFAULT, peaks: tuple[int, ...] | None = None) -> tuple[StageMemory, ...]:
     """Per stage: ZeRO model states of dense params over dp×cp×ep and expert params over
     dp×cp (ZeRO-3 padded per unit), the unsharded bytes of ZeRO-2/3 (:func:`transient_bytes`),
     plus activations × the schedule's peak in-flight count (1f1b: p on the first
     stage; gpipe: m; interleaved: p·v + p − 1 chunks on the first, i.e. ×(1 + (p−1)/(p·v)))."""
     w, g, k = state_bytes_per_param(plan)
-    zero, v = plan.data_parallel.zero, plan.pipeline.virtual_stages
+    v = plan.pipeline.virtual_stages
     allow = catalog.allowance(plan.cluster.device.name)
     if peaks is None:
         peaks = sched.peaks(*schedule_shape(plan))  # the order alone sets it: no simulation
     emb, head = edge_activation_bytes(plan, settings)
     out = []
     for s, (sp, chunks) in enumerate(zip(stage_params(plan), chunk_layers(plan))):
-        if zero == 3 and group_size(plan, grad_group(plan, False)) > 1:  # padded per unit, experts' too
-            dense, expert = zero3_state(plan, s, w, g, k), (0, 0, 0)
-        else:
-            dense = zero_state(sp.dense, group_size(plan, grad_group(plan, False)), zero, w, g, k)
-            expert = zero_state(sp.expert, group_size(plan, grad_group(plan, True)), zero, w, g, k)
+        dense, expert = shards(plan, s, sp, w, g, k)
         held = peaks[s]
         per_layer = layer_activation_bytes(plan, settings, rc.stage_layer_ids(plan, s))  # full every N: per stage
         act = round(held * sum(chunks) / v * per_layer)
+        moved = off.moved_per_layer(plan, per_layer)
+        acts = off.activation_host(plan, round(held * sum(chunks) / v * moved), round(plan.microbatches * sum(chunks) * moved))
+        if acts.d2h:  # on the host, but for the blocks being written or read
+            act += round(min(off.PREFETCHED, sum(chunks)) * moved) - acts.activations
         if s == 0:
             act += ceil(held / v) * emb
         if s == plan.last_stage:
             act += ceil(held / v) * head
         whole = (4 + dtype_bytes(plan)) * local_tokens(plan) * arch.vocab_per_rank(plan.model, plan.tp)  # the logits' gradient
         buffers = (whole if settings.loss == "whole" else ls.buffer_bytes(plan)) if s == plan.last_stage else 0
-        step_temp = (dense[2] + expert[2]) * 4 // k if k else 0  # the optimizer's shard, one fp32 temporary each
-        out.append(StageMemory(s, dense[0] + expert[0], dense[1] + expert[1], dense[2] + expert[2], act, held, sum(chunks),
-                               transient_bytes(plan, s), buffers, step_temp, allow.allocator, allow.context, ring.working_bytes(plan)))
+        n = sum(part[2] for part in shards(plan, s, sp, 0, 0, 1))  # the parameters the rank's optimizer steps
+        opt = off.optimizer_host(plan, n, w, k - 4 * (w == 2))  # k less the master copy
+        on_device = 0 if opt.d2h else 1  # the optimizer's state and its step's temporaries (one fp32 each)
+        out.append(StageMemory(s, dense[0] + expert[0], dense[1] + expert[1], on_device * (dense[2] + expert[2]), act, held, sum(chunks),
+                               transient_bytes(plan, s), buffers, on_device * 4 * n, allow.allocator, allow.context, ring.working_bytes(plan), opt, acts))
     return tuple(out)

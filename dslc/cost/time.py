@@ -13,6 +13,7 @@ from math import ceil
 from .. import arch
 from ..ir import Plan
 from . import memory as mem
+from . import offload as off
 from . import schedule as sched
 from . import traffic
 from .collectives import Comm
@@ -48,6 +49,7 @@ class Timing:
     chunks: tuple[tuple[float, float, float], ...] = ()  # (t_f, t_b, t_w) of each global chunk
     optimizer: float = 0.0  # the optimizer step, worst stage
     kernels: Kernels = Kernels()  # one layer's forward by class
+    offload: off.Copies = off.NO_COPIES  # train { offload }: the PCIe copies and the host's step, worst stage
 
 
 def recompute_kernels(plan: Plan, k: Kernels) -> float:
@@ -115,6 +117,7 @@ def timing(plan: Plan, topo: Topology, settings: mem.Settings = mem.DEFAULT, sta
     sim = sched.simulate(acts, t_f, t_b, t_w, t_comm, timeline=False)
     states = mem.memory(plan, settings, sim.peak_inflight)
     exposed = overlapped = opt = 0.0
+    offload = off.NO_COPIES  # train { offload }: the worst stage's
     for s, rows in enumerate(stages):
         step_rows = [(c, c.seconds(topo)) for c in rows if c.per == "step"]
         late = sum(t for c, t in step_rows if c.overlap == "backward")
@@ -126,10 +129,13 @@ def timing(plan: Plan, topo: Topology, settings: mem.Settings = mem.DEFAULT, sta
         window_f = sum(t_f[g] for g in plan.placement.ids(s))
         ex = max(0.0, late - window_b) + max(0.0, early - window_f) + out
         exposed, overlapped = max(exposed, ex), max(overlapped, late + early + out - ex + ring)
-        opt = max(opt, optimizer_seconds(plan, states[s], r))
-    step = sim.makespan + exposed + opt
+        opt = max(opt, optimizer_seconds(plan, states[s], r) if not states[s].host_optimizer.d2h else 0.0)
+        m = plan.microbatches
+        copies = off.copies(plan, states[s].host_optimizer, states[s].host_activations, m * window_f, m * window_b, window_f, window_b)
+        offload = max(offload, copies, key=lambda c: c.added)
+    step = sim.makespan + exposed + opt + offload.added
     fl, tokens = flops(plan), batch_tokens(plan)
     denom = step * plan.world_size * r.peak or 1.0
     return Timing(r.peak, r, max(t_f), max(t_b), max(t_w), t_comm, sim.makespan, sim.bubble_fraction, exposed,
                   overlapped, step, tokens / step if step else 0.0, fl.model / denom, fl.hardware / denom,
-                  tuple(chunks), opt, k), sim
+                  tuple(chunks), opt, k, offload), sim

@@ -81,6 +81,7 @@ BOUNDS: dict[str, tuple[object, object]] = {
     "cluster.device_memory": ("1 MiB", "1024 TiB"),
     "cluster.efficiency": (0.01, 1.0),
     "cluster.host_memory": ("1 MiB", "1024 TiB"),
+    "cluster.host_bandwidth": ("1 MB/s", "1000 TB/s"),
     "link.bandwidth": ("1 MB/s", "1000 TB/s"),
     "link.latency": ("0 s", "10 s"),
     "mesh.size": (1, MAX_RANKS),  # of each axis

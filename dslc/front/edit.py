@@ -3,7 +3,7 @@
 The file is the input plan's own text, edited at its spans (:mod:`dslc.front.textedit`): its
 comments, key order, imports and style stay; the mesh's body is rewritten, the parallel blocks
 edited, inserted or removed, ``train`` gets the micro-batch and the recompute policy (and the
-global batch, when the search was given another). The other plans of the file are left out,
+global batch, when the search was given another; an ``offload`` block, when it offloads). The other plans of the file are left out,
 with the clusters and models only they use. Relative paths are rewritten for the new file's
 folder: imports, and the data and init paths, which lower resolves against the plan file's
 folder; ``checkpoint.dir`` is relative to the run's working directory, so it stays as written.
@@ -13,7 +13,6 @@ folder; ``checkpoint.dir`` is relative to the run's working directory, so it sta
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import replace
 
@@ -23,6 +22,7 @@ from ..source import Sources
 from . import ast
 from .load import Loader
 from .lower import IDENT, lower_unit
+from .same import same_layout
 from .textedit import Editor, quote
 
 HEADER = "// Written by `dslc search` from "
@@ -57,47 +57,6 @@ def layout_text(plan: ir.Plan, layout: ir.Plan, out_path: str, name: str,
 
 
 # ---------------------------------------------------------------------------- comparing
-
-
-def same_layout(a: ir.Plan, b: ir.Plan) -> list[str]:
-    """The fields in which two plans differ (``mesh.axes[1].size``, ``train.micro_batch``),
-    leaving out the plan's name, file and spans, the paths as written (their resolved paths
-    are compared, made absolute) and settings that have no effect and cannot be written
-    without a warning: context-parallel options without cp (W063), reshard_after_forward
-    without zero = 3 (W102), the schedule, virtual stages and split without pp (W057)."""
-    return _diff(_normal(a), _normal(b), "")
-
-
-def _normal(p: ir.Plan) -> dict:
-    d = _strip(p)
-    del d["name"], d["file"]
-    if p.cp == 1:
-        d["context_parallel"] = None
-    if p.data_parallel.zero != 3:
-        d["data_parallel"]["reshard_after_forward"] = None
-    if p.pp == 1:
-        d["pipeline"].update(schedule=None, virtual_stages=None, layers_per_stage=None)
-    return d
-
-
-def _strip(x):
-    if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        out = {f.name: _strip(getattr(x, f.name)) for f in dataclasses.fields(x) if f.name not in ("span", "spans")}
-        if isinstance(x, (ir.Data, ir.Init)):
-            out["path"] = None  # as written, relative to its file
-            out["resolved_path"] = out["resolved_path"] and os.path.abspath(out["resolved_path"])
-        return out
-    if isinstance(x, (tuple, list)):
-        return [_strip(i) for i in x]
-    return x
-
-
-def _diff(a, b, path: str) -> list[str]:
-    if isinstance(a, dict) and isinstance(b, dict):
-        return [d for k in dict.fromkeys([*a, *b]) for d in _diff(a.get(k), b.get(k), f"{path}.{k}" if path else k)]
-    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        return [d for i, (x, y) in enumerate(zip(a, b)) for d in _diff(x, y, f"{path}[{i}]")]
-    return [] if a == b else [path]
 
 
 def _verify(text: str, out_path: str, name: str, expected: ir.Plan) -> None:
@@ -370,11 +329,17 @@ class _Writer:
                 "global_batch": str(t.global_batch) if t.global_batch != self.plan.train.global_batch or w("train", "global_batch") else None}
         after = {"micro_batch": ("steps",), "recompute": ("precision", "global_batch", "micro_batch", "steps"), "global_batch": ("micro_batch", "steps")}
         tb = _find(self.block, "train")
+        o = t.offload if self.plan.train.offload is None else None  # the search adds one to a plan without it
+        offload = o and "offload { " + "; ".join(f"{k} = true" for k in ("optimizer", "activations") if getattr(o, k)) + " }"
         if tb is None:
-            items = [f"{k} = {v}" for k, v in keys.items() if v is not None]
+            items = [f"{k} = {v}" for k, v in keys.items() if v is not None] + [offload] * bool(offload)
             if items:
                 self.new.append(("train", f"train {{ {'; '.join(items)} }}"))
             return
+        if offload and tb.body:
+            self.ed.insert_line_after(tb.body[-1], offload)
+        elif offload:
+            self.ed.insert_first(tb, offload)
         assigns = [a for a in tb.body if isinstance(a, ast.Assign)]
         for key, value in keys.items():
             a = _assign(tb, key)

@@ -19,7 +19,7 @@ EXPERT_KEYS = ("count", "top_k", "capacity_factor", "aux_loss_weight", "router",
 MODEL_KEY = {"count": "experts", "shared": "shared_experts"}
 
 KEYS: dict[str, tuple[str, ...]] = {
-    "cluster": ("nodes", "gpus_per_node", "device", "peak_flops", "fp8_flops", "device_memory", "efficiency", "host_memory"),
+    "cluster": ("nodes", "gpus_per_node", "device", "peak_flops", "fp8_flops", "device_memory", "efficiency", "host_memory", "host_bandwidth"),
     "link": ("scope", "bandwidth", "latency"),
     "model": ("arch", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "seq_len", "head_dim", "norm_eps",
               "rope_theta", "tie_embeddings", "dropout") + MODEL_EXPERT_KEYS,

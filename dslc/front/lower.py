@@ -175,7 +175,7 @@ class Lowerer:
         fp8 = r.quantity(f, "fp8_flops", "flops", dev.fp8_flops if dev else None)
         mem = r.quantity(f, "device_memory", "size", dev.memory if dev else None)
         efficiency = r.float(f, "efficiency")
-        host_memory = r.quantity(f, "host_memory", "size")
+        host_memory, host_bw = r.quantity(f, "host_memory", "size"), r.quantity(f, "host_bandwidth", "rate", 0.0)
         links: list[ir.Link] = []
         for lb in f.blocks.get("link", []):
             if lb.name is None:
@@ -198,7 +198,7 @@ class Lowerer:
         device = Unknown("cluster.device") if None in (dev, peak, mem) else ir.Device(dev.name, float(peak), int(mem), dev.bandwidth, float(fp8 or 0))
         nodes, gpn = (Unknown(k) if v is None else v for k, v in (("cluster.nodes", nodes), ("cluster.gpus_per_node", gpn)))
         return ir.Cluster(block.name or "cluster", nodes, gpn, device, tuple(links), block.span, efficiency,
-                          None if host_memory is None else int(host_memory))
+                          None if host_memory is None else int(host_memory), float(host_bw or 0.0))
 
     # -- model --------------------------------------------------------------
     def model(self, block: ast.Block) -> ir.Model | None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, fields, replace
 
 from .. import fit
 from ..cost import memory as mem
+from ..cost import offload as off
 from ..cost.collectives import OVERLAPS, Comm
 from ..cost.estimate import Estimate, estimate, route_link
 from ..cost.flops import batch_tokens
@@ -147,6 +148,7 @@ def overview(ex: Explanation) -> list[str]:
         + f", recompute {p.train.recompute_label}"
         + (", sequence parallel" if p.tensor_parallel.sequence_parallel and p.tp > 1 else "")
         + (f", cp {p.context_parallel.method}" if p.cp > 1 else "")
+        + (f", offload {_offloaded(p)} to host memory" if _offloaded(p) else "")
         + (f"; pipeline {pipe.schedule}" + (f" (v={pipe.virtual_stages})" if pipe.virtual_stages > 1 else "") if p.pp > 1 else "")
         + f"; {_n(p.microbatches, 'micro-batch')} of {p.train.micro_batch} × {m.seq_len} tokens",
         f"  data     {_data(p.train.data)}"
@@ -203,6 +205,7 @@ def render_text(ex: Explanation) -> str:
                    "(each block a fused attention call: no score tile)")
     for d in ex.diagnostics:
         out += [f"  error[{d.code}]: {d.message}", f"  help: {d.hint}"]
+    out += _offload_lines(ex)
     out += ["", "Traffic per GPU per step (the busiest stage's ranks; payload = tensor bytes, wire = NCCL ring bytes)"]
     trows = [[r.comm.axis, r.comm.kind, r.comm.what, str(r.stage) if p.pp > 1 else "-", f"{r.comm.calls}", size(r.comm.payload), size(r.comm.wire),
               r.link, seconds(r.seconds), "overlapped" if r.comm.overlap in HIDDEN else "exposed"]
@@ -221,13 +224,39 @@ def render_text(ex: Explanation) -> str:
         + (f", weight-grad {_spread(t.chunks, 2)}" if t.t_w else "") + (f"; pp send {seconds(t.t_comm)}" if p.pp > 1 else ""),
         ((f"  pipeline {seconds(t.pipeline)} ({pipe.schedule}" + (f", {pipe.virtual_stages} chunks per stage" if pipe.virtual_stages > 1 else "")
           + f", bubble {t.bubble_fraction:.3f} of compute), ") if p.pp > 1 else f"  forward and backward {seconds(t.pipeline)}, ")
-        + f"exposed step communication {seconds(t.exposed)}, overlapped {seconds(t.overlapped)}, optimizer step {seconds(t.optimizer)}",
+        + f"exposed step communication {seconds(t.exposed)}, overlapped {seconds(t.overlapped)}, optimizer step {seconds(t.optimizer)}"
+        + (f", offload {seconds(t.offload.added)} (host step {seconds(t.offload.host_step)}, copies exposed {seconds(t.offload.exposed)})"
+           if _offloaded(p) else ""),
         f"  {step_line(ex)}",
         "  assumed exposed: tp, Ulysses and ep collectives, pp sends, ZeRO param all-gathers after the step, the optimizer step;",
         "  overlapped: dp grad reduction with the last backward, ZeRO-3 gathers by prefetch, ring-attention K/V passes with attention"
         + (", ep's forward dispatch with the shared experts" if ex.plan.ep > 1 and ex.plan.model.shared_experts else ""),
     ] + _routing_lines(ex)
     return "\n".join(out) + "\n"
+
+
+def _offloaded(p: Plan) -> str:
+    """What the plan keeps in host memory, as words: "optimizer+activations", or ""."""
+    o = p.train.offload
+    return "+".join(k for k, on in (("optimizer", o and o.optimizer), ("activations", o and o.activations)) if on)
+
+
+def _offload_lines(ex: Explanation) -> list[str]:
+    """Host memory per rank and node, and the PCIe bytes each way, of an offloading plan."""
+    p = ex.plan
+    if not _offloaded(p):
+        return []
+    c, lk = p.cluster, off.link(p)
+    rows = [[str(s.stage), size(o.master), size(o.moments), size(o.grads + o.staging), size(a.activations), size(o.total + a.total),
+             size((o.total + a.total) * c.gpus_per_node), size(o.d2h + a.d2h), size(o.h2d + a.h2d)]
+            for s, o, a in ((s, s.host_optimizer, s.host_activations) for s in ex.memory)]
+    t = ex.timing.offload
+    return ["", f"Host memory (train {{ offload {_offloaded(p)} }}; node: {size(c.host_memory) if c.host_memory else 'not given'})",
+            *_table(["stage", "master", "moments", "grads", "activations", "per rank", "per node", "to host", "to device"], rows, set(range(1, 9))),
+            f"  per step over {lk.name} ({lk.bandwidth / 1e9:g} GB/s a direction per GPU): {seconds(t.d2h)} to the host, {seconds(t.h2d)} back, "
+            f"{seconds(t.exposed)} of them exposed; the optimizer step on the host {seconds(t.host_step)}",
+            "  hidden: gradients behind the last backward, activations behind the next block's forward and the later block's backward,"
+            " weights behind the next forward" + (" (ZeRO-1/2: before their all-gather, exposed)" if p.data_parallel.zero in (1, 2) else "")]
 
 
 def _spread(chunks: tuple[tuple[float, float, float], ...], i: int) -> str:
@@ -306,6 +335,7 @@ def to_json(ex: Explanation) -> dict:
         "hfu": t.hfu,
         "diagnostics": [{"code": d.code, "message": d.message, "hint": d.hint} for d in ex.diagnostics],
         "routing": _routing_json(ex.routing),
+        "offload": _offload_json(ex),
     }
     return _safe(doc)
 
@@ -330,3 +360,18 @@ def _routing_json(r: Routing | None) -> dict | None:
             "slots_per_rank_per_layer_per_microbatch": r.slots, "all_to_all_bytes_per_step": r.all_to_all,
             "imbalance": r.imbalance, "at_imbalance": [{"imbalance": x.imbalance, "step_time_s": x.step,
                                                         "all_to_all_bytes_per_step": x.all_to_all} for x in r.at]}
+
+
+def _offload_json(ex: Explanation) -> dict | None:
+    """Offloading plans: per stage the host bytes held (master weights, optimizer moments,
+    gradients, staging buffers, activations) and copied each way per step, per rank; the
+    node's host memory; the seconds the copies and the host's optimizer step take."""
+    if not _offloaded(ex.plan):
+        return None
+    t = ex.timing.offload
+    stages = [{"stage": s.stage, **{f"{k}_host_bytes": getattr(o, k) for k in ("master", "moments", "grads", "staging")},
+               "activations_host_bytes": a.activations, "host_bytes_per_rank": o.total + a.total, "d2h_bytes_per_step": o.d2h + a.d2h,
+               "h2d_bytes_per_step": o.h2d + a.h2d} for s, o, a in ((s, s.host_optimizer, s.host_activations) for s in ex.memory)]
+    return {"optimizer": bool(ex.plan.train.offload.optimizer), "activations": bool(ex.plan.train.offload.activations),
+            "link": off.link(ex.plan).name, "host_memory_per_node": ex.plan.cluster.host_memory, "stages": stages,
+            "d2h_s": t.d2h, "h2d_s": t.h2d, "exposed_s": t.exposed, "host_step_s": t.host_step}

@@ -124,7 +124,7 @@ def with_layout(plan: Plan, mesh, schedule: str, v: int, mb: int, sp: bool, meth
     )
 
 
-FIXABLE = ("mesh", "schedule", "micro_batch", "zero", "recompute", "sp", "cp")  # what --fix keeps as written
+FIXABLE = ("mesh", "schedule", "micro_batch", "zero", "recompute", "sp", "cp", "offload")  # what --fix keeps as written
 
 
 def schedules(plan: Plan, pp: int, fixed=()) -> list[tuple[str, int]]:
@@ -198,7 +198,7 @@ def changes(before: Plan, after: Plan) -> tuple[str, ...]:
     if not out and [(a.name, a.link) for a in before.mesh.axes if a.size > 1] != [(a.name, a.link) for a in after.mesh.axes if a.size > 1]:
         out.append("axis order")
     a, b = knobs(before), knobs(after)
-    for k in ("schedule", "micro_batch", "zero", "recompute", "sp", "cp"):
+    for k in ("schedule", "micro_batch", "zero", "recompute", "sp", "cp", "offload"):
         if a.get(k) != b.get(k) and k in b and (k != "cp" or k in a):  # a new cp's method is in its layout
             old, new = a.get(k, "-"), b[k]
             if k == "schedule" and old.split()[0] == new.split()[0] == "interleaved_1f1b":
