@@ -501,7 +501,7 @@ def test_optimizer_offload_bytes(name, measured):
     same plan's optimizer state without offload / (4 + 8) in 16 bits, / 8 in fp32: Adam's
     two moments), with w the working dtype's bytes: master 4n, moments 8n, grads 4n,
     staging n·w (16 bits only; fp32 copies go straight to the masters and their gradients);
-    each step copies n·w bytes each way."""
+    each step copies n·w bytes each way; the worst rank's, as dslc explain says."""
     plan, records = measured(name)
     _, plain = measured(name.removeprefix("host_optimizer_"))
     w = 4 if plan.train.precision == "fp32" else 2
@@ -513,3 +513,9 @@ def test_optimizer_offload_bytes(name, measured):
         assert n > 0
         want = {"host": {"master": 4 * n, "moments": 8 * n, "grads": 4 * n, "staging": n * w if w == 2 else 0}, "d2h": n * w, "h2d": n * w}
         assert got["offload"] == {"optimizer": want}, (got["rank"], got["offload"], want)
+    for stage, predicted in enumerate(est.memory(plan)):  # and dslc explain's, of the worst rank
+        host = predicted.host_optimizer
+        moved = [r["offload"]["optimizer"] for r in records if _stage(plan, r["rank"]) == stage]
+        assert max(m["d2h"] for m in moved) == host.d2h and max(m["h2d"] for m in moved) == host.h2d
+        for key in ("master", "moments", "grads", "staging"):
+            assert max(m["host"][key] for m in moved) == getattr(host, key), (stage, key, moved, host)
