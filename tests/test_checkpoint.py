@@ -187,6 +187,27 @@ def test_a_checkpoint_resumes_under_another_layout(tmp_path, launch, uninterrupt
     assert saved(out.stdout, r"in [\d.]+ s") == [(str(mine / "step0000004"), "4")]
 
 
+@pytest.mark.parametrize("offloaded", ["reader", "writer"])
+def test_an_offloaded_optimizer_resumes_without_offload_and_back(tmp_path, launch, uninterrupted, offloaded):
+    """train { offload { optimizer } } keeps the optimizer's state in host memory, and its
+    checkpoints hold the same tensors by name: the uninterrupted dp2 x tp2 run's checkpoint
+    resumed with the optimizer offloaded, and one written offloaded (its losses the
+    uninterrupted run's) resumed without it, steps 3-4 within 1e-5 of the uninterrupted run."""
+    whole, ck = uninterrupted
+    mine, offload = tmp_path / "ck", "offload { optimizer = true }"
+    if offloaded == "writer":
+        losses, _, _ = launch(gpt2_plan(tmp_path, "dp2_tp2", mine, train=offload))
+        assert losses == pytest.approx(whole, rel=1e-5)
+    else:
+        shutil.copytree(ck, mine)
+    only_up_to(mine, 2)
+    reader = gpt2_plan(tmp_path, "dp2_tp2", mine, train=offload if offloaded == "reader" else "")
+    resumed, first, _ = launch(reader, "--resume")
+    assert first == 2 and resumed == pytest.approx(whole[2:], rel=1e-5)
+    # the last compiled (the reader) steps on the host, or on the device
+    assert (tmp_path / "out" / reader.name / "host_optimizer.py").is_file() == (offloaded == "reader")
+
+
 def saved(stdout: str, took: str) -> list[tuple[str, str]]:
     """(folder, step) of each save's line: where, how big, how long (`took`, a pattern)."""
     return re.findall(rf"^checkpoint (\S+): step (\d+), [\d.]+ [KMGT]?i?B,? {took}$", stdout, re.M)

@@ -16,6 +16,7 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 import tokenize
 from pathlib import Path
 from types import SimpleNamespace
@@ -138,6 +139,15 @@ VARIANTS = {
         "mesh": "mesh { pp = 2 on shm }",
         "blocks": "pipeline { microbatches = 2 }",
         "recompute": "full every 2",
+        "batch": 4,
+    },
+    "dp2_tp2_sp_llama_zero2_fp16_offload_ckpt": {  # the optimizer in host memory (host_optimizer.py)
+        "world": 4,
+        "arch": "llama",
+        "mesh": "mesh { dp = 2 on shm; tp = 2 on shm }",
+        "blocks": "tensor_parallel { sequence_parallel = true }\n data_parallel { zero = 2 }",
+        "precision": "fp16",
+        "train": '; offload { optimizer = true }; checkpoint { every = 2; dir = "ck" }',
         "batch": 4,
     },
     "pp2_tp2_sp_llama_bf16_selective_ckpt": {
@@ -941,6 +951,39 @@ def test_float8_on_a_gpu_without_fp8_tensor_cores_is_one_line(tmp_path):
     assert "error: float8 on NVIDIA A100-SXM4-80GB (compute capability 8.0), which has no fp8 tensor cores" in out.stderr
     out = subprocess.run([sys.executable, "-c", code, str(folder), "8.9"], capture_output=True, text=True, env=env)
     assert out.returncode == 0 and out.stdout == "True\n", out.stderr[-3000:]
+
+
+def test_an_offloaded_optimizer_holds_host_copies_of_its_own(tmp_path):
+    """On a CPU, host_optimizer.py's fp32 masters, their gradients and its staging are
+    real copies (storage of their own, apart from the weights and gradients of the model,
+    which stands for the device), and the copies fill them both ways: the gradients
+    widened to fp32, the updated masters rounded back into the weights."""
+    folder = codegen.write(make_plan(tmp_path, precision="bf16", train="; offload { optimizer = true }"), tmp_path / "out")
+    code = textwrap.dedent("""
+        import sys, torch
+        sys.path.insert(0, sys.argv[1])
+        from host_optimizer import OFFLOAD
+        weights = [torch.randn(4, 3, dtype=torch.bfloat16, requires_grad=True), torch.randn(5, dtype=torch.bfloat16, requires_grad=True)]
+        masters = OFFLOAD.start(weights, weights, torch.device("cpu"))
+        for w in weights:
+            w.grad = torch.randn_like(w)
+        OFFLOAD.grads_out([(w, w.grad) for w in weights])
+        grads = OFFLOAD.grads_in()
+        model = {t.untyped_storage().data_ptr() for w in weights for t in (w, w.grad)}
+        host = [t.untyped_storage().data_ptr() for t in [*masters, *grads, *OFFLOAD.staging]]
+        assert len(set(host)) == len(host) == 6 and not model & set(host), (model, host)
+        assert all(q.dtype == g.dtype == torch.float32 for q, g in zip(masters, grads))
+        assert all(torch.equal(g, w.grad.float()) for g, w in zip(grads, weights))
+        assert all(torch.equal(q, w.detach().float()) for q, w in zip(masters, weights))
+        for q in masters:
+            q.add_(1.0)
+        OFFLOAD.weights_in(None)
+        assert all(torch.equal(w.detach(), q.bfloat16()) for q, w in zip(masters, weights))
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    assert out.returncode == 0 and out.stdout == "ok\n", out.stderr[-3000:]
 
 
 @functools.cache

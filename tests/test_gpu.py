@@ -126,25 +126,54 @@ OFFLOADED = [("llamapp_pp2_offload_selective", "--no-compile"), ("llamapp_pp2_of
              ("mixtral_ep2_zero3_offload", "--no-compile"), ("llama_dp2_tp2_sp_offload", "--compile")]
 
 
+def assert_offload_changes_nothing(plan, run_script, tmp_path, flags, rtol=1e-5):
+    """The plan's losses and weights on CUDA within rtol of the same plan's without offload."""
+    kept = dataclasses.replace(plan, name=f"{plan.name}_kept", train=dataclasses.replace(plan.train, offload=None))
+    want, want_weights, _ = run(kept, run_script, tmp_path, "cuda", *flags)
+    losses, weights, _ = run(plan, run_script, tmp_path, "cuda", *flags)
+    assert len(losses) == len(want)
+    for got, ref in zip(losses, want):
+        assert abs(got - ref) <= rtol * ref, (losses, want)
+    for key, ref in want_weights.items():
+        torch.testing.assert_close(weights[key].float(), ref.float(), rtol=rtol, atol=rtol)
+
+
+def measured_on_cuda(plan, run_script, tmp_path):
+    """Each rank's --measure record of one step on CUDA, the ranks sharing the GPU."""
+    measure = tmp_path / f"{plan.name}-measure.json"
+    out = run_script(codegen.write(plan, tmp_path) / "train.py", plan.world_size, "--device", "cuda", "--share-gpu", "--steps", "1", "--measure", measure)
+    assert out.returncode == 0, out.stderr[-4000:]
+    return [json.loads((tmp_path / f"{plan.name}-measure.rank{rank}.json").read_text()) for rank in range(plan.world_size)]
+
+
 @pytest.mark.parametrize(("name", "flag"), OFFLOADED)
 def test_activation_offload_on_cuda_computes_what_the_plan_computes_without_it(name, flag, golden_plans, run_script, tmp_path):
     plan = golden_plans[name]
-    kept = dataclasses.replace(plan, name=f"{name}_kept", train=dataclasses.replace(plan.train, offload=None))
-    want, want_weights, _ = run(kept, run_script, tmp_path, "cuda", "--share-gpu", flag)
-    losses, weights, _ = run(plan, run_script, tmp_path, "cuda", "--share-gpu", flag)
-    assert len(losses) == len(want)
-    for got, ref in zip(losses, want):
-        assert abs(got - ref) <= 1e-5 * ref, (losses, want)
-    for key, ref in want_weights.items():
-        torch.testing.assert_close(weights[key], ref, rtol=1e-5, atol=1e-5)
+    assert_offload_changes_nothing(plan, run_script, tmp_path, ("--share-gpu", flag))
     if flag == "--no-compile":  # and every byte that went to the host came back
-        measure = tmp_path / f"{name}-measure.json"
-        out = run_script(codegen.write(plan, tmp_path) / "train.py", plan.world_size, "--device", "cuda", "--share-gpu", "--steps", "1", "--measure", measure)
-        assert out.returncode == 0, out.stderr[-4000:]
-        for rank in range(plan.world_size):
-            record = json.loads((tmp_path / f"{name}-measure.rank{rank}.json").read_text())
+        for record in measured_on_cuda(plan, run_script, tmp_path):
             moved = record["offload"]["activations"]
             assert moved["d2h_per_microbatch"] == moved["h2d_per_microbatch"] and min(moved["d2h_per_microbatch"]) > 0
+
+
+# train { offload { optimizer } } on CUDA: pinned host masters, gradients and moments
+# stepped by torch's fused CPU optimizer; the gradients copied out on the side stream behind
+# each bucket's or unit's reduction, the weights back behind an event; each plan against
+# itself without offload (the fused CUDA optimizer on the device); in bf16, the staging
+OFFLOADED_OPTIMIZER = [("llama_dp2_tp2_sp_zero1_offload", "fp32"), ("llama_dp2_tp2_sp_zero3_offload", "fp32"),
+                       ("llamapp_pp2_offload", "fp32"), ("llama_dp2_tp2_sp_zero1_offload", "bf16")]
+
+
+@pytest.mark.parametrize(("name", "precision"), OFFLOADED_OPTIMIZER)
+def test_optimizer_offload_on_cuda_computes_what_the_plan_computes_without_it(name, precision, golden_plans, run_script, tmp_path):
+    plan = golden_plans[name]
+    plan = dataclasses.replace(plan, name=f"{name}_{precision}", train=dataclasses.replace(plan.train, precision=precision))
+    rtol = 1e-5 if precision == "fp32" else 1e-3  # bf16: a master 1 ulp apart may round apart
+    assert_offload_changes_nothing(plan, run_script, tmp_path, ("--share-gpu", "--no-compile"), rtol)
+    for record in measured_on_cuda(plan, run_script, tmp_path):
+        moved = record["offload"]["optimizer"]
+        assert record["state"]["optimizer"] == 0 and moved["d2h"] == moved["h2d"] > 0
+        assert moved["host"]["master"] == moved["host"]["grads"] == moved["d2h"] * (2 if precision == "bf16" else 1)
 
 
 # train { float8 }: torch._scaled_mm on a GPU with fp8 tensor cores (compute capability

@@ -29,10 +29,12 @@ pytestmark = pytest.mark.slow
 ACTIVATION_RTOL = 0.10
 
 
-def _variant(plan, name, precision=None, recompute=None, zero=None, every=1, capacity_factor=None, offload=None):
+def _variant(plan, name, precision=None, recompute=None, zero=None, every=1, capacity_factor=None, offload=None, offload_optimizer=False):
     train, model = plan.train, plan.model
     if offload is not None:  # activation offload on or off
         train = dataclasses.replace(train, offload=Offload(False, True, None) if offload else None)
+    if offload_optimizer:  # train { offload { optimizer = true } }
+        train = dataclasses.replace(train, offload=Offload(True, False, None))
     if capacity_factor:  # padded all-to-alls: every micro-batch sends and saves the same
         model = dataclasses.replace(model, capacity_factor=capacity_factor)
     if precision:
@@ -230,9 +232,15 @@ def pipeline_plans():
     return {p.name: p for p in res.program.plans}
 
 
+# optimizer offload: each a plan of PLANS (the key after "host_optimizer_") with the optimizer in
+# host memory, held to that plan's measured state (ZeRO-1 in fp16: staging and the loss
+# scale; tp + sp in fp32 without data parallelism: no buckets, no staging)
+HOST_OPTIMIZER = {f"host_optimizer_{name}": (PLANS[name][0], {**PLANS[name][1], "offload_optimizer": True}) for name in ("dp2_tp2_sp_zero1", "tp2_sp")}
+
+
 @pytest.fixture(scope="module")
 def plans(golden_plans, pipeline_plans):
-    every = {**PLANS, **OFFLOADED, **OFFLOADED_KEPT}
+    every = {**PLANS, **OFFLOADED, **OFFLOADED_KEPT, **HOST_OPTIMIZER}
     out = {name: _variant(golden_plans[base], name, **kw) for name, (base, kw) in every.items()}
     return {**out, **pipeline_plans}
 
@@ -484,3 +492,30 @@ def test_measuring_costs_nothing_without_the_flag(golden_plans, pipeline_plans):
                 if use.attr == "start":
                     assert "args.measure" in ast.unparse(parents[parents[parents[use]]].test)
         assert uses >= 5
+
+
+@pytest.mark.parametrize("name", sorted(HOST_OPTIMIZER))
+def test_optimizer_offload_bytes(name, measured):
+    """With the optimizer in host memory, the device holds none of its state, and the host
+    holds, for the n elements this rank's optimizer steps (n = the fp32 master bytes / 4, the
+    same plan's optimizer state without offload / (4 + 8) in 16 bits, / 8 in fp32: Adam's
+    two moments), with w the working dtype's bytes: master 4n, moments 8n, grads 4n,
+    staging n·w (16 bits only; fp32 copies go straight to the masters and their gradients);
+    each step copies n·w bytes each way; the worst rank's, as dslc explain says."""
+    plan, records = measured(name)
+    _, plain = measured(name.removeprefix("host_optimizer_"))
+    w = 4 if plan.train.precision == "fp32" else 2
+    for got, ref in zip(records, plain):
+        assert got["rank"] == ref["rank"]
+        assert got["state"]["optimizer"] == got["state"]["optimizer_step_counters"] == 0, got["state"]
+        assert got["state"]["params"] == ref["state"]["params"] and got["state"]["grads"] == ref["state"]["grads"]
+        n = ref["state"]["optimizer"] // (8 + 4 * (w == 2))
+        assert n > 0
+        want = {"host": {"master": 4 * n, "moments": 8 * n, "grads": 4 * n, "staging": n * w if w == 2 else 0}, "d2h": n * w, "h2d": n * w}
+        assert got["offload"] == {"optimizer": want}, (got["rank"], got["offload"], want)
+    for stage, predicted in enumerate(est.memory(plan)):  # and dslc explain's, of the worst rank
+        host = predicted.host_optimizer
+        moved = [r["offload"]["optimizer"] for r in records if _stage(plan, r["rank"]) == stage]
+        assert max(m["d2h"] for m in moved) == host.d2h and max(m["h2d"] for m in moved) == host.h2d
+        for key in ("master", "moments", "grads", "staging"):
+            assert max(m["host"][key] for m in moved) == getattr(host, key), (stage, key, moved, host)

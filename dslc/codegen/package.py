@@ -11,7 +11,7 @@ from __future__ import annotations
 
 MODULES = (
     "train.py", "checkpoint.py", "checkpoint_files.py", "data.py", "hf_init.py", "hf.py", "optimizer.py",
-    "data_parallel.py", "pipeline_parallel.py", "model.py", "moe.py", "expert_parallel.py",
+    "data_parallel.py", "host_optimizer.py", "pipeline_parallel.py", "model.py", "moe.py", "expert_parallel.py",
     "context_parallel.py", "tensor_parallel.py", "layers.py", "activation_offload.py", "zero_bubble.py", "float8.py", "mesh.py", "meter.py", "plan.py", "utils.py",
 )
 # modules whose text does not depend on the plan: the same bytes in every plan that has
@@ -42,6 +42,7 @@ def package(view: dict) -> list[tuple[str, str]]:
         ("float8.py", f"float8 ({view.get('float8_recipe_name')}): the linears' GEMMs through torchao, their scales", view["float8"]),
         ("data_parallel.py", dp, view["data_parallel"]),
         ("optimizer.py", "the optimizer, learning rate and gradient norm", True),
+        ("host_optimizer.py", "offload: the optimizer's state in host memory, stepped there; the copies", view["offload_optimizer"]),
         ("data.py", "the data files, cut into each step's batch", view["reads_files"]),
         ("checkpoint.py", "checkpoints that any layout resumes", view["checkpoint"]),
         ("checkpoint_files.py", "a checkpoint's files: summed when saved, checked before a load reads them", view["checkpoint"]),

@@ -32,6 +32,7 @@ from .grads import grads_view, kinds, norm_groups, zero_stage
 from .hf import hf_view
 from .launchers import launcher_view
 from .literals import comment_safe, identifier, number
+from .offload_optimizer import offload_optimizer_view
 from .package import package
 from .pipeline import pipeline_view
 
@@ -56,7 +57,7 @@ def view_model(plan: Plan, root: Path = DEFAULT_ROOT) -> dict:
         **_parallel(plan),
         **pipeline_view(plan),
         **_model(plan),
-        **_experts(plan), **_context(plan), **_training(plan), **float8_view(plan),
+        **_experts(plan), **_context(plan), **_training(plan), **float8_view(plan), **offload_optimizer_view(plan),
         **_checkpoint(plan),
         **_data(plan, Path(root) / name),
         **hf_view(plan, _script_path(plan.train.init, Path(root) / name) if plan.train.init else None),

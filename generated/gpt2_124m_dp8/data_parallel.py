@@ -52,9 +52,10 @@ class FlatParams:
     def reduce(self):
         """Starts the reduce-scatter of the gradient into `shard_grad`; returns the
         work."""
-        return reduce_scatter(
+        work = reduce_scatter(
             self.grad, self.group, dim=0, out=self.shard_grad, async_op=True
         )
+        return work
 
     def release(self, work):
         """Waits for the reduction `work`."""

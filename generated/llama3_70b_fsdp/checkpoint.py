@@ -70,7 +70,7 @@ class Checkpoints:
         self.model, self.optimizer = model, optimizer
         self.owners, self.opt_params = owners, opt_params
         self.starts = starts
-        self.weights = weights  # the working weights, opt_params rounded
+        self.weights = weights  # the working weights: opt_params rounded
         self.rank = dist.get_rank()
         # DCP's own group: it moves CPU tensors
         self.group = dist.new_group(backend="gloo", timeout=TIMEOUT)

@@ -91,9 +91,10 @@ class FlatParams:
         self.grad_arriving(None)
         # complete the partial sums over tp first: every rank then sends the same bytes
         reduce_sequence_parallel_grads(self.tp_partial)
-        return reduce_scatter(
+        work = reduce_scatter(
             self.grad, self.group, dim=0, out=self.shard_grad, async_op=True
         )
+        return work
 
     def release(self, work):
         """Waits for the reduction `work`, then frees the unsharded gradient."""

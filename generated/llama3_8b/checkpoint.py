@@ -72,7 +72,7 @@ class Checkpoints:
         self.model, self.optimizer = model, optimizer
         self.owners, self.opt_params = owners, opt_params
         self.starts = starts
-        self.weights = weights  # the working weights, opt_params rounded
+        self.weights = weights  # the working weights: opt_params rounded
         self.buckets = buckets
         self.rank = dist.get_rank()
         # DCP's own group: it moves CPU tensors

@@ -34,7 +34,8 @@ class FlatParams:
         """Starts the all-reduce of the gradient; returns the work."""
         # complete the partial sums over tp first: every rank then sends the same bytes
         reduce_sequence_parallel_grads(self.tp_partial)
-        return all_reduce(self.grad, self.group, async_op=True)
+        work = all_reduce(self.grad, self.group, async_op=True)
+        return work
 
     def release(self, work):
         """Waits for the reduction `work`."""

@@ -30,7 +30,8 @@ class FlatParams:
 
     def reduce(self):
         """Starts the all-reduce of the gradient; returns the work."""
-        return all_reduce(self.grad, self.group, async_op=True)
+        work = all_reduce(self.grad, self.group, async_op=True)
+        return work
 
     def release(self, work):
         """Waits for the reduction `work`."""

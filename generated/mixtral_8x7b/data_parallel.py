@@ -58,9 +58,10 @@ class FlatParams:
         work (None: not reduced)."""
         if self.group is None:
             return None
-        return reduce_scatter(
+        work = reduce_scatter(
             self.grad, self.group, dim=0, out=self.shard_grad, async_op=True
         )
+        return work
 
     def release(self, work):
         """Waits for the reduction `work`."""

@@ -36,7 +36,8 @@ class FlatParams:
         reduced)."""
         if self.group is None:
             return None
-        return all_reduce(self.grad, self.group, async_op=True)
+        work = all_reduce(self.grad, self.group, async_op=True)
+        return work
 
     def release(self, work):
         """Waits for the reduction `work`."""

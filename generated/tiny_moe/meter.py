@@ -71,7 +71,8 @@ class Meter:  # what this rank sends, holds and saves: what `dslc explain` predi
     def model_state(self, optimizer, params, grads, masters=()):
         """Bytes of the weights, gradients, optimizer state and counters this rank holds
         (masters: fp32 master weights, counted with the optimizer's state)."""
-        state = [v for s in optimizer.state.values() for v in s.values()]
+        states = optimizer.state.values()
+        state = [v for s in states for v in s.values()]
         state = [v for v in state if torch.is_tensor(v)]
         moments = [v for v in state if v.dim() > 0] + list(masters)
         return {
