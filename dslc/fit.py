@@ -14,8 +14,10 @@ from dataclasses import dataclass, replace
 
 from .check import check_plan
 from .cost import memory as mem
+from .cost import offload as off
 from .diagnostics import Diagnostic, error
-from .ir import MeshAxis, Offload, Plan
+from .ir import MeshAxis, Plan
+from .knobs import offload_text
 from .units import gib
 
 KNOBS = ("zero", "recompute", "micro_batch", "tp", "pp", "offload")
@@ -56,10 +58,8 @@ def variants(plan: Plan) -> Iterator[Candidate]:
             yield Candidate(name, f"{name} = {size} with dp = {dp.size // k}",
                             replace(plan, mesh=replace(mesh, axes=tuple(axes)), pipeline=new))
             k *= 2
-    if tr.offload is None:  # to host memory: the optimizer's state, the activations, both
-        for o in (Offload(True, False, None), Offload(False, True, None), Offload(True, True, None)):
-            words = "; ".join(f"{k} = true" for k in ("optimizer", "activations") if getattr(o, k))
-            yield Candidate("offload", f"offload {{ {words} }}", replace(plan, train=replace(tr, offload=o)))
+    for o in off.choices(plan):  # to host memory: the optimizer's state, the activations, both
+        yield Candidate("offload", offload_text(o), replace(plan, train=replace(tr, offload=o)))
 
 
 def _more_recompute(plan: Plan) -> list:

@@ -6,7 +6,7 @@ without importing the search.
 
 from __future__ import annotations
 
-from .ir import Plan
+from .ir import Offload, Plan
 
 
 def layout_label(p: Plan) -> str:
@@ -27,7 +27,16 @@ def knobs(p: Plan) -> dict[str, str]:
         out["sp"] = "on" if p.tensor_parallel.sequence_parallel else "off"
     if p.cp > 1:
         out["cp"] = p.context_parallel.method
-    o = p.train.offload
-    if o and (o.optimizer or o.activations):
-        out["offload"] = "+".join(k for k in ("optimizer", "activations") if getattr(o, k))
+    if offload_label(p.train.offload):
+        out["offload"] = offload_label(p.train.offload)
     return out
+
+
+def offload_label(o: Offload | None) -> str:
+    """What an offload block moves, as words: "optimizer+activations", or ""."""
+    return "+".join(k for k in ("optimizer", "activations") if o and getattr(o, k))
+
+
+def offload_text(o: Offload) -> str:
+    """The block as a plan writes it: ``offload { optimizer = true }``."""
+    return "offload { " + "; ".join(f"{k} = true" for k in ("optimizer", "activations") if getattr(o, k)) + " }"

@@ -152,3 +152,16 @@ def test_memory_error_counts_what_is_in_flight(axes, schedule, v, split, head, t
         p = replace(p, pipeline=replace(p.pipeline, layers_per_stage=split))
     (d, *_) = fit.fit_diagnostics(p)
     assert d.message.startswith(head) and tail in d.message, d.message
+
+
+def test_the_hint_offers_offload_beyond_what_the_plan_offloads():
+    """`offload { optimizer = false }` offloads nothing: the hint still offers the optimizer;
+    a plan that offloads its optimizer already is offered the activations beside it."""
+    from dslc.ir import Offload
+
+    p = plan(model("llama", l=32, h=4096, a=32, kv=8, ffn=14336, V=128256, s=4096), ("tp", 1, "nvlink"))
+    both = "offload { optimizer = true; activations = true }"
+    for now, offered in ((Offload(False, False, None), ["offload { optimizer = true }", "offload { activations = true }", both]),
+                         (Offload(True, False, None), [both])):
+        labels = [c.label for c in fit.variants(replace(p, train=replace(p.train, offload=now))) if c.knob == "offload"]
+        assert labels == offered

@@ -515,6 +515,7 @@ def test_optimizer_offload_bytes(name, measured):
         assert got["offload"] == {"optimizer": want}, (got["rank"], got["offload"], want)
     for stage, predicted in enumerate(est.memory(plan)):  # and dslc explain's, of the worst rank
         host = predicted.host_optimizer
+        assert predicted.optimizer == predicted.step_temp == 0  # as the device's state measured above
         moved = [r["offload"]["optimizer"] for r in records if _stage(plan, r["rank"]) == stage]
         assert max(m["d2h"] for m in moved) == host.d2h and max(m["h2d"] for m in moved) == host.h2d
         for key in ("master", "moments", "grads", "staging"):

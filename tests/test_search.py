@@ -83,13 +83,15 @@ plan llama8b {
 """
 
 
-def test_search_offloads_a_model_that_fits_only_with_offload_and_writes_it(tmp_path, capsys):
+@pytest.mark.parametrize("written", ["", "offload { optimizer = false }"])
+def test_search_offloads_a_model_that_fits_only_with_offload_and_writes_it(tmp_path, capsys, written):
     """Llama 3 8B on one H100: 16 GB of bf16 weights, as much of gradients and 96 GB of
     Adam's state and master weights fit with no recompute, micro-batch or ZeRO stage, so
     the search offloads; the fastest layout keeps the optimizer on the host, its plan file
-    writes the offload block, lints clean and explains to its row."""
+    writes the offload block (or rewrites the one that offloads nothing), lints clean and
+    explains to its row."""
     src, out = tmp_path / "big.plan", tmp_path / "offloaded.plan"
-    src.write_text(ONE_GPU)
+    src.write_text(ONE_GPU.replace("global_batch = 8\n", f"global_batch = 8\n        {written}\n"))
     assert cli.main(["search", str(src), "--top", "3", "--json", "-o", str(out)]) == 0
     doc = json.loads(capsys.readouterr().out)
     best = doc["layouts"][0]
@@ -99,7 +101,7 @@ def test_search_offloads_a_model_that_fits_only_with_offload_and_writes_it(tmp_p
     assert [d for d in res.diagnostics if d.severity.value in ("error", "warning")] == []
     (plan,) = res.own_plans
     assert plan.train.offload is not None and plan.train.offload.optimizer
-    assert "offload { optimizer = true" in out.read_text()
+    assert "offload { optimizer = true" in out.read_text() and "optimizer = false" not in out.read_text()
     assert cli.main(["explain", str(out), "--json"]) == 0
     explained = json.loads(capsys.readouterr().out)
     assert explained["step_time_s"] == pytest.approx(best["step_s"], rel=1e-12)

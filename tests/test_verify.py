@@ -263,9 +263,9 @@ def drop_dp_gradient_reduction(folder: Path) -> None:
     """The bug: data parallel's bucketed gradient all-reduce goes over tp, not dp."""
     path = folder / "data_parallel.py"
     text = path.read_text()
-    old = "return all_reduce(self.grad, self.group, async_op=True)"
+    old = "work = all_reduce(self.grad, self.group, async_op=True)"
     assert old in text
-    path.write_text(text.replace(old, 'return all_reduce(self.grad, "tp", async_op=True)'))
+    path.write_text(text.replace(old, 'work = all_reduce(self.grad, "tp", async_op=True)'))
 
 
 @pytest.mark.slow

@@ -56,7 +56,9 @@ def offload(plan: Plan):
             yield note("N111", plan.where("train.offload"), f"offload on cluster '{c.name}', which does not give {' or '.join(missing)}: "
                        + ("lint cannot check that the host holds what is offloaded" if c.host_memory is None else "")
                        + ("; " if len(missing) == 2 else "") + ("explain copies over the catalog's PCIe 4.0 x16" if c.link("pcie") is None else ""),
-                       "add `host_memory = 2 TB` and `link pcie { scope = node; bandwidth = 50 GB/s }` (PCIe 5.0 x16) to the cluster")
+                       "add " + " and ".join(fix for fix, gone in (("`host_memory = 2 TB`", c.host_memory is None),
+                                                                   ("`link pcie { scope = node; bandwidth = 50 GB/s }` (PCIe 5.0 x16)", c.link("pcie") is None)) if gone)
+                       + " to the cluster, with its own figures")
 
 
 def float8(plan: Plan):

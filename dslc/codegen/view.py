@@ -32,7 +32,7 @@ from .grads import grads_view, kinds, norm_groups, zero_stage
 from .hf import hf_view
 from .launchers import launcher_view
 from .literals import comment_safe, identifier, number
-from .offload_optimizer import offload_optimizer_view
+from .offload import offload_view
 from .package import package
 from .pipeline import pipeline_view
 
@@ -57,7 +57,7 @@ def view_model(plan: Plan, root: Path = DEFAULT_ROOT) -> dict:
         **_parallel(plan),
         **pipeline_view(plan),
         **_model(plan),
-        **_experts(plan), **_context(plan), **_training(plan), **float8_view(plan), **offload_optimizer_view(plan),
+        **_experts(plan), **_context(plan), **_training(plan), **float8_view(plan), **offload_view(plan),
         **_checkpoint(plan),
         **_data(plan, Path(root) / name),
         **hf_view(plan, _script_path(plan.train.init, Path(root) / name) if plan.train.init else None),
@@ -294,7 +294,6 @@ def _training(plan: Plan) -> dict:
         "recompute_every": t.recompute_every,  # full every N: blocks N-1, 2N-1, ... only
         "compile": repr(t.compile),  # None: on CUDA only
         "compilable": t.recompute not in EAGER_POLICIES,
-        "offload_activations": bool(t.offload and t.offload.activations),
         "reruns_blocks": t.recompute in ("selective_ops", "full"),  # backward re-runs a block's forward
         "seed": t.seed,
         "grad_clip": number(t.grad_clip, "grad_clip"),

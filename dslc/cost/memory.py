@@ -375,7 +375,7 @@ def memory(plan: Plan, settings: Settings = DEFAULT, peaks: tuple[int, ...] | No
         buffers = (whole if settings.loss == "whole" else ls.buffer_bytes(plan)) if s == plan.last_stage else 0
         n = sum(part[2] for part in shards(plan, s, sp, 0, 0, 1))  # the parameters the rank's optimizer steps
         opt = off.optimizer_host(plan, n, w, k - 4 * (w == 2))  # k less the master copy
-        on_device = 0 if opt.d2h else 1  # the optimizer's state and its step's temporaries (one fp32 each)
+        on_device = 0 if opt.d2h else 1  # the optimizer's state and its step's temporaries (one fp32 each, if it has state)
         out.append(StageMemory(s, dense[0] + expert[0], dense[1] + expert[1], on_device * (dense[2] + expert[2]), act, held, sum(chunks),
-                               transient_bytes(plan, s), buffers, on_device * 4 * n, allow.allocator, allow.context, ring.working_bytes(plan), opt, acts))
+                               transient_bytes(plan, s), buffers, on_device * 4 * n * (k > 0), allow.allocator, allow.context, ring.working_bytes(plan), opt, acts))
     return tuple(out)

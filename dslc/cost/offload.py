@@ -18,12 +18,9 @@ device), the device the blocks being written or read (two at most) and the pipel
 forward of a chunk copies its blocks' bytes out and its backward brings them back.
 
 Time: a GPU's copies use its own PCIe link (the cluster's ``pcie``, or the catalog's), one
-direction each way. Gradients go out behind the backward and activations behind the next
-block's forward; weights come back behind the next forward (ZeRO-3 and no ZeRO, whose
-forward waits per unit) or before ZeRO-1/2's all-gather (exposed), activations behind the
-later block's backward. What a window cannot hide is exposed. The host's optimizer step is
-memory-bound at the node's host bandwidth shared by its GPUs (the cluster's ``host_bandwidth``,
-else ``catalog.HOST_BANDWIDTH``).
+direction each way (:func:`copies`). The host's optimizer step is memory-bound at the
+node's host bandwidth shared by its GPUs (the cluster's ``host_bandwidth``, else
+``catalog.HOST_BANDWIDTH``), every pass over its tensors counted (:func:`host_step_bytes`).
 """
 
 from __future__ import annotations
@@ -31,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import catalog
-from ..ir import Link, Plan
+from ..ir import Link, Offload, Plan
 from .params import dtype_bytes, local_tokens
 
 PREFETCHED = 2  # blocks of saved tensors on the device at once under activation offload
@@ -55,6 +52,14 @@ class Host:
 
 
 NONE = Host()
+
+
+def choices(plan: Plan) -> list[Offload]:
+    """What E090's hint and ``dslc search`` may offload beyond what the plan does: the
+    optimizer, the activations, both (each only where it adds to the plan's)."""
+    now = plan.train.offload or Offload(False, False, None)
+    out = [Offload(opt or now.optimizer, act or now.activations, now.span) for opt, act in ((True, False), (False, True), (True, True))]
+    return [o for o in dict.fromkeys(out) if (o.optimizer, o.activations) != (now.optimizer, now.activations)]
 
 
 def optimizer_on_host(plan: Plan) -> bool:
@@ -123,18 +128,33 @@ class Copies:
 NO_COPIES = Copies(0.0, 0.0, 0.0, 0.0)
 
 
-def copies(plan: Plan, opt: Host, act: Host, forward: float, backward: float, first: float, last: float) -> Copies:
-    """Seconds a stage's copies take per step and what compute leaves exposed: the
-    activations behind its ``forward`` and ``backward`` seconds (every micro-batch's), the
-    gradients behind its ``last`` backward, the weights behind its ``first`` forward."""
+def host_step_bytes(plan: Plan, opt: Host) -> int:
+    """Bytes the host's optimizer step reads and writes, pass by pass as the script runs
+    them: 16-bit gradients widened from the staging buffer into the fp32 ones (and fp16's
+    divided by the loss scale), the gradient norm read, the clip's multiply, the fused
+    optimizer (master, moments and gradients read, master and moments written), and the
+    updated masters rounded into the staging buffer."""
+    if not opt.master:
+        return 0
+    widen = opt.staging + opt.grads if opt.staging else 0
+    unscale = 2 * opt.grads if plan.train.precision == "fp16" and plan.train.loss_scale == "dynamic" else 0
+    clip = 2 * opt.grads if plan.train.grad_clip > 0 else 0
+    step = 2 * (opt.master + opt.moments) + opt.grads
+    rounded = opt.master + opt.staging if opt.staging else 0
+    return widen + unscale + opt.grads + clip + step + rounded
+
+
+def copies(plan: Plan, opt: Host, act: Host, forward: float, backward: float, last: float, buckets: bool, blocks: float) -> Copies:
+    """Seconds a stage's copies take per step and what compute leaves exposed, as the
+    script orders them: the activations behind its ``forward`` and ``backward`` seconds
+    (every micro-batch's) but for the last of each forward's ``blocks``, which goes out
+    as its forward ends and comes back as its backward begins; the gradients behind the
+    ``last`` backward where ``buckets`` copy each as its reduction ends (without data
+    parallelism after the backward); the weights after the host step, before anything
+    else the device runs (its stream waits for all of them)."""
     bw = link(plan).bandwidth
-    exposed = max(0.0, act.d2h / bw - forward) + max(0.0, act.h2d / bw - backward)
-    exposed += max(0.0, opt.d2h / bw - last)
-    if plan.data_parallel.zero in (1, 2):
-        exposed += opt.h2d / bw  # ZeRO-1/2 all-gather the updated shard once it is back
-    else:
-        exposed += max(0.0, opt.h2d / bw - first)
-    # the host step reads the master, moments and gradients and writes the master and
-    # moments; the staging buffers are read once and written once
-    n_bytes = 2 * (opt.master + opt.moments) + opt.grads + 2 * opt.staging
-    return Copies((opt.d2h + act.d2h) / bw, (opt.h2d + act.h2d) / bw, n_bytes / host_bandwidth(plan), exposed)
+    last_block = 2 * act.d2h / blocks if act.d2h else 0.0
+    exposed = max(0.0, act.d2h / bw - forward) + max(0.0, act.h2d / bw - backward) + last_block / bw
+    exposed += max(0.0, opt.d2h / bw - last) if buckets else opt.d2h / bw
+    exposed += opt.h2d / bw
+    return Copies((opt.d2h + act.d2h) / bw, (opt.h2d + act.h2d) / bw, host_step_bytes(plan, opt) / host_bandwidth(plan), exposed)

@@ -131,7 +131,9 @@ def timing(plan: Plan, topo: Topology, settings: mem.Settings = mem.DEFAULT, sta
         exposed, overlapped = max(exposed, ex), max(overlapped, late + early + out - ex + ring)
         opt = max(opt, optimizer_seconds(plan, states[s], r) if not states[s].host_optimizer.d2h else 0.0)
         m = plan.microbatches
-        copies = off.copies(plan, states[s].host_optimizer, states[s].host_activations, m * window_f, m * window_b, window_f, window_b)
+        st = states[s]
+        copies = off.copies(plan, st.host_optimizer, st.host_activations, m * window_f, m * window_b, window_b,
+                            bool(mem.grad_group(plan, False)), st.layers / plan.pipeline.virtual_stages)
         offload = max(offload, copies, key=lambda c: c.added)
     step = sim.makespan + exposed + opt + offload.added
     fl, tokens = flops(plan), batch_tokens(plan)

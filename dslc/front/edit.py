@@ -18,6 +18,7 @@ from dataclasses import replace
 
 from .. import ir
 from ..diagnostics import Diagnostic, printable
+from ..knobs import offload_text
 from ..source import Sources
 from . import ast
 from .load import Loader
@@ -329,14 +330,16 @@ class _Writer:
                 "global_batch": str(t.global_batch) if t.global_batch != self.plan.train.global_batch or w("train", "global_batch") else None}
         after = {"micro_batch": ("steps",), "recompute": ("precision", "global_batch", "micro_batch", "steps"), "global_batch": ("micro_batch", "steps")}
         tb = _find(self.block, "train")
-        o = t.offload if self.plan.train.offload is None else None  # the search adds one to a plan without it
-        offload = o and "offload { " + "; ".join(f"{k} = true" for k in ("optimizer", "activations") if getattr(o, k)) + " }"
+        o, was = t.offload, self.plan.train.offload
+        offload = offload_text(o) if o and (o.optimizer, o.activations) != (was and was.optimizer, was and was.activations) else None
         if tb is None:
             items = [f"{k} = {v}" for k, v in keys.items() if v is not None] + [offload] * bool(offload)
             if items:
                 self.new.append(("train", f"train {{ {'; '.join(items)} }}"))
             return
-        if offload and tb.body:
+        if offload and _find(tb, "offload") is not None:  # the search offloads more than it did
+            self.ed.set(_find(tb, "offload"), offload)
+        elif offload and tb.body:
             self.ed.insert_line_after(tb.body[-1], offload)
         elif offload:
             self.ed.insert_first(tb, offload)

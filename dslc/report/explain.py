@@ -17,7 +17,7 @@ from ..cost.flops import batch_tokens
 from ..cost.time import timing
 from ..diagnostics import Diagnostic, printable
 from ..ir import Data, Plan
-from ..knobs import knobs
+from ..knobs import knobs, offload_label
 from ..units import count, seconds, si, size
 
 HIDDEN = tuple(o for o in OVERLAPS if o != "exposed")  # overlapped with compute
@@ -148,7 +148,7 @@ def overview(ex: Explanation) -> list[str]:
         + f", recompute {p.train.recompute_label}"
         + (", sequence parallel" if p.tensor_parallel.sequence_parallel and p.tp > 1 else "")
         + (f", cp {p.context_parallel.method}" if p.cp > 1 else "")
-        + (f", offload {_offloaded(p)} to host memory" if _offloaded(p) else "")
+        + (f", offload {offload_label(p.train.offload)} to host memory" if offload_label(p.train.offload) else "")
         + (f"; pipeline {pipe.schedule}" + (f" (v={pipe.virtual_stages})" if pipe.virtual_stages > 1 else "") if p.pp > 1 else "")
         + f"; {_n(p.microbatches, 'micro-batch')} of {p.train.micro_batch} × {m.seq_len} tokens",
         f"  data     {_data(p.train.data)}"
@@ -226,7 +226,7 @@ def render_text(ex: Explanation) -> str:
           + f", bubble {t.bubble_fraction:.3f} of compute), ") if p.pp > 1 else f"  forward and backward {seconds(t.pipeline)}, ")
         + f"exposed step communication {seconds(t.exposed)}, overlapped {seconds(t.overlapped)}, optimizer step {seconds(t.optimizer)}"
         + (f", offload {seconds(t.offload.added)} (host step {seconds(t.offload.host_step)}, copies exposed {seconds(t.offload.exposed)})"
-           if _offloaded(p) else ""),
+           if offload_label(p.train.offload) else ""),
         f"  {step_line(ex)}",
         "  assumed exposed: tp, Ulysses and ep collectives, pp sends, ZeRO param all-gathers after the step, the optimizer step;",
         "  overlapped: dp grad reduction with the last backward, ZeRO-3 gathers by prefetch, ring-attention K/V passes with attention"
@@ -235,28 +235,34 @@ def render_text(ex: Explanation) -> str:
     return "\n".join(out) + "\n"
 
 
-def _offloaded(p: Plan) -> str:
-    """What the plan keeps in host memory, as words: "optimizer+activations", or ""."""
-    o = p.train.offload
-    return "+".join(k for k, on in (("optimizer", o and o.optimizer), ("activations", o and o.activations)) if on)
-
-
 def _offload_lines(ex: Explanation) -> list[str]:
     """Host memory per rank and node, and the PCIe bytes each way, of an offloading plan."""
     p = ex.plan
-    if not _offloaded(p):
+    if not offload_label(p.train.offload):
         return []
     c, lk = p.cluster, off.link(p)
     rows = [[str(s.stage), size(o.master), size(o.moments), size(o.grads + o.staging), size(a.activations), size(o.total + a.total),
              size((o.total + a.total) * c.gpus_per_node), size(o.d2h + a.d2h), size(o.h2d + a.h2d)]
             for s, o, a in ((s, s.host_optimizer, s.host_activations) for s in ex.memory)]
     t = ex.timing.offload
-    return ["", f"Host memory (train {{ offload {_offloaded(p)} }}; node: {size(c.host_memory) if c.host_memory else 'not given'})",
+    return ["", f"Host memory (train {{ offload {offload_label(p.train.offload)} }}; node: {size(c.host_memory) if c.host_memory else 'not given'})",
             *_table(["stage", "master", "moments", "grads", "activations", "per rank", "per node", "to host", "to device"], rows, set(range(1, 9))),
             f"  per step over {lk.name} ({lk.bandwidth / 1e9:g} GB/s a direction per GPU): {seconds(t.d2h)} to the host, {seconds(t.h2d)} back, "
             f"{seconds(t.exposed)} of them exposed; the optimizer step on the host {seconds(t.host_step)}",
-            "  hidden: gradients behind the last backward, activations behind the next block's forward and the later block's backward,"
-            " weights behind the next forward" + (" (ZeRO-1/2: before their all-gather, exposed)" if p.data_parallel.zero in (1, 2) else "")]
+            "  " + "; ".join(f"{k}: {', '.join(v)}" for k, v in _windows(p).items() if v)]
+
+
+def _windows(p: Plan) -> dict[str, list[str]]:
+    """What of an offloading plan's copies compute hides, and what it does not."""
+    o, buckets = p.train.offload, bool(mem.grad_group(p, False))
+    out: dict[str, list[str]] = {"hidden": [], "exposed": []}
+    if o.optimizer:
+        out["hidden" if buckets else "exposed"].append("the gradients " + ("behind the last backward, each bucket's once reduced" if buckets else "out after the backward"))
+        out["exposed"].append("the weights back after the host step, before the device runs on")
+    if o.activations:
+        out["hidden"].append("the activations behind the next block's forward and the later block's backward")
+        out["exposed"].append("each forward's last block, out and back")
+    return out
 
 
 def _spread(chunks: tuple[tuple[float, float, float], ...], i: int) -> str:
@@ -366,7 +372,7 @@ def _offload_json(ex: Explanation) -> dict | None:
     """Offloading plans: per stage the host bytes held (master weights, optimizer moments,
     gradients, staging buffers, activations) and copied each way per step, per rank; the
     node's host memory; the seconds the copies and the host's optimizer step take."""
-    if not _offloaded(ex.plan):
+    if not offload_label(ex.plan.train.offload):
         return None
     t = ex.timing.offload
     stages = [{"stage": s.stage, **{f"{k}_host_bytes": getattr(o, k) for k in ("master", "moments", "grads", "staging")},

@@ -50,10 +50,11 @@ from dataclasses import dataclass, replace
 
 from ..check import check_plan
 from ..cost import memory as mem
+from ..cost import offload as off
 from ..cost.time import Timing, timing
 from ..cost.topology import Topology
 from ..fit import fits
-from ..ir import Offload, Plan
+from ..ir import Plan
 from ..knobs import knobs, layout_label
 from ..units import gib
 from .space import (
@@ -218,25 +219,21 @@ class Searcher:
         return None
 
 
-# what `dslc search` offloads to host memory when no layout fits without, the lightest first
-OFFLOADS = (Offload(True, False, None), Offload(False, True, None), Offload(True, True, None))
-
-
 def search(plan: Plan, gpus: int | None = None, beam: int = BEAM, progress=None,
            settings: mem.Settings = mem.DEFAULT, fixed: frozenset[str] = frozenset(), work: int = WORK) -> Result:
-    """:func:`search_layouts`, and when no layout fits and the plan offloads nothing (nor
-    fixes ``offload``), the layouts of each of :data:`OFFLOADS` too, within what is left
-    of ``work``, all ranked by their step: offload trades PCIe copies and a host step for device memory, worth it only
-    where nothing fits without."""
+    """:func:`search_layouts`, and when no layout fits (and ``offload`` is not fixed), the
+    layouts of each offload beyond the plan's (:func:`dslc.cost.offload.choices`) too,
+    within what is left of ``work``, all ranked by their step: offload trades PCIe copies
+    and a host step for device memory, worth it only where nothing fits without."""
     result = search_layouts(plan, gpus, beam, progress, settings, fixed, work)
-    if result.ranked or plan.train.offload is not None or "offload" in fixed:
+    if result.ranked or "offload" in fixed:
         return result
-    for o in OFFLOADS:  # within what is left of the one bound
+    for o in off.choices(plan):  # within what is left of the one bound
         if result.work >= work:
             break
         more = search_layouts(replace(plan, train=replace(plan.train, offload=o)), gpus, beam, progress, settings, fixed, work - result.work)
         result.ranked += [replace(f, changes=changes(result.plan, f.plan)) for f in more.ranked]
-        for name in ("shapes", "unprobed", "unsearched", "memory_pruned", "rule_pruned", "costed", "checked", "work"):
+        for name in ("unsearched", "costed", "checked", "work"):  # the same shapes again: counted once
             setattr(result, name, getattr(result, name) + getattr(more, name))
     result.ranked.sort(key=lambda f: (f.timing.step, f.peak))
     return result
