@@ -60,6 +60,18 @@ if "RANK" in os.environ and os.environ.get("FAIL_AT_SAVE"):
                 time.sleep(3600)  # "hang"
         return real(*args, **kwargs)
     dcp.save = save
+if "RANK" in os.environ and os.environ.get("FAIL_AT_P2P") and os.environ.get("FAIL_RANK") == os.environ["RANK"]:
+    import torch.distributed as dist
+    real_p2p, p2p_calls = dist.batch_isend_irecv, [0]
+    def batch_isend_irecv(ops):  # the pipeline's messages: the rank stops or raises at the Nth batch
+        p2p_calls[0] += 1
+        if p2p_calls[0] == int(os.environ["FAIL_AT_P2P"]):
+            if os.environ["FAIL_HOW"] == "raise":
+                raise ValueError("injected at a pipeline message")
+            time.sleep(1.5)  # its watchdog's thread writes its last progress, then all stops
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return real_p2p(ops)
+    dist.batch_isend_irecv = batch_isend_irecv
 '''
 
 LAYOUTS = {  # 4-layer gpt2 with tied embeddings: name -> (cluster, mesh and parallel blocks)

@@ -344,7 +344,7 @@ def test_generated_shell_files_pass_shellcheck(all_rendered, shellcheck):
 
 
 def test_scripts_import_only_torch_the_standard_library_and_each_other(all_rendered):
-    allowed = {"argparse", "contextlib", "datetime", "functools", "hashlib", "io", "json", "math", "mmap", "os", "pickle", "re", "shutil", "signal", "stat", "struct", "sys", "time", "torch", "warnings", "weakref"}
+    allowed = {"argparse", "contextlib", "datetime", "functools", "hashlib", "io", "json", "math", "mmap", "os", "pickle", "re", "shutil", "signal", "stat", "struct", "sys", "threading", "time", "torch", "traceback", "warnings", "weakref"}
     # imported inside a function only: by Hugging Face checkpoints, --tensorboard (through
     # torch.utils.tensorboard, which needs the tensorboard package) and --wandb
     lazy = {"safetensors", "tensorboard", "wandb"}

@@ -1,4 +1,4 @@
-"""Command line: ``dslc lint | fmt | compile | explain | diff | schedule | search | verify | lsp``.
+"""Command line: ``dslc lint | fmt | compile | explain | diff | schedule | search | verify | doctor | lsp``.
 
 Exit codes: 0 clean, 1 plan errors (warnings too with ``--strict``), 2 usage
 or I/O errors (one line on stderr), 3 an internal error (a bug: please report
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from .. import __version__
 from ..diagnostics import printable
-from . import compile, diff, explain, fmt, lint, lsp, schedule, search, verify
+from . import compile, diff, doctor, explain, fmt, lint, lsp, schedule, search, verify
 from .inputs import UsageError
 
 
@@ -98,6 +98,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("-q", "--quiet", action="store_true", help="leave out notes (N0xx)")
     p.set_defaults(fn=verify.run)
+
+    p = sub.add_parser("doctor", help="why a generated script's job stopped: its ranks' state files (--run-dir) read with the plan")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the script's --run-dir (default runs/<plan>)")
+    p.add_argument("plan_file", metavar="PLAN", nargs="?", help="the plan file (default: the one run.json names, if found)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(fn=doctor.run)
 
     p = sub.add_parser("lsp", help="the language server for editors (diagnostics, hover, completion, definitions, formatting), on stdio")
     p.set_defaults(fn=lsp.run)

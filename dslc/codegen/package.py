@@ -12,7 +12,7 @@ from __future__ import annotations
 MODULES = (
     "train.py", "checkpoint.py", "checkpoint_files.py", "data.py", "hf_init.py", "hf.py", "optimizer.py",
     "data_parallel.py", "host_optimizer.py", "pipeline_parallel.py", "model.py", "moe.py", "expert_parallel.py",
-    "context_parallel.py", "tensor_parallel.py", "layers.py", "activation_offload.py", "zero_bubble.py", "float8.py", "mesh.py", "meter.py", "plan.py", "utils.py",
+    "context_parallel.py", "tensor_parallel.py", "layers.py", "activation_offload.py", "zero_bubble.py", "float8.py", "watchdog.py", "mesh.py", "meter.py", "plan.py", "utils.py",
 )
 # modules whose text does not depend on the plan: the same bytes in every plan that has
 # them, so their stamp names no plan
@@ -49,6 +49,7 @@ def package(view: dict) -> list[tuple[str, str]]:
         ("hf_init.py", "init = hf(...): the Hugging Face checkpoint the weights start from, read and checked", view["hf_init"]),
         ("hf.py", "Hugging Face checkpoints: --export-hf (each rank its part), init = hf(...); --dump-weights", True),
         ("meter.py", "--measure" + (" and --trace" if view["pipeline_parallel"] else "") + ": bytes sent and held; --tensorboard, --wandb", True),
+        ("watchdog.py", "a hang or a rank's exception: each rank's state in --run-dir, for dslc doctor", view["distributed"]),
         ("utils.py", "one-line errors and seeded random generators", True),
         ("launch.sh", "torchrun for one or more nodes" if view["distributed"] else "python train.py", True),
         ("sbatch.sh", "Slurm: sbatch sbatch.sh runs launch.sh on each node; edit its #SBATCH lines at the top", True),

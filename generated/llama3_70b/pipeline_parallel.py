@@ -22,6 +22,7 @@ from mesh import CALLING, GROUPS, batch_isend_irecv
 from meter import METER, Timeline, measure_block
 from plan import MICRO_BATCH, MICRO_STEPS, N_EMBD, SEQ_LEN, TP
 from utils import fail
+from watchdog import WATCHDOG
 
 SCHEDULE_SHA256 = "2561741a297e62f049b02f171103e3b0e1fbf4beded5eaf4f3990bafb375e44a"
 ACTIVATION_SHAPE = (MICRO_BATCH, SEQ_LEN // TP, N_EMBD)  # what crosses a stage boundary
@@ -107,6 +108,7 @@ def run_schedule(model, actions, x, y, scale, buckets):
         elif kind == "SEND_B":
             pending.append(("send", input_grads.pop(key), peer[0], (kind, *key)))
         else:
+            WATCHDOG.action(kind, mb, chunk)  # the one before it is done
             if pending:
                 p2p(pending, arriving, sending)
                 # a sent gradient is kept until its send is waited for

@@ -65,6 +65,7 @@ from utils import (
     output_folder,
     to_device,
 )
+from watchdog import WATCHDOG
 
 # -----------------------------------------------------------------------------
 # Settings of the run, from the plan (the model's, the mesh's and the batch's are in plan.py)
@@ -74,6 +75,7 @@ PRECISION = "bf16"
 GRAD_CLIP = 1.0  # max global gradient norm
 CHECKPOINT_EVERY = 250  # steps (checkpoint.py: how many kept)
 CHECKPOINT_DIR = "checkpoints/llama3_70b"  # relative to the working directory (--checkpoint-dir: elsewhere)
+RUN_DIR = os.path.join("runs", "llama3_70b")  # --run-dir
 COMPILE = None  # torch.compile each block; None: on CUDA, not on CPU
 # forward and backward, attention causal, as dslc explain counts
 MODEL_FLOPS_PER_TOKEN = 449_222_541_312
@@ -98,6 +100,14 @@ parser.add_argument(
     default=CHECKPOINT_DIR,
     help="where checkpoints go (default: %(default)s)",
 )
+parser.add_argument(
+    "--run-dir",
+    metavar="DIR",
+    type=file_name,
+    default=RUN_DIR,
+    help="what the run writes of itself: stragglers, a hang's state (default: %(default)s)",
+)
+WATCHDOG.add_flag(parser)  # --watchdog-limit SECONDS (watchdog.py)
 outputs = {  # written after training, so refused now if they cannot be
     "--dump-losses": "the global loss of every step, as JSON",
     "--dump-weights": "the full weights, gathered (torch.save)",
@@ -143,6 +153,7 @@ device = torch.device("cpu")
 if args.device == "cuda":
     device = rank_gpu(LOCAL_RANK, args.share_gpu)  # this rank's GPU, made current
     torch.set_float32_matmul_precision("high")  # tf32 matmuls for fp32 work
+WATCHDOG.start(args, RANK)  # a hang or an error: each rank's state in --run-dir
 init_process_group(RANK, WORLD_SIZE, TIMEOUT, args.device, args.share_gpu)
 build_process_groups(RANK, MESH, GROUP_AXES, TIMEOUT)
 master = RANK == 0  # logs and writes files
@@ -280,7 +291,7 @@ def main():
             TIMELINE.start(
                 f"rank {RANK}: pp stage {COORDS['pp']}", args.device == "cuda"
             )
-        loss, lr, norm = train_step(step)
+        loss, lr, norm = WATCHDOG.run_step(train_step, step)
         pending.append((step, lr, torch.stack([loss, norm])))
         logs = due(step + 1, args.log_every, args.steps)  # at N, 2N, ... and the last
         saves = due(step + 1, CHECKPOINT_EVERY, args.steps)
@@ -341,6 +352,7 @@ if __name__ == "__main__":
         ):
             raise
         why = (str(e).strip().splitlines() or [e.__class__.__name__])[0][:300]
+        WATCHDOG.record(why)  # its state in --run-dir
         fail(
             f"rank {RANK}: {CALLING[0]} failed: a peer is gone or hung (timeout {TIMEOUT.total_seconds():g} s): {why}"
         )

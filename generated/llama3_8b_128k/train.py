@@ -64,6 +64,7 @@ from utils import (
     output_folder,
     to_device,
 )
+from watchdog import WATCHDOG
 
 # -----------------------------------------------------------------------------
 # Settings of the run, from the plan (the model's, the mesh's and the batch's are in plan.py)
@@ -71,6 +72,7 @@ STEPS = 500
 SEED = 1234
 PRECISION = "bf16"
 GRAD_CLIP = 1.0  # max global gradient norm
+RUN_DIR = os.path.join("runs", "llama3_8b_128k")  # --run-dir
 COMPILE = None  # torch.compile each block; None: on CUDA, not on CPU
 # forward and backward, attention causal, as dslc explain counts
 MODEL_FLOPS_PER_TOKEN = 148_107_165_696
@@ -87,6 +89,14 @@ parser.add_argument("--log-every", type=int, default=1, metavar="N")
 parser.add_argument("--device", choices=["cpu", "cuda"], help="cuda if present")
 parser.add_argument("--share-gpu", action="store_true", help="all ranks on one GPU")
 parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=COMPILE)
+parser.add_argument(
+    "--run-dir",
+    metavar="DIR",
+    type=file_name,
+    default=RUN_DIR,
+    help="what the run writes of itself: stragglers, a hang's state (default: %(default)s)",
+)
+WATCHDOG.add_flag(parser)  # --watchdog-limit SECONDS (watchdog.py)
 outputs = {  # written after training, so refused now if they cannot be
     "--dump-losses": "the global loss of every step, as JSON",
     "--dump-weights": "the full weights, gathered (torch.save)",
@@ -128,6 +138,7 @@ device = torch.device("cpu")
 if args.device == "cuda":
     device = rank_gpu(LOCAL_RANK, args.share_gpu)  # this rank's GPU, made current
     torch.set_float32_matmul_precision("high")  # tf32 matmuls for fp32 work
+WATCHDOG.start(args, RANK)  # a hang or an error: each rank's state in --run-dir
 init_process_group(RANK, WORLD_SIZE, TIMEOUT, args.device, args.share_gpu)
 build_process_groups(RANK, MESH, GROUP_AXES, TIMEOUT)
 master = RANK == 0  # logs and writes files
@@ -236,7 +247,7 @@ def main():
         STOP.step = step  # for the line a Ctrl-C ends the run with (utils.Stop)
         if METER.on:
             METER.step = step  # what is sent from now on is this step's
-        loss, lr, norm = train_step(step)
+        loss, lr, norm = WATCHDOG.run_step(train_step, step)
         pending.append((step, lr, torch.stack([loss, norm])))
         logs = due(step + 1, args.log_every, args.steps)  # at N, 2N, ... and the last
         if not logs:
@@ -288,6 +299,7 @@ if __name__ == "__main__":
         ):
             raise
         why = (str(e).strip().splitlines() or [e.__class__.__name__])[0][:300]
+        WATCHDOG.record(why)  # its state in --run-dir
         fail(
             f"rank {RANK}: {CALLING[0]} failed: a peer is gone or hung (timeout {TIMEOUT.total_seconds():g} s): {why}"
         )

@@ -23,6 +23,7 @@ from meter import METER, Timeline, measure_block
 from moe import ROUTING
 from plan import MICRO_BATCH, MICRO_STEPS, N_EMBD, SEQ_LEN
 from utils import fail
+from watchdog import WATCHDOG
 
 SCHEDULE_SHA256 = "65d404f46681de51b4aa901eb618a072a3de969069e633f6b5d85631e8914255"
 ACTIVATION_SHAPE = (MICRO_BATCH, SEQ_LEN, N_EMBD)  # what crosses a stage boundary
@@ -108,6 +109,7 @@ def run_schedule(model, actions, x, y, scale, buckets):
         elif kind == "SEND_B":
             pending.append(("send", input_grads.pop(key), peer[0], (kind, *key)))
         else:
+            WATCHDOG.action(kind, mb, chunk)  # the one before it is done
             if pending:
                 p2p(pending, arriving, sending)
                 # a sent gradient is kept until its send is waited for

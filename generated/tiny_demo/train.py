@@ -51,6 +51,7 @@ from plan import (
     kind_of,
 )
 from utils import STOP, due, fail, file_name, output_folder, to_device
+from watchdog import WATCHDOG
 
 # -----------------------------------------------------------------------------
 # Settings of the run, from the plan (the model's, the mesh's and the batch's are in plan.py)
@@ -63,6 +64,7 @@ DATA_ROOT = "../../data"  # the data files' folder, relative to this file (--dat
 DATA = [
     (1.0, "text", "verse.txt", "uint8"),
 ]
+RUN_DIR = os.path.join("runs", "tiny_demo")  # --run-dir
 COMPILE = None  # torch.compile each block; None: on CUDA, not on CPU
 # forward and backward, attention causal, as dslc explain counts
 MODEL_FLOPS_PER_TOKEN = 3_883_008
@@ -88,6 +90,14 @@ parser.add_argument(
     type=file_name,
     help="where DATA_ROOT is (a pod's data volume)",
 )
+parser.add_argument(
+    "--run-dir",
+    metavar="DIR",
+    type=file_name,
+    default=RUN_DIR,
+    help="what the run writes of itself: stragglers, a hang's state (default: %(default)s)",
+)
+WATCHDOG.add_flag(parser)  # --watchdog-limit SECONDS (watchdog.py)
 outputs = {  # written after training, so refused now if they cannot be
     "--dump-losses": "the global loss of every step, as JSON",
     "--dump-weights": "the full weights, gathered (torch.save)",
@@ -130,6 +140,7 @@ device = torch.device("cpu")
 if args.device == "cuda":
     device = rank_gpu(LOCAL_RANK, args.share_gpu)  # this rank's GPU, made current
     torch.set_float32_matmul_precision("high")  # tf32 matmuls for fp32 work
+WATCHDOG.start(args, RANK)  # a hang or an error: each rank's state in --run-dir
 init_process_group(RANK, WORLD_SIZE, TIMEOUT, args.device, args.share_gpu)
 build_process_groups(RANK, MESH, GROUP_AXES, TIMEOUT)
 master = RANK == 0  # logs and writes files
@@ -220,7 +231,7 @@ def main():
         STOP.step = step  # for the line a Ctrl-C ends the run with (utils.Stop)
         if METER.on:
             METER.step = step  # what is sent from now on is this step's
-        loss, lr, norm = train_step(step)
+        loss, lr, norm = WATCHDOG.run_step(train_step, step)
         pending.append((step, lr, torch.stack([loss, norm])))
         logs = due(step + 1, args.log_every, args.steps)  # at N, 2N, ... and the last
         if not logs:
@@ -272,6 +283,7 @@ if __name__ == "__main__":
         ):
             raise
         why = (str(e).strip().splitlines() or [e.__class__.__name__])[0][:300]
+        WATCHDOG.record(why)  # its state in --run-dir
         fail(
             f"rank {RANK}: {CALLING[0]} failed: a peer is gone or hung (timeout {TIMEOUT.total_seconds():g} s): {why}"
         )
