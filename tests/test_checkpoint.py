@@ -614,3 +614,57 @@ def test_received_checkpoints_fuzzed_load_the_same_weights_or_stop_in_one_line(r
         assert snapshot(outside) == before, name
     print(f"{mutations} mutations of a checkpoint: {counts['loaded']} loaded the same weights, {counts['refused']} refused in one line")
     assert counts["refused"] >= mutations // 2 and counts["loaded"] >= 1
+
+
+def doctor_plan(tmp_path: Path):
+    """The pp2 x tp2 plan with a 60 s timeout, and its file (dslc doctor quotes its lines)."""
+    plan = gpt2_plan(tmp_path, "pp2_tp2", tmp_path / "ck", train="timeout = 60 s", every=100)
+    cluster, mesh = LAYOUTS["pp2_tp2"]
+    path = tmp_path / "pp2_tp2.plan"  # the same plan, as a file: its mesh on line 4
+    path.write_text(f'import "{CLUSTERS}"\nmodel gpt2_4 {{ arch = gpt2; layers = 4; hidden = 64; heads = 4; vocab = 250; seq_len = 32 }}\n'
+                    f"plan {plan.name} {{ model = gpt2_4; cluster = {cluster}\n{mesh}\n"
+                    "train { steps = 4; micro_batch = 2; global_batch = 8; data = synthetic; optimizer adamw { lr = 1e-3 } } }\n")
+    return plan, path
+
+
+def action(a: dict) -> str:
+    return f"step {a['step']}, {a['action']} of micro-batch {a['microbatch']}, chunk {a['chunk']}"
+
+
+@pytest.mark.parametrize("how", ["stop", "raise"])
+def test_a_stopped_or_raising_rank_is_named_by_dslc_doctor(tmp_path, launch, run_script, how):
+    """Rank 1 of a pp2 x tp2 job stops for good (SIGSTOP) or raises at its 12th pipeline
+    message, in step 3: every other rank writes its state into --run-dir and exits within the
+    watchdog's limit (2 s: --watchdog-limit, above 5 x a step here) plus a margin, one line
+    each, and dslc doctor names rank 1 and the action it last completed."""
+    plan, plan_file = doctor_plan(tmp_path)
+    run_dir = tmp_path / "run"
+    _, _, out = launch(plan, "--steps", "6", "--run-dir", run_dir, "--watchdog-limit", "2",
+                       fail={"FAIL_AT_P2P": "12", "FAIL_RANK": "1", "FAIL_HOW": how}, ok=False,
+                       torchrun=("--shutdown-timeout", "2"))
+    assert out.returncode != 0
+    states = {r: json.loads((run_dir / f"state.rank{r}.json").read_text()) for r in (0, 2, 3)}
+    last = json.loads((run_dir / "progress.rank1.json").read_text())  # rank 1's last heartbeat
+    for r, state in states.items():
+        assert state["rank"] == r and state["step"] == 3 and state["stack"], state
+        # within the limit and the stopping ranks' grace (2 x 0.5 s + 2 s) of rank 1's last beat
+        assert state["time"] - last["time"] < state["limit"] + 3 + 2, (r, state["time"] - last["time"])
+    lines = [ln for ln in out.stderr.splitlines() if ln.startswith(("train.py: error: rank ", "train.py: stopping: rank "))]
+    assert {int(re.match(r"\S+ \S+ rank (\d+)", ln)[1]) for ln in lines} >= {0, 2, 3}, out.stderr[-3000:]
+    report = run_script.dslc("doctor", run_dir, plan_file)
+    text = report.stdout.decode()
+    assert report.returncode == 0, report.stderr
+    print(text)
+    done = action(last["done"])
+    if how == "stop":
+        assert (run_dir / "state.rank1.json").exists() is False
+        assert "rank 1 (pp=0, tp=1" in text and "did not arrive" in text and f"last completed {done};" in text
+        assert "waiting for rank 1" in text
+    else:
+        raised = json.loads((run_dir / "state.rank1.json").read_text())
+        assert "ValueError: injected at a pipeline message" in raised["exception"][-1]
+        assert "rank 1 (pp=0, tp=1" in text and "raised: ValueError: injected" in text
+        assert f"last completed {action(raised['done'])}" in text
+    assert f"axis pp: {plan_file}:4: mesh {{ pp = 2 on shm; tp = 2 on shm }}" in text
+    as_json = json.loads(run_script.dslc("doctor", run_dir, "--json").stdout)
+    assert as_json[("silent" if how == "stop" else "raised")] == [1]
