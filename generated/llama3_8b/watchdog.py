@@ -7,8 +7,9 @@ an endless wait; `dslc doctor RUN_DIR` reads them with the plan.
 A daemon thread on every rank watches the main thread's progress: train.py's step and
 the pipeline runner's actions beat (step, action, micro-batch, chunk, and the time). No
 progress for longer than the limit, max(--watchdog-limit, STEP_FACTOR x the slowest of
-the last RECENT steps) inside a step and the plan's timeout outside one (the first step,
-saves, evaluation; never more than the timeout), and the rank writes its state:
+the last RECENT steps, at most the plan's timeout) inside a step, and the rank writes
+its state (outside a step, in the first one, saves and evaluation, torch's own timeout
+comes first and train.py records it):
 rank, host, mesh coordinates, step, what it does and last completed, the collective and
 its group (mesh.CALLING), its main thread's Python stack. A rank that raises writes the
 same with the exception. Either way it tells the others through the job's store, whose
@@ -115,8 +116,10 @@ class Watchdog:
         self.last = time.monotonic()
 
     def limit(self):
-        if not (self.in_step and self.recent):
-            return TIMEOUT.total_seconds()
+        if not (
+            self.in_step and self.recent
+        ):  # torch's timeout speaks first (train.py: record)
+            return TIMEOUT.total_seconds() + self.grace()
         return min(
             TIMEOUT.total_seconds(), max(self.floor, STEP_FACTOR * max(self.recent))
         )
@@ -174,9 +177,11 @@ class Watchdog:
 
     def record(self, why):
         """A collective failed (train.py names it, and exits): the state, with the error."""
-        self.fire("exception", f"{CALLING[0]} failed: {why}", exit_now=False)
+        self.fire(
+            "exception", f"{CALLING[0]} failed: {why}", exit_now=False, wait=False
+        )  # a peer is gone: torchrun ends us
 
-    def fire(self, why, message, exception=None, exit_now=True):
+    def fire(self, why, message, exception=None, exit_now=True, wait=True):
         if self.fired.is_set():
             return
         self.fired.set()
@@ -205,24 +210,31 @@ class Watchdog:
         if (
             exit_now
         ):  # the line first: torchrun ends the others as soon as one rank exits
-            sys.stdout.flush()
+            sys.stdout.flush()  # an error where this rank saw it, else the rank only stops
+            said = "error" if why == "hang" else "stopping"
             sys.stderr.write(
-                f"{os.path.basename(sys.argv[0])}: error: rank {self.rank} ({self.host}, {coords}): {message};"
+                f"{os.path.basename(sys.argv[0])}: {said}: rank {self.rank} ({self.host}, {coords}): {message};"
                 f" at {where}, in {CALLING[0]}; state in {os.path.join(self.run_dir, name)}\n"
             )
             sys.stderr.flush()
         try:  # the others' watchdogs write theirs; each waits for all, or GRACE
             if self.connect().add("fired", 1) == 1:
                 self.store.set("first", str(self.rank))
-            give_up = time.monotonic() + 2 * self.poll + 2
+            give_up = time.monotonic() + self.grace()
             while (
-                self.store.add("fired", 0) < WORLD_SIZE and time.monotonic() < give_up
+                wait
+                and self.store.add("fired", 0) < WORLD_SIZE
+                and time.monotonic() < give_up
             ):
                 time.sleep(self.poll / 4)
         except Exception:
             pass
         if exit_now:
             os._exit(1)
+
+    def grace(self):
+        """How long a rank that stops the job waits for the others' states."""
+        return 2 * self.poll + 2
 
     def progress(self):
         return {
