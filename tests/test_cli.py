@@ -603,3 +603,24 @@ def test_compile_writes_the_plans_of_the_file_not_of_its_imports(tmp_path):
     r = run("compile", str(tmp_path / "more.plan"), str(tmp_path / "base.plan"), "-o", str(out))
     err = r.stderr.decode()
     assert r.returncode == 1 and "dslc: wrote 1 plan; not compiled: 1 plan" in err and err.count("not compiled: ") == 2, err
+
+
+@pytest.mark.parametrize("files, needle", [
+    (None, "no such folder"),
+    ({}, "no run.json"),
+    ({"run.json": "{"}, "run.json: cannot read it"),
+    ({"run.json": '{"world_size": "x"}'}, "not a run file of a generated script"),
+    ({"run.json": '{"world_size": 2, "mesh": [["dp", 2]]}'}, "the watchdog never fired"),
+    ({"run.json": '{"world_size": 2, "mesh": [["dp", 2]]}', "state.rank1.json": "\xff"}, "state.rank1.json: cannot read it"),
+])
+def test_doctor_refuses_what_is_not_a_stopped_run_in_one_line(tmp_path, capsys, files, needle):
+    """dslc doctor RUN_DIR: a folder the watchdog did not write is one line, exit 2
+    (tests/test_checkpoint.py runs the watchdog and reads what it wrote)."""
+    run_dir = tmp_path / "run"
+    if files is not None:
+        run_dir.mkdir()
+        for name, text in files.items():
+            (run_dir / name).write_text(text, encoding="latin-1")
+    assert main(["doctor", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1, err

@@ -20,7 +20,6 @@ the last thing the rank did before it stopped. On CUDA, NCCL's flight recorder i
 and its buffer of the last collectives is dumped beside the state."""
 
 import datetime
-import json
 import os
 import sys
 import threading
@@ -32,7 +31,7 @@ import torch.distributed as dist
 
 from mesh import CALLING, COORDS, GROUPS
 from plan import MESH, TIMEOUT, WORLD_SIZE
-from utils import fail
+from utils import fail, write_json
 
 PLAN_NAME = "llama3_8b"
 PLAN_FILE = "plans/llama3_8b.plan"  # as dslc compile was given it, from its folder
@@ -263,15 +262,12 @@ class Watchdog:
             pass
 
     def write(self, name, value):
-        """run_dir/name, whole or not at all (a temporary file renamed); a failed write is
-        not the run's failure."""
+        """run_dir/name (utils.write_json: whole or not at all); a failed write is not the
+        run's failure."""
         try:
             os.makedirs(self.run_dir, exist_ok=True)
-            path = os.path.join(self.run_dir, name)
-            with open(path + ".tmp", "w") as f:
-                json.dump(value, f, indent=1, default=str)
-            os.replace(path + ".tmp", path)
-        except OSError:
+            write_json(os.path.join(self.run_dir, name), value, indent=1)
+        except (OSError, ValueError):
             pass
 
 
