@@ -37,6 +37,8 @@ DP = 8  # data parallel
 TP = 1  # tensor parallel
 # a collective waits this long for its peers
 TIMEOUT = datetime.timedelta(seconds=600.0)
+# the plan, as dslc compile was given it: dslc doctor reads it with a hang's state (watchdog.py)
+PLAN_NAME, PLAN_FILE = "gpt2_124m_dp8", "plans/gpt2_124m_dp8.plan"
 
 # -----------------------------------------------------------------------------
 # The gradients: which ranks sum each kind of parameter's gradient

@@ -39,6 +39,8 @@ DP = 16  # data parallel
 TP = 2  # tensor parallel
 # a collective waits this long for its peers
 TIMEOUT = datetime.timedelta(seconds=600.0)
+# the plan, as dslc compile was given it: dslc doctor reads it with a hang's state (watchdog.py)
+PLAN_NAME, PLAN_FILE = "llama3_70b_fsdp", "plans/llama3_70b_fsdp.plan"
 
 # -----------------------------------------------------------------------------
 # The gradients: which ranks sum each kind of parameter's gradient

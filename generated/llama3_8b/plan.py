@@ -45,6 +45,8 @@ CHUNK_LAYERS = (((0, 8), (16, 24)), ((8, 16), (24, 32)))
 CHUNK_RANKS = (0, 1, 0, 1)
 # a collective waits this long for its peers
 TIMEOUT = datetime.timedelta(seconds=600.0)
+# the plan, as dslc compile was given it: dslc doctor reads it with a hang's state (watchdog.py)
+PLAN_NAME, PLAN_FILE = "llama3_8b", "plans/llama3_8b.plan"
 
 # -----------------------------------------------------------------------------
 # The gradients: which ranks sum each kind of parameter's gradient

@@ -40,6 +40,8 @@ TP = 8  # tensor parallel
 CP = 4  # context parallel: ring attention
 # a collective waits this long for its peers
 TIMEOUT = datetime.timedelta(seconds=600.0)
+# the plan, as dslc compile was given it: dslc doctor reads it with a hang's state (watchdog.py)
+PLAN_NAME, PLAN_FILE = "llama3_8b_128k", "plans/llama3_8b_128k.plan"
 
 # -----------------------------------------------------------------------------
 # The gradients: which ranks sum each kind of parameter's gradient

@@ -27,7 +27,6 @@ from context_parallel import positions
 from data_parallel import GradientBuckets
 from hf import add_export_flags, check_export_folder, export_hf, gather_weights
 from mesh import (
-    CALLING,
     COORDS,
     GROUPS,
     all_reduce,
@@ -282,12 +281,4 @@ if __name__ == "__main__":
     try:
         main()
     except (RuntimeError, dist.DistError) as e:  # gloo raises RuntimeError
-        if not isinstance(e, dist.DistError) and not any(
-            w in str(e) for w in ("gloo", "Connection", "imed out", "NCCL")
-        ):
-            raise
-        why = (str(e).strip().splitlines() or [e.__class__.__name__])[0][:300]
-        WATCHDOG.record(why)  # its state in --run-dir
-        fail(
-            f"rank {RANK}: {CALLING[0]} failed: a peer is gone or hung (timeout {TIMEOUT.total_seconds():g} s): {why}"
-        )
+        WATCHDOG.failed(e)  # a peer gone or hung: one line, and the state; else raised

@@ -37,6 +37,8 @@ TP = 1  # tensor parallel
 CP = 4  # context parallel: ring attention
 # a collective waits this long for its peers
 TIMEOUT = datetime.timedelta(seconds=600.0)
+# the plan, as dslc compile was given it: dslc doctor reads it with a hang's state (watchdog.py)
+PLAN_NAME, PLAN_FILE = "long_context_cp4", "plans/long_context.plan"
 
 # -----------------------------------------------------------------------------
 # The gradients: which ranks sum each kind of parameter's gradient

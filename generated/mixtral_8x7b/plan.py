@@ -52,6 +52,8 @@ CHUNK_LAYERS = (((0, 8),), ((8, 16),), ((16, 24),), ((24, 32),))
 CHUNK_RANKS = (0, 1, 2, 3)
 # a collective waits this long for its peers
 TIMEOUT = datetime.timedelta(seconds=600.0)
+# the plan, as dslc compile was given it: dslc doctor reads it with a hang's state (watchdog.py)
+PLAN_NAME, PLAN_FILE = "mixtral_8x7b", "plans/mixtral_8x7b.plan"
 WORLD_GROUP = "pp+ep"  # every rank (the router's statistics)
 
 # -----------------------------------------------------------------------------

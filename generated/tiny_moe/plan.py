@@ -42,6 +42,8 @@ LOCAL_EXPERTS = N_EXPERTS // EP  # on each rank
 DATA_RANKS = DP * EP  # ranks that split the global batch: ep ranks take their own rows
 # a collective waits this long for its peers
 TIMEOUT = datetime.timedelta(seconds=600.0)
+# the plan, as dslc compile was given it: dslc doctor reads it with a hang's state (watchdog.py)
+PLAN_NAME, PLAN_FILE = "tiny_moe", "plans/tiny_moe.plan"
 WORLD_GROUP = "dp+ep"  # every rank (the router's statistics)
 
 # -----------------------------------------------------------------------------
