@@ -4,20 +4,20 @@
 """The watchdog: a hang ends the job in one line per rank and a state file each, never
 an endless wait; `dslc doctor RUN_DIR` reads them with the plan.
 
-A daemon thread on every rank watches the main thread's progress: train.py's step and
-the pipeline runner's actions beat (step, action, micro-batch, chunk, and the time). No
-progress for longer than the limit, max(--watchdog-limit, STEP_FACTOR x the slowest of
-the last RECENT steps, at most the plan's timeout) inside a step, and the rank writes
-its state (outside a step, in the first one, saves and evaluation, torch's own timeout
-comes first and train.py records it):
-rank, host, mesh coordinates, step, what it does and last completed, the collective and
-its group (mesh.CALLING), its main thread's Python stack. A rank that raises writes the
-same with the exception. Either way it tells the others through the job's store, whose
-watchdogs write theirs within POLL (NCCL's heartbeat monitor polls the store as often
-for its dump signal), waits GRACE for them, says one line and exits. A stopped rank
-writes nothing: the thread also rewrites progress.rank<R>.json at most once per POLL,
-the last thing the rank did before it stopped. On CUDA, NCCL's flight recorder is on
-and its buffer of the last collectives is dumped beside the state."""
+The main thread beats at each step (run_step) and each pipeline action (action): step,
+action, micro-batch, chunk, the time. A daemon thread looks every poll (a second, or a
+quarter of --watchdog-limit): a step with no progress for max(--watchdog-limit,
+STEP_FACTOR x the slowest of the last RECENT steps), at most the plan's timeout, and the
+rank writes its state into --run-dir: rank, host, mesh coordinates, step, the action it
+is in and the one it last completed, the collective and its group (mesh.CALLING), its
+main thread's Python stack. Outside a step (the first one, saves, evaluation) torch's
+own timeout comes first, and `failed` writes the same; a rank that raises writes it
+with the exception. Each tells the others through the job's store, which every thread
+polls (as NCCL's heartbeat monitor polls it for its dump signal): theirs write their
+state too, each says one line and exits after a grace (2 polls and 2 s) for the rest.
+A stopped rank writes nothing: so the thread also rewrites progress.rank<R>.json, at
+most once a poll, the last thing the rank did. On CUDA, NCCL's flight recorder is on
+and its record of the last collectives is dumped beside the state."""
 
 import datetime
 import os
@@ -53,7 +53,7 @@ class Watchdog:
             metavar="SECONDS",
             type=float,
             default=60.0,
-            help="a step or collective stuck this long, or STEP_FACTOR x the slowest recent step if longer, stops the job (watchdog.py; default: %(default)s)",
+            help="a step stuck this long, or 5 x the slowest recent step if longer, stops the job with each rank's state in --run-dir (default: %(default)s)",
         )
 
     def start(self, args, rank):
@@ -114,9 +114,9 @@ class Watchdog:
         self.last = time.monotonic()
 
     def limit(self):
-        if not (
-            self.in_step and self.recent
-        ):  # torch's timeout speaks first (failed, below)
+        """Seconds without progress that stop the job; outside a step (or before one is
+        timed) torch's own timeout speaks first (failed, below)."""
+        if not (self.in_step and self.recent):
             return TIMEOUT.total_seconds() + self.grace()
         return min(
             TIMEOUT.total_seconds(), max(self.floor, STEP_FACTOR * max(self.recent))
@@ -126,9 +126,8 @@ class Watchdog:
     def watch(self):
         written = None
         while not self.fired.wait(self.poll):
-            if (
-                self.last != written
-            ):  # the stopped rank's last word: at most one write a poll
+            # the stopped rank's last word: at most one write a poll
+            if self.last != written:
                 written = self.last
                 self.write(f"progress.rank{self.rank}.json", self.progress())
             stuck = time.monotonic() - self.last
@@ -216,17 +215,17 @@ class Watchdog:
             else ""
         )
         coords = " ".join(f"{a}={c}" for a, c in COORDS.items())
-        if (
-            exit_now
-        ):  # the line first: torchrun ends the others as soon as one rank exits
-            sys.stdout.flush()  # an error where this rank saw it, else the rank only stops
+        # the line first, as torchrun ends the others as soon as one rank exits: an error
+        # where this rank saw it, else the rank only stops
+        if exit_now:
+            sys.stdout.flush()
             said = "error" if why == "hang" else "stopping"
             sys.stderr.write(
                 f"{os.path.basename(sys.argv[0])}: {said}: rank {self.rank} ({self.host}, {coords}): {message};"
                 f" at {where}, in {CALLING[0]}; state in {os.path.join(self.run_dir, name)}\n"
             )
             sys.stderr.flush()
-        try:  # the others' watchdogs write theirs; each waits for all, or GRACE
+        try:  # the others' watchdogs write theirs; each waits for all, or the grace
             if self.connect().add("fired", 1) == 1:
                 self.store.set("first", str(self.rank))
             give_up = time.monotonic() + self.grace()
