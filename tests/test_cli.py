@@ -612,6 +612,7 @@ def test_compile_writes_the_plans_of_the_file_not_of_its_imports(tmp_path):
     ({"run.json": '{"world_size": "x"}'}, "not a run file of a generated script"),
     ({"run.json": '{"world_size": 2, "mesh": [["dp", 2]]}'}, "the watchdog never fired"),
     ({"run.json": '{"world_size": 2, "mesh": [["dp", 2]]}', "state.rank1.json": "\xff"}, "state.rank1.json: cannot read it"),
+    ({"run.json": '{"world_size": 2, "mesh": [["dp", 2]]}', "state.rank0.json": '{"time": "x"}'}, "not a state file of the watchdog"),
 ])
 def test_doctor_refuses_what_is_not_a_stopped_run_in_one_line(tmp_path, capsys, files, needle):
     """dslc doctor RUN_DIR: a folder the watchdog did not write is one line, exit 2
@@ -624,3 +625,19 @@ def test_doctor_refuses_what_is_not_a_stopped_run_in_one_line(tmp_path, capsys, 
     assert main(["doctor", str(run_dir)]) == 2
     err = capsys.readouterr().err
     assert needle in err and err.count("\n") == 1, err
+
+
+def test_doctor_names_the_first_rank_to_stop_when_every_rank_wrote(tmp_path, capsys):
+    """No rank silent and none raised (a rank stuck outside a collective, its watchdog
+    alive): the first to stop is named, with the end of its stack."""
+    (tmp_path / "run.json").write_text(json.dumps({"plan": "p", "world_size": 2, "mesh": [["dp", 2]]}))
+    for rank, t, calling in ((0, 10.0, "reading the data"), (1, 11.0, "all_reduce over dp")):
+        (tmp_path / f"state.rank{rank}.json").write_text(json.dumps({
+            "rank": rank, "host": "h", "coords": {"dp": rank}, "why": "hang", "message": "no progress for 3.0 s (limit 2 s)",
+            "step": 4, "doing": None, "done": {"step": 3}, "calling": calling, "groups": {"dp": [0, 1]}, "time": t,
+            "stack": ['  File "train.py", line 9, in main\n    x = next(batches)\n'],
+        }))
+    assert main(["doctor", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "the first to stop was rank 0 (dp=0 on h), in reading the data" in out
+    assert "x = next(batches)" in out and "rank 1 (dp=1 on h): no progress for 3.0 s (limit 2 s); in all_reduce over dp (group [0, 1])" in out

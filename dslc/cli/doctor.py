@@ -38,7 +38,12 @@ def _ranked(run_dir: Path, kind: str, world: int) -> dict[int, dict]:
     for rank in range(world):
         path = run_dir / f"{kind}.rank{rank}.json"
         if path.is_file():
-            out[rank] = _read(path)
+            out[rank] = value = _read(path)
+            if not isinstance(value, dict) or not isinstance(value.get("time", 0), (int, float)):
+                raise UsageError(f"{path}: not a state file of the watchdog")
+            for key, typ in (("coords", dict), ("groups", dict), ("doing", dict), ("done", dict), ("stack", list)):
+                if not isinstance(value.get(key), typ):
+                    value[key] = None
     return out
 
 
@@ -63,14 +68,14 @@ def diagnose(run_dir: Path, plan_file: str | None) -> dict:
         raise UsageError(f"{run_dir}: no state.rank<R>.json: the watchdog never fired (the run ended, or is still going)")
     silent = [r for r in range(world) if r not in states]
     raised = [r for r, s in sorted(states.items()) if s.get("why") == "exception" and s.get("exception")]
-    first = min(s.get("time", math.inf) for s in states.values())
+    first = min(s.get("time", 0) for s in states.values())
     ranks = []
     for r in range(world):
         s = states.get(r) or progress.get(r) or {}
         entry = {"rank": r, "host": s.get("host"), "coords": s.get("coords") or coords(mesh, r), "wrote_state": r in states,
                  "why": s.get("why") if r in states else "no state", "message": s.get("message"),
                  "step": s.get("step"), "doing": s.get("doing"), "done": s.get("done"), "calling": s.get("calling"),
-                 "groups": s.get("groups") or {}}
+                 "groups": s.get("groups") or {}, "time": s.get("time"), "stack": s.get("stack") or []}
         if r not in states and r in progress:
             entry["heartbeat_before"] = round(first - progress[r].get("time", first), 1)
         if r in raised:
@@ -135,6 +140,12 @@ def render(report: dict) -> str:
                        f" ({e['calling']}); its last heartbeat {e['heartbeat_before']:g} s before the first state")
         else:
             out.append("  no heartbeat of it: it never started its watchdog")
+    if not report["raised"] and not report["silent"]:  # every rank wrote: the first to stop
+        e = min((e for e in report["ranks"] if e["why"] == "hang"), key=lambda e: e["time"] or 0, default=None)
+        if e:
+            out.append(f"every rank wrote its state; the first to stop was rank {e['rank']} ({_where(e)}),"
+                       f" in {e['calling']} at {_action(e['doing'])}; its stack ends:")
+            out += [f"    {line.rstrip()}" for frame in e["stack"][-2:] for line in frame.splitlines()]
     out.append("waiting ranks:")
     for e in report["ranks"]:
         if not e["wrote_state"] or e["rank"] in report["raised"]:
