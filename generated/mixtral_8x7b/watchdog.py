@@ -136,7 +136,10 @@ class Watchdog:
                     "hang", f"no progress for {stuck:.1f} s (limit {self.limit():g} s)"
                 )
             elif self.peer_fired():
-                self.fire("stopped", f"stopped by rank {self.stopped_by}'s watchdog")
+                self.fire(
+                    "stopped",
+                    f"stopped: rank {self.stopped_by} stopped the job (a hang or an exception)",
+                )
 
     def connect(self):
         """The job's store (torchrun's, at MASTER_ADDR:MASTER_PORT): a client of this thread's own."""
