@@ -39,6 +39,12 @@ DP = 16  # data parallel
 TP = 2  # tensor parallel
 # a collective waits this long for its peers
 TIMEOUT = datetime.timedelta(seconds=600.0)
+# what the plan's cluster promises (health.py holds the run to it): the link each mesh
+# axis's groups cross and its bandwidth, bytes/s each way, as dslc explain times them
+AXIS_LINKS = {"dp": ("ib", 5e10), "tp": ("nvlink", 4.5e11)}
+# a large GEMM on one h100_sxm: its peak x 66% (the calibrated efficiency)
+GEMM_FLOPS = 6.5274e14
+GEMM_DTYPE = torch.bfloat16  # the working dtype of the plan's GEMMs
 
 # -----------------------------------------------------------------------------
 # The gradients: which ranks sum each kind of parameter's gradient

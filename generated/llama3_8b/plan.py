@@ -45,6 +45,12 @@ CHUNK_LAYERS = (((0, 8), (16, 24)), ((8, 16), (24, 32)))
 CHUNK_RANKS = (0, 1, 0, 1)
 # a collective waits this long for its peers
 TIMEOUT = datetime.timedelta(seconds=600.0)
+# what the plan's cluster promises (health.py holds the run to it): the link each mesh
+# axis's groups cross and its bandwidth, bytes/s each way, as dslc explain times them
+AXIS_LINKS = {"dp": ("ib", 5e10), "pp": ("nvlink", 4.5e11), "tp": ("nvlink", 4.5e11)}
+# a large GEMM on one h100_sxm: its peak x 66% (the calibrated efficiency)
+GEMM_FLOPS = 6.5274e14
+GEMM_DTYPE = torch.bfloat16  # the working dtype of the plan's GEMMs
 
 # -----------------------------------------------------------------------------
 # The gradients: which ranks sum each kind of parameter's gradient

@@ -26,6 +26,7 @@ import torch.distributed.checkpoint as dcp
 
 from checkpoint import Checkpoints
 from data_parallel import GradientBuckets
+from health import STRAGGLERS, add_health_flags, check_health
 from hf import add_export_flags, check_export_folder, export_hf, gather_weights
 from mesh import (
     CALLING,
@@ -74,6 +75,7 @@ PRECISION = "bf16"
 GRAD_CLIP = 1.0  # max global gradient norm
 CHECKPOINT_EVERY = 200  # steps (checkpoint.py: how many kept)
 CHECKPOINT_DIR = "checkpoints/llama3_8b"  # relative to the working directory (--checkpoint-dir: elsewhere)
+RUN_DIR = os.path.join("runs", "llama3_8b")  # --run-dir
 COMPILE = None  # torch.compile each block; None: on CUDA, not on CPU
 # forward and backward, attention causal, as dslc explain counts
 MODEL_FLOPS_PER_TOKEN = 51_470_401_536
@@ -98,6 +100,13 @@ parser.add_argument(
     default=CHECKPOINT_DIR,
     help="where checkpoints go (default: %(default)s)",
 )
+parser.add_argument(
+    "--run-dir",
+    metavar="DIR",
+    type=file_name,
+    default=RUN_DIR,
+    help="what the run writes of itself: stragglers, a hang's state (default: %(default)s)",
+)
 outputs = {  # written after training, so refused now if they cannot be
     "--dump-losses": "the global loss of every step, as JSON",
     "--dump-weights": "the full weights, gathered (torch.save)",
@@ -107,6 +116,7 @@ outputs = {  # written after training, so refused now if they cannot be
 for flag, what in outputs.items():
     parser.add_argument(flag, metavar="FILE", type=file_name, help="write " + what)
 add_export_flags(parser)  # --export-hf DIR, --export-dtype, --export-shard-size (hf.py)
+add_health_flags(parser)  # --health-check (health.py)
 parser.add_argument(
     "--tensorboard", metavar="DIR", type=file_name, help="log to TensorBoard, in DIR"
 )
@@ -269,6 +279,7 @@ def main():
         print(f"plan llama3_8b: {n_params / 1e6:.2f}M parameters", end=", ")
         print(f"{LAYOUT}, {PRECISION}, {args.device}")
     losses = []
+    check_health(args.health_check, device)  # each rank's GEMMs and each group's links
     # (step, lr, the step's values on the device): the host waits for the device only in
     # the steps that read them, those that log, save or end the run
     pending, t_read = [], time.perf_counter()
@@ -307,6 +318,9 @@ def main():
                 line += f" | mfu {mfu:.1%} | peak mem {peak:.2f} GiB"
             print(line, flush=True)
             DASHBOARD.log(step + 1, loss, lr, norm, dt, mfu, peak)
+        STRAGGLERS.log(
+            step + 1, args.steps, args.run_dir, due=logs
+        )  # every rank's times
         t_read = time.perf_counter()
     checkpoints.finish_saving()  # the last checkpoint, committed before exit
     if METER.on:

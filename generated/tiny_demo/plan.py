@@ -8,6 +8,8 @@ optimizer's in optimizer.py."""
 import datetime
 import math
 
+import torch
+
 # -----------------------------------------------------------------------------
 # The model: GPT-2 (LayerNorm, learned positions, GELU MLP)
 N_LAYER = 3
@@ -36,6 +38,12 @@ DP = 2  # data parallel
 TP = 2  # tensor parallel
 # a collective waits this long for its peers
 TIMEOUT = datetime.timedelta(seconds=600.0)
+# what the plan's cluster promises (health.py holds the run to it): the link each mesh
+# axis's groups cross and its bandwidth, bytes/s each way, as dslc explain times them
+AXIS_LINKS = {"dp": ("shm", 1e10), "tp": ("shm", 1e10)}
+# a large GEMM on one cpu: its peak x 60% (the calibrated efficiency)
+GEMM_FLOPS = 3e11
+GEMM_DTYPE = torch.float32  # the working dtype of the plan's GEMMs
 
 # -----------------------------------------------------------------------------
 # The gradients: which ranks sum each kind of parameter's gradient

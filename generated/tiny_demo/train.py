@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from data import open_data
 from data_parallel import GradientBuckets
+from health import STRAGGLERS, add_health_flags, check_health
 from hf import add_export_flags, check_export_folder, export_hf, gather_weights
 from mesh import (
     CALLING,
@@ -63,6 +64,7 @@ DATA_ROOT = "../../data"  # the data files' folder, relative to this file (--dat
 DATA = [
     (1.0, "text", "verse.txt", "uint8"),
 ]
+RUN_DIR = os.path.join("runs", "tiny_demo")  # --run-dir
 COMPILE = None  # torch.compile each block; None: on CUDA, not on CPU
 # forward and backward, attention causal, as dslc explain counts
 MODEL_FLOPS_PER_TOKEN = 3_883_008
@@ -88,6 +90,13 @@ parser.add_argument(
     type=file_name,
     help="where DATA_ROOT is (a pod's data volume)",
 )
+parser.add_argument(
+    "--run-dir",
+    metavar="DIR",
+    type=file_name,
+    default=RUN_DIR,
+    help="what the run writes of itself: stragglers, a hang's state (default: %(default)s)",
+)
 outputs = {  # written after training, so refused now if they cannot be
     "--dump-losses": "the global loss of every step, as JSON",
     "--dump-weights": "the full weights, gathered (torch.save)",
@@ -96,6 +105,7 @@ outputs = {  # written after training, so refused now if they cannot be
 for flag, what in outputs.items():
     parser.add_argument(flag, metavar="FILE", type=file_name, help="write " + what)
 add_export_flags(parser)  # --export-hf DIR, --export-dtype, --export-shard-size (hf.py)
+add_health_flags(parser)  # --health-check (health.py)
 parser.add_argument(
     "--tensorboard", metavar="DIR", type=file_name, help="log to TensorBoard, in DIR"
 )
@@ -213,6 +223,7 @@ def main():
         print(f"plan tiny_demo: {n_params / 1e6:.2f}M parameters", end=", ")
         print(f"{LAYOUT}, {PRECISION}, {args.device}")
     losses = []
+    check_health(args.health_check, device)  # each rank's GEMMs and each group's links
     # (step, lr, the step's values on the device): the host waits for the device only in
     # the steps that read them, those that log or end the run
     pending, t_read = [], time.perf_counter()
@@ -244,6 +255,9 @@ def main():
                 line += f" | mfu {mfu:.1%} | peak mem {peak:.2f} GiB"
             print(line, flush=True)
             DASHBOARD.log(step + 1, loss, lr, norm, dt, mfu, peak)
+        STRAGGLERS.log(
+            step + 1, args.steps, args.run_dir, due=logs
+        )  # every rank's times
         t_read = time.perf_counter()
     if METER.on:
         METER.step = None
