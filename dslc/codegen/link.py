@@ -28,7 +28,7 @@ ENTRY = "train"  # the entry point: run, never imported
 EXTERNAL: dict[str, tuple[str, str | None]] = {
     **{m: (m, None) for m in (
         "argparse", "contextlib", "datetime", "functools", "hashlib", "io", "json", "math", "mmap",
-        "os", "pickle", "re", "shutil", "signal", "socket", "stat", "statistics", "struct", "sys", "time", "warnings", "weakref", "torch",
+        "os", "pickle", "re", "shutil", "signal", "stat", "struct", "sys", "time", "warnings", "weakref", "torch",
     )},
     "TorchDispatchMode": ("torch.utils._python_dispatch", "TorchDispatchMode"),
     "tree_leaves": ("torch.utils._pytree", "tree_leaves"),

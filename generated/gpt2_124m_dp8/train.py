@@ -306,9 +306,7 @@ def main():
                 line += f" | mfu {mfu:.1%} | peak mem {peak:.2f} GiB"
             print(line, flush=True)
             DASHBOARD.log(step + 1, loss, lr, norm, dt, mfu, peak)
-        STRAGGLERS.log(
-            step + 1, args.steps, args.run_dir, due=logs
-        )  # every rank's times
+        STRAGGLERS.log(step + 1, args.steps, args.run_dir, due=logs)
         t_read = time.perf_counter()
     if METER.on:
         METER.step = None

@@ -27,8 +27,6 @@ import argparse
 import json
 import math
 import os
-import socket
-import statistics
 import sys
 import time
 
@@ -74,7 +72,7 @@ def whoami(device):
     coords = " ".join(f"{a} {c}" for a, c in COORDS.items())
     return {
         "rank": dist.get_rank(),
-        "host": socket.gethostname(),
+        "host": os.uname().nodename,
         "gpu": gpu,
         "coords": coords,
     }
@@ -181,7 +179,7 @@ def slow_ranks(ranks):
     seen = {(k, tuple(m)) for r in ranks for k, m in r["groups"].items()}
     for key, members in sorted(seen):
         for m in members:
-            median = statistics.median(ranks[p]["compute"] for p in members if p != m)
+            median = median_of(ranks[p]["compute"] for p in members if p != m)
             ratio = ranks[m]["compute"] / max(median, MIN_SECONDS)
             if ratio > 1 + SLOW:
                 row = found.setdefault(
@@ -202,6 +200,12 @@ def slow_ranks(ranks):
                     }
                 )
     return [found[m] for m in sorted(found)]
+
+
+def median_of(values):
+    """The median of values (the mean of the middle two of an even count)."""
+    v = sorted(values)
+    return (v[(len(v) - 1) // 2] + v[len(v) // 2]) / 2
 
 
 def write_line(run_dir, name, record):
@@ -305,7 +309,7 @@ def sync(device):
 def verdicts(ranks, on_gpu):
     """(warnings, refusals): one line each per outlier rank or group."""
     warn, refuse = [], []
-    median = statistics.median(r["gemm"] for r in ranks)
+    median = median_of(r["gemm"] for r in ranks)
     for r in ranks:
         ratio = r["gemm"] / median
         line = f"{named(r)}: GEMMs at {r['gemm'] / 1e9:.1f} GFLOP/s, {ratio:.2f}x the median rank's"
@@ -324,7 +328,7 @@ def verdicts(ranks, on_gpu):
             seen[group] = min(seen.get(group, math.inf), r["bandwidth"][key])
     for (key, members), bw in sorted(seen.items()):
         peers = [b for (k, _), b in seen.items() if k == key]
-        ratio = bw / statistics.median(peers)
+        ratio = bw / median_of(peers)
         link, expected = group_link(key)
         hosts = sorted({ranks[m]["host"] for m in members})
         line = f"{key} group {list(members)} on {', '.join(hosts)}: all-reduce at {bw / 1e9:.2f} GB/s"
