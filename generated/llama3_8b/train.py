@@ -63,6 +63,8 @@ from utils import (
     fail,
     file_name,
     generator,
+    launched,
+    output_file,
     output_folder,
     to_device,
 )
@@ -125,30 +127,16 @@ args = parser.parse_args()
 args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
 args.compile = args.device == "cuda" if args.compile is None else args.compile
 for flag in outputs:
-    path = getattr(args, flag[2:].replace("-", "_"))
-    folder = os.path.dirname(os.path.abspath(path)) if path else None
-    if folder and not (os.path.isdir(folder) and os.access(folder, os.W_OK)):
-        fail(f"{flag} {path}: cannot write into {folder}")
-    if path and os.path.isdir(path):
-        fail(f"{flag} {path}: is a directory, not a file")
+    output_file(flag, getattr(args, flag[2:].replace("-", "_")))
 if args.export_hf:
     check_export_folder(args.export_hf)  # now, not after training
 output_folder("--tensorboard", args.tensorboard)  # before its writer's thread starts
 output_folder("--checkpoint-dir", args.checkpoint_dir)
 here = os.path.dirname(os.path.abspath(__file__))
 SCHEDULE = load_schedule(os.path.join(here, "schedule.json"))  # [pp rank][action]
-env = [os.environ.get(k, "unset") for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK")]
-got, rank, local_rank = ["1", "0", "0"] if env == ["unset"] * 3 else env  # no torchrun
-if got != str(WORLD_SIZE):
-    fail(
-        f"this plan runs on {WORLD_SIZE} processes ({LAYOUT}), not {got}: start it with"
-        f" launch.sh or torchrun --nproc-per-node {WORLD_SIZE} train.py"
-    )
-if not all(r.isdecimal() and int(r) < WORLD_SIZE for r in (rank, local_rank)):
-    fail(f"RANK={rank}, LOCAL_RANK={local_rank}: each must be 0 to {WORLD_SIZE - 1}")
-if rank == "0":  # the rank that logs: its packages and files, before the run starts
+RANK, LOCAL_RANK = launched(WORLD_SIZE, LAYOUT)  # as torchrun set them
+if RANK == 0:  # the rank that logs: its packages and files, before the run starts
     DASHBOARD.open(args.tensorboard, args.wandb, vars(args))
-RANK, LOCAL_RANK = int(rank), int(local_rank)
 device = torch.device("cpu")
 if args.device == "cuda":
     device = rank_gpu(LOCAL_RANK, args.share_gpu)  # this rank's GPU, made current

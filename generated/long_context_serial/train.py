@@ -26,7 +26,16 @@ from meter import DASHBOARD, METER, measure_block
 from model import Transformer, compile_model, init_weights, materialize
 from optimizer import build_optimizer, get_lr, grad_norm
 from plan import DP, GLOBAL_BATCH, LAYOUT, MICRO_BATCH, MICRO_STEPS, SEQ_LEN, WORLD_SIZE
-from utils import STOP, due, fail, file_name, output_folder, to_device
+from utils import (
+    STOP,
+    due,
+    fail,
+    file_name,
+    launched,
+    output_file,
+    output_folder,
+    to_device,
+)
 
 # -----------------------------------------------------------------------------
 # Settings of the run, from the plan (the model's, the mesh's and the batch's are in plan.py)
@@ -87,25 +96,14 @@ args = parser.parse_args()
 args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
 args.compile = args.device == "cuda" if args.compile is None else args.compile
 for flag in outputs:
-    path = getattr(args, flag[2:].replace("-", "_"))
-    folder = os.path.dirname(os.path.abspath(path)) if path else None
-    if folder and not (os.path.isdir(folder) and os.access(folder, os.W_OK)):
-        fail(f"{flag} {path}: cannot write into {folder}")
-    if path and os.path.isdir(path):
-        fail(f"{flag} {path}: is a directory, not a file")
+    output_file(flag, getattr(args, flag[2:].replace("-", "_")))
 if args.export_hf:
     check_export_folder(args.export_hf)  # now, not after training
 output_folder("--tensorboard", args.tensorboard)  # before its writer's thread starts
 here = os.path.dirname(os.path.abspath(__file__))
-env = [os.environ.get(k, "unset") for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK")]
-got, rank, local_rank = ["1", "0", "0"] if env == ["unset"] * 3 else env  # no torchrun
-if got != str(WORLD_SIZE):
-    fail(f"this plan runs on 1 process, not {got}: start it with python train.py")
-if not all(r.isdecimal() and int(r) < WORLD_SIZE for r in (rank, local_rank)):
-    fail(f"RANK={rank}, LOCAL_RANK={local_rank}: each must be 0 to {WORLD_SIZE - 1}")
-if rank == "0":  # the rank that logs: its packages and files, before the run starts
+RANK, _ = launched(WORLD_SIZE, "serial")  # as torchrun set them
+if RANK == 0:  # the rank that logs: its packages and files, before the run starts
     DASHBOARD.open(args.tensorboard, args.wandb, vars(args))
-RANK = int(rank)
 device = torch.device(args.device)
 if args.device == "cuda":
     if not torch.cuda.is_available():

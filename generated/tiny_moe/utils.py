@@ -109,6 +109,36 @@ def output_folder(flag, path):
         fail(f"{flag} {shown(path)}: cannot write into {parent}")
 
 
+def output_file(flag, path):
+    """Refuses, in one line and before the run starts, a file `flag` would write after
+    training into a folder it cannot write, or that is a folder (None: not given)."""
+    folder = os.path.dirname(os.path.abspath(path)) if path else None
+    if folder and not (os.path.isdir(folder) and os.access(folder, os.W_OK)):
+        fail(f"{flag} {path}: cannot write into {folder}")
+    if path and os.path.isdir(path):
+        fail(f"{flag} {path}: is a directory, not a file")
+
+
+def launched(world_size, layout):
+    """(RANK, LOCAL_RANK) as torchrun set them ((0, 0) run without it), refused in one
+    line unless the plan's `world_size` processes (its `layout`) run."""
+    env = [os.environ.get(k, "unset") for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK")]
+    # without torchrun: one process
+    got, rank, local_rank = ["1", "0", "0"] if env == ["unset"] * 3 else env
+    if got != str(world_size) and world_size > 1:
+        fail(
+            f"this plan runs on {world_size} processes ({layout}), not {got}: start it with"
+            f" launch.sh or torchrun --nproc-per-node {world_size} train.py"
+        )
+    if got != str(world_size):
+        fail(f"this plan runs on 1 process, not {got}: start it with python train.py")
+    if not all(r.isdecimal() and int(r) < world_size for r in (rank, local_rank)):
+        fail(
+            f"RANK={rank}, LOCAL_RANK={local_rank}: each must be 0 to {world_size - 1}"
+        )
+    return int(rank), int(local_rank)
+
+
 def shown(path):
     """The path as a message names it: quoted when it holds a control character, with
     the file it leads to when it is a link."""
