@@ -17,6 +17,7 @@ beside it, and README.md says which holds what.
 import argparse
 import json
 import math
+import os
 import time
 
 import torch
