@@ -16,7 +16,7 @@ MODULES = (
 )
 # modules whose text does not depend on the plan: the same bytes in every plan that has
 # them, so their stamp names no plan
-SHARED = frozenset({"mesh.py", "utils.py"})
+SHARED = frozenset({"health.py", "mesh.py", "utils.py"})
 
 
 def package(view: dict) -> list[tuple[str, str]]:

@@ -51,6 +51,7 @@ AXIS_LINKS = {"dp": ("ib", 5e10), "pp": ("nvlink", 4.5e11), "tp": ("nvlink", 4.5
 # a large GEMM on one h100_sxm: its peak x 66% (the calibrated efficiency)
 GEMM_FLOPS = 6.5274e14
 GEMM_DTYPE = torch.bfloat16  # the working dtype of the plan's GEMMs
+HEALTH_CHECK = True  # --health-check's default: on for a plan of several nodes
 
 # -----------------------------------------------------------------------------
 # The gradients: which ranks sum each kind of parameter's gradient

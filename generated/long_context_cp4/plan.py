@@ -45,6 +45,7 @@ AXIS_LINKS = {"cp": ("shm", 1e10)}
 # a large GEMM on one cpu: its peak x 60% (the calibrated efficiency)
 GEMM_FLOPS = 3e11
 GEMM_DTYPE = torch.float32  # the working dtype of the plan's GEMMs
+HEALTH_CHECK = False  # --health-check's default: on for a plan of several nodes
 
 # -----------------------------------------------------------------------------
 # The gradients: which ranks sum each kind of parameter's gradient

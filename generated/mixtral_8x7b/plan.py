@@ -58,6 +58,7 @@ AXIS_LINKS = {"pp": ("ib", 5e10), "ep": ("nvlink", 4.5e11)}
 # a large GEMM on one h100_sxm: its peak x 66% (the calibrated efficiency)
 GEMM_FLOPS = 6.5274e14
 GEMM_DTYPE = torch.bfloat16  # the working dtype of the plan's GEMMs
+HEALTH_CHECK = True  # --health-check's default: on for a plan of several nodes
 WORLD_GROUP = "pp+ep"  # every rank (the router's statistics)
 
 # -----------------------------------------------------------------------------

@@ -50,6 +50,7 @@ AXIS_LINKS = {"dp": ("shm", 1e10), "ep": ("shm", 1e10)}
 # a large GEMM on one cpu: its peak x 60% (the calibrated efficiency)
 GEMM_FLOPS = 3e11
 GEMM_DTYPE = torch.float32  # the working dtype of the plan's GEMMs
+HEALTH_CHECK = False  # --health-check's default: on for a plan of several nodes
 WORLD_GROUP = "dp+ep"  # every rank (the router's statistics)
 
 # -----------------------------------------------------------------------------
