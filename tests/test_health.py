@@ -117,3 +117,13 @@ def test_the_health_check_passes_an_idle_machine_within_its_budget(tmp_path, lau
     _, _, out = launch(plan, "--steps", 1, "--health-check")
     passed = re.search(r"health check: 4 ranks passed in ([\d.]+) s", out.stdout)
     assert passed and float(passed[1]) < 5, out.stdout
+
+
+def test_a_run_dir_that_cannot_be_written_is_refused_before_the_first_step(tmp_path, launch):
+    """--run-dir where a file is: one line from each rank before training, no traceback."""
+    (tmp_path / "taken").write_text("")
+    plan = gpt2_plan(tmp_path, "pp2", tmp_path / "ck", every=1000)
+    _, _, out = launch(plan, "--run-dir", tmp_path / "taken", ok=False)
+    assert out.returncode != 0 and "step 1/" not in out.stdout
+    assert f"train.py: error: --run-dir {tmp_path / 'taken'}: is a file, not a directory" in out.stderr
+    assert 'train.py", line' not in out.stderr

@@ -267,7 +267,7 @@ def main():
         print(f"plan llama3_70b: {n_params / 1e6:.2f}M parameters", end=", ")
         print(f"{LAYOUT}, {PRECISION}, {args.device}")
     losses = []
-    check_health(args.health_check, device)  # each rank's GEMMs and each group's links
+    check_health(args.health_check, device, args.run_dir)  # GEMMs, links: health.py
     # (step, lr, the step's values on the device): the host waits for the device only in
     # the steps that read them, those that log, save or end the run
     pending, t_read = [], time.perf_counter()

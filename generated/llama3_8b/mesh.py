@@ -71,12 +71,13 @@ class Waits:
         """Seconds in each group's collectives since the last take (with NCCL, once the
         device has done the work: at a log step, after its read)."""
         spans, self.spans = self.spans, {}
-        if self.cuda:
-            return {
-                a: sum(s.elapsed_time(e) for s, e in ev) / 1e3
-                for a, ev in spans.items()
-            }
-        return spans
+        if not self.cuda:
+            return spans
+        for ev in spans.values():  # done already, unless recorded since the step's read
+            ev[-1][1].synchronize()
+        return {
+            a: sum(s.elapsed_time(e) for s, e in ev) / 1e3 for a, ev in spans.items()
+        }
 
 
 WAITS = Waits()

@@ -36,6 +36,7 @@ import torch.distributed as dist
 from mesh import CALLING, COORDS, GROUPS, WAITS
 from meter import DASHBOARD
 from plan import AXIS_LINKS, GEMM_DTYPE, GEMM_FLOPS, GROUP_AXES, HEALTH_CHECK
+from utils import output_folder
 
 # a rank whose compute between two log steps is more than this above the median of its
 # peers in a group is named: the ranks of a group run the same kernels on the same shapes, so healthy
@@ -214,10 +215,11 @@ def write_line(run_dir, name, record):
 STRAGGLERS = Stragglers()
 
 
-def check_health(enabled, device):
-    """Every rank, before the first step: the stragglers' log starts its first window,
-    and with --health-check the GEMMs and all-reduces are measured and held to the peers
-    and the plan; fail()s with one line per outlier below REFUSE."""
+def check_health(enabled, device, run_dir):
+    """Every rank, before the first step: --run-dir checked, the stragglers' log starts
+    its first window, and with --health-check the GEMMs and all-reduces are measured and
+    held to the peers and the plan; exits with one line per outlier below REFUSE."""
+    output_folder("--run-dir", run_dir)  # now, not at the first log step
     STRAGGLERS.start(device)
     if not enabled:
         return
