@@ -10,16 +10,16 @@ what it was and its own grows. Each rank's time between two log steps is what it
 waiting in each group's collectives (mesh.WAITS: host timers, or CUDA events, and no
 synchronisation of their own) plus everything else, its compute. At a log step one
 gather brings every rank's figures to every rank, and rank 0 names each rank whose
-compute is more than SLOW above the median of its peers in a group it belongs to, with its host,
-GPU, mesh coordinates, the group and the link that group crosses (plan.AXIS_LINKS): in
-the log, in RUN_DIR/stragglers.jsonl and on the dashboard; the run's last log step
-says which ranks were named how often.
+compute is more than SLOW above the median of its peers in a group it belongs to, with
+its host, GPU, mesh coordinates, the group and the link that group crosses
+(plan.AXIS_LINKS): in the log, in RUN_DIR/stragglers.jsonl and on the dashboard; the
+run's last log step says which ranks were named how often.
 
 Health check (--health-check; on by default when the plan spans several nodes). Before
 the first step every rank runs GEMMs of the plan's dtype for GEMM_SECONDS and every
-group all-reduces BANDWIDTH_BYTES a few times (the fastest counts); each figure is held to the median of its
-peers (the same GEMMs on every rank; the groups over the same axes) and, on GPUs, to
-the plan's (GEMM_FLOPS, AXIS_LINKS). Below WARN the outlier is named; below REFUSE of
+group all-reduces BANDWIDTH_BYTES a few times (the fastest counts); each figure is held
+to the median of its peers (the same GEMMs on every rank; the groups over the same
+axes) and, on GPUs, to the plan's (GEMM_FLOPS, AXIS_LINKS). Below WARN the outlier is named; below REFUSE of
 its peers' median the job does not start: one line per outlier, exit status 1. The
 plan's figures only warn: they are what the plan assumed, the peers what the job has."""
 
@@ -39,15 +39,15 @@ from plan import AXIS_LINKS, GEMM_DTYPE, GEMM_FLOPS, GROUP_AXES, HEALTH_CHECK
 from utils import output_folder
 
 # a rank whose compute between two log steps is more than this above the median of its
-# peers in a group is named: the ranks of a group run the same kernels on the same shapes, so healthy
-# ones differ by a few per cent, while a throttled GPU, a slow host or a busy core costs
-# 20 % and more; and 20 % of every step is a fifth of the whole job's time
+# peers in a group is named: the ranks of a group run the same kernels on the same
+# shapes, so healthy ones differ by a few per cent, while a throttled GPU, a slow host or
+# a busy core costs 20 % and more; and 20 % of every step is a fifth of the job's time
 SLOW = 0.20
-MIN_SECONDS = (
-    1e-3  # compute below this is timer noise: the ratios are taken to it at least
-)
+MIN_SECONDS = 1e-3  # compute below this is timer noise: ratios are taken to it
 GEMM_SECONDS = 1.0  # each rank's GEMMs run this long (the check's time budget: a few s)
-BANDWIDTH_BYTES = 16 * 2**20  # all-reduced by each group, BANDWIDTH_ROUNDS times
+# all-reduced by each group, BANDWIDTH_ROUNDS times: on GPUs enough for NCCL's bus
+# bandwidth to near the link's (a millisecond or so a round), on CPUs a gloo's few
+BANDWIDTH_BYTES = {"cuda": 128 * 2**20, "cpu": 16 * 2**20}
 BANDWIDTH_ROUNDS = 4
 WARN = 0.8  # of the peers' median (or of the plan's figure): named, the job starts
 REFUSE = 0.5  # of the peers' median: named, the job does not start
@@ -173,8 +173,8 @@ class Stragglers:
 def slow_ranks(ranks):
     """The ranks whose compute is more than SLOW above the median of their peers' in a
     group of theirs (the other members': in a pair, the one peer, where the whole
-    group's median would hide half the gap), each with those groups:
-    [{rank, host, gpu, coords, compute, groups: [...]}]."""
+    group's median would hide half the gap), each with those groups and its waits:
+    [{rank, host, gpu, coords, compute, groups: [...], waits: {group: seconds}}]."""
     found = {}
     seen = {(k, tuple(m)) for r in ranks for k, m in r["groups"].items()}
     for key, members in sorted(seen):
@@ -185,7 +185,11 @@ def slow_ranks(ranks):
                 row = found.setdefault(
                     m,
                     {k: ranks[m][k] for k in ("rank", "host", "gpu", "coords")}
-                    | {"compute": round(ranks[m]["compute"], 4), "groups": []},
+                    | {
+                        "compute": round(ranks[m]["compute"], 4),
+                        "groups": [],
+                        "waits": {k: round(v, 4) for k, v in ranks[m]["waits"].items()},
+                    },
                 )
                 row["groups"].append(
                     {
@@ -257,7 +261,7 @@ def check_health(enabled, device, run_dir):
 def gemm_rate(device):
     """FLOP/s of n x n GEMMs in the plan's dtype (fp32 on a CPU) run for GEMM_SECONDS,
     every rank in the same window."""
-    n = 4096 if device.type == "cuda" else 256
+    n = 8192 if device.type == "cuda" else 256  # a large GEMM, as GEMM_FLOPS is
     dtype = GEMM_DTYPE if device.type == "cuda" else torch.float32
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
@@ -278,7 +282,7 @@ def bandwidths(device):
     """{group key: bus bandwidth of its all-reduce, bytes/s}, as nccl-tests counts it
     (2 (n - 1) / n of the bytes per rank), in the fastest of BANDWIDTH_ROUNDS: a busy
     moment only adds time."""
-    x = torch.ones(BANDWIDTH_BYTES // 4, device=device)
+    x = torch.ones(BANDWIDTH_BYTES[device.type] // 4, device=device)
     out = {}
     for key, members in groups().items():
         n = len(members)
