@@ -43,6 +43,9 @@ pytestmark = pytest.mark.slow
 CLUSTERS = Path(__file__).resolve().parent / "golden" / "clusters.plan"
 INJECT = '''
 import os, signal, time
+if "RANK" in os.environ and os.environ.get("PID_DIR"):  # for a test that stops a rank
+    with open(os.path.join(os.environ["PID_DIR"], os.environ["RANK"]), "w") as f:
+        f.write(str(os.getpid()))
 if "RANK" in os.environ and os.environ.get("FAIL_AT_SAVE"):
     import torch.distributed.checkpoint as dcp
     real, calls = dcp.save, [0]
@@ -79,14 +82,16 @@ LAYOUTS = {  # 4-layer gpt2 with tied embeddings: name -> (cluster, mesh and par
     "dp2_tp2": ("cpu4", "mesh { dp = 2 on shm; tp = 2 on shm }"),
     "pp2_tp2": ("cpu4", "mesh { pp = 2 on shm; tp = 2 on shm }\n tensor_parallel { sequence_parallel = true }"),
     "dp2_zero3": ("cpu2", "mesh { dp = 2 on shm }\n data_parallel { zero = 3 }"),
+    "pp2": ("cpu2", "mesh { pp = 2 on shm }"),
 }
 
 
-def gpt2_plan(tmp_path: Path, layout: str, ck: Path, extra="", train="", every=2, precision="fp32"):
+def gpt2_plan(tmp_path: Path, layout: str, ck: Path, extra="", train="", every=2, precision="fp32",
+              model="layers = 4; hidden = 64; heads = 4; vocab = 250; seq_len = 32"):
     cluster, mesh = LAYOUTS[layout]
     text = f"""
 import "{CLUSTERS}"
-model gpt2_4 {{ arch = gpt2; layers = 4; hidden = 64; heads = 4; vocab = 250; seq_len = 32 }}
+model gpt2_4 {{ arch = gpt2; {model} }}
 plan ck_{layout} {{
     model = gpt2_4
     cluster = {cluster}

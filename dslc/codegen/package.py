@@ -12,11 +12,11 @@ from __future__ import annotations
 MODULES = (
     "train.py", "checkpoint.py", "checkpoint_files.py", "data.py", "hf_init.py", "hf.py", "optimizer.py",
     "data_parallel.py", "host_optimizer.py", "pipeline_parallel.py", "model.py", "moe.py", "expert_parallel.py",
-    "context_parallel.py", "tensor_parallel.py", "layers.py", "activation_offload.py", "zero_bubble.py", "float8.py", "watchdog.py", "mesh.py", "meter.py", "plan.py", "utils.py",
+    "context_parallel.py", "tensor_parallel.py", "layers.py", "activation_offload.py", "zero_bubble.py", "float8.py", "watchdog.py", "health.py", "mesh.py", "meter.py", "plan.py", "utils.py",
 )
 # modules whose text does not depend on the plan: the same bytes in every plan that has
 # them, so their stamp names no plan
-SHARED = frozenset({"mesh.py", "utils.py", "watchdog.py"})
+SHARED = frozenset({"health.py", "mesh.py", "utils.py", "watchdog.py"})
 
 
 def package(view: dict) -> list[tuple[str, str]]:
@@ -33,6 +33,7 @@ def package(view: dict) -> list[tuple[str, str]]:
         ("layers.py", "its parameters and leaf layers", True),
         ("moe.py", "the mixture-of-experts layer: router, experts, router losses", view["moe"]),
         ("mesh.py", "process groups and the collectives", view["distributed"]),
+        ("health.py", "the stragglers named at log steps; --health-check before the first step", view["distributed"]),
         ("tensor_parallel.py", "tp" + (" and sp" if view["sequence_parallel"] else "") + ": Megatron's parallel layers", view["tensor_parallel"]),
         ("context_parallel.py", "cp: " + ("ring attention" if view["ring"] else "Ulysses' all-to-alls"), view["context_parallel"]),
         ("expert_parallel.py", "ep: GShard's dispatch and combine", view["expert_parallel"]),

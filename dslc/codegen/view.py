@@ -29,6 +29,7 @@ from ..ir import Plan
 from .errors import Unsupported
 from .float8 import float8_view
 from .grads import grads_view, kinds, norm_groups, zero_stage
+from .health import health_view
 from .hf import hf_view
 from .launchers import launcher_view
 from .literals import comment_safe, identifier, number
@@ -54,9 +55,7 @@ def view_model(plan: Plan, root: Path = DEFAULT_ROOT) -> dict:
     view = {
         "plan_name": name,
         **_stamp(plan, Path(root)),
-        **_parallel(plan),
-        **pipeline_view(plan),
-        **_model(plan),
+        **_parallel(plan), **pipeline_view(plan), **_model(plan),
         **_experts(plan), **_context(plan), **_training(plan), **float8_view(plan), **offload_view(plan),
         **_checkpoint(plan),
         **_data(plan, Path(root) / name),
@@ -65,6 +64,7 @@ def view_model(plan: Plan, root: Path = DEFAULT_ROOT) -> dict:
     }
     # schedule.json, the data files and init's checkpoint (unless absolute) are found from the script's folder
     view["needs_script_dir"] = view["pipeline_parallel"] or view["reads_files"] or view["hf_init"]
+    view |= health_view(plan, view["param_dtype"], view["multi_node"])
     view["package"] = package(view)
     return view
 

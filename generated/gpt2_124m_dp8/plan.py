@@ -39,6 +39,13 @@ TP = 1  # tensor parallel
 TIMEOUT = datetime.timedelta(seconds=600.0)
 # the plan, as dslc compile was given it: dslc doctor reads it with a hang's state (watchdog.py)
 PLAN_NAME, PLAN_FILE = "gpt2_124m_dp8", "plans/gpt2_124m_dp8.plan"
+# what the plan's cluster promises (health.py holds the run to it): the link each mesh
+# axis's groups cross and its bandwidth, bytes/s each way, as dslc explain times them
+AXIS_LINKS = {"dp": ("nvlink", 4.5e11)}
+# a large GEMM on one h100_sxm: its peak x 66% (the calibrated efficiency)
+GEMM_FLOPS = 6.5274e14
+GEMM_DTYPE = torch.bfloat16  # the working dtype of the plan's GEMMs
+HEALTH_CHECK = False  # --health-check's default: on for a plan of several nodes
 
 # -----------------------------------------------------------------------------
 # The gradients: which ranks sum each kind of parameter's gradient

@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from mesh import CALLING, COORDS, GROUPS
 from plan import MESH, PLAN_FILE, PLAN_NAME, TIMEOUT, WORLD_SIZE
-from utils import fail, write_json
+from utils import fail, file_name, write_json
 
 STEP_FACTOR = 5  # a step may take this many times the slowest recent one
 RECENT = 10  # steps
@@ -47,7 +47,14 @@ class Watchdog:
         self.last, self.in_step, self.recent = time.monotonic(), False, []
         self.store, self.fired = None, threading.Event()
 
-    def add_flag(self, parser):
+    def add_flags(self, parser, run_dir):
+        parser.add_argument(
+            "--run-dir",
+            metavar="DIR",
+            type=file_name,
+            default=run_dir,
+            help="what the run writes of itself: stragglers, a hang's state (default: %(default)s)",
+        )
         parser.add_argument(
             "--watchdog-limit",
             metavar="SECONDS",

@@ -26,6 +26,7 @@ import torch.distributed.checkpoint as dcp
 
 from checkpoint import Checkpoints
 from data_parallel import GradientBuckets
+from health import STRAGGLERS, add_health_flags, check_health
 from hf import add_export_flags, check_export_folder, export_hf, gather_weights
 from mesh import (
     COORDS,
@@ -101,14 +102,7 @@ parser.add_argument(
     default=CHECKPOINT_DIR,
     help="where checkpoints go (default: %(default)s)",
 )
-parser.add_argument(
-    "--run-dir",
-    metavar="DIR",
-    type=file_name,
-    default=RUN_DIR,
-    help="what the run writes of itself: stragglers, a hang's state (default: %(default)s)",
-)
-WATCHDOG.add_flag(parser)  # --watchdog-limit SECONDS (watchdog.py)
+WATCHDOG.add_flags(parser, RUN_DIR)  # --run-dir, --watchdog-limit (watchdog.py)
 outputs = {  # written after training, so refused now if they cannot be
     "--dump-losses": "the global loss of every step, as JSON",
     "--dump-weights": "the full weights, gathered (torch.save)",
@@ -118,6 +112,7 @@ outputs = {  # written after training, so refused now if they cannot be
 for flag, what in outputs.items():
     parser.add_argument(flag, metavar="FILE", type=file_name, help="write " + what)
 add_export_flags(parser)  # --export-hf DIR, --export-dtype, --export-shard-size (hf.py)
+add_health_flags(parser)  # --health-check (health.py)
 parser.add_argument(
     "--tensorboard", metavar="DIR", type=file_name, help="log to TensorBoard, in DIR"
 )
@@ -267,6 +262,7 @@ def main():
         print(f"plan llama3_8b: {n_params / 1e6:.2f}M parameters", end=", ")
         print(f"{LAYOUT}, {PRECISION}, {args.device}")
     losses = []
+    check_health(args.health_check, device, args.run_dir)  # GEMMs, links: health.py
     # (step, lr, the step's values on the device): the host waits for the device only in
     # the steps that read them, those that log, save or end the run
     pending, t_read = [], time.perf_counter()
@@ -305,6 +301,7 @@ def main():
                 line += f" | mfu {mfu:.1%} | peak mem {peak:.2f} GiB"
             print(line, flush=True)
             DASHBOARD.log(step + 1, loss, lr, norm, dt, mfu, peak)
+        STRAGGLERS.log(step + 1, args.steps, args.run_dir, due=logs)
         t_read = time.perf_counter()
     checkpoints.finish_saving()  # the last checkpoint, committed before exit
     if METER.on:

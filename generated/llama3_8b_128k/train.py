@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from context_parallel import positions
 from data_parallel import GradientBuckets
+from health import STRAGGLERS, add_health_flags, check_health
 from hf import add_export_flags, check_export_folder, export_hf, gather_weights
 from mesh import (
     COORDS,
@@ -90,14 +91,7 @@ parser.add_argument("--log-every", type=int, default=1, metavar="N")
 parser.add_argument("--device", choices=["cpu", "cuda"], help="cuda if present")
 parser.add_argument("--share-gpu", action="store_true", help="all ranks on one GPU")
 parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=COMPILE)
-parser.add_argument(
-    "--run-dir",
-    metavar="DIR",
-    type=file_name,
-    default=RUN_DIR,
-    help="what the run writes of itself: stragglers, a hang's state (default: %(default)s)",
-)
-WATCHDOG.add_flag(parser)  # --watchdog-limit SECONDS (watchdog.py)
+WATCHDOG.add_flags(parser, RUN_DIR)  # --run-dir, --watchdog-limit (watchdog.py)
 outputs = {  # written after training, so refused now if they cannot be
     "--dump-losses": "the global loss of every step, as JSON",
     "--dump-weights": "the full weights, gathered (torch.save)",
@@ -106,6 +100,7 @@ outputs = {  # written after training, so refused now if they cannot be
 for flag, what in outputs.items():
     parser.add_argument(flag, metavar="FILE", type=file_name, help="write " + what)
 add_export_flags(parser)  # --export-hf DIR, --export-dtype, --export-shard-size (hf.py)
+add_health_flags(parser)  # --health-check (health.py)
 parser.add_argument(
     "--tensorboard", metavar="DIR", type=file_name, help="log to TensorBoard, in DIR"
 )
@@ -227,6 +222,7 @@ def main():
         print(f"plan llama3_8b_128k: {n_params / 1e6:.2f}M parameters", end=", ")
         print(f"{LAYOUT}, {PRECISION}, {args.device}")
     losses = []
+    check_health(args.health_check, device, args.run_dir)  # GEMMs, links: health.py
     # (step, lr, the step's values on the device): the host waits for the device only in
     # the steps that read them, those that log or end the run
     pending, t_read = [], time.perf_counter()
@@ -258,6 +254,7 @@ def main():
                 line += f" | mfu {mfu:.1%} | peak mem {peak:.2f} GiB"
             print(line, flush=True)
             DASHBOARD.log(step + 1, loss, lr, norm, dt, mfu, peak)
+        STRAGGLERS.log(step + 1, args.steps, args.run_dir, due=logs)
         t_read = time.perf_counter()
     if METER.on:
         METER.step = None

@@ -11,7 +11,8 @@ GROUPS, this rank's process group over each set of axes that something is reduce
 Every collective of the parallel modules goes through the functions below, so that
 --measure counts what is sent by group and kind in one place (scalar=True: the logged
 loss and grad norm, and bookkeeping, which dslc explain does not predict), and a failed
-one is named: CALLING holds what this rank last entered.
+one is named: CALLING holds what this rank last entered. WAITS times each call and each
+of its handles' wait() by group, for the stragglers' log (health.py).
 
 With --share-gpu (STAGED[0]) the ranks share a GPU, which NCCL refuses: the groups are
 gloo's, and every collective and message runs on host copies of its tensors, the results
@@ -20,6 +21,7 @@ correctness runs of a parallel plan on one GPU, not for speed."""
 
 import math
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -31,6 +33,66 @@ GROUPS = {}  # "tp", "dp+cp", ...: this rank's process group over those axes
 COORDS = {}  # "tp": this rank's coordinate on that axis
 CALLING = ["the process groups' set-up"]
 STAGED = [False]  # --share-gpu: every collective and message through host memory
+
+
+class Waits:
+    """The time this rank spends in each group's collectives ("tp", "pp", ...), for the
+    stragglers' log: the host's clock around each call and each of its handles' wait(),
+    or with NCCL CUDA events on the current stream, read at a log step after the host
+    has waited for the device. It adds no synchronisation; a compiled graph's
+    collectives are not timed."""
+
+    def __init__(self):
+        self.cuda = False  # NCCL: the device's time, not the host's
+        self.spans = {}  # group -> seconds (with NCCL: [(start, end) events])
+
+    def mark(self):
+        if torch.compiler.is_compiling():
+            return None
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def done(self, axis, start, result=None, async_op=False):
+        """result, after the time since start is added to axis's; a work handle's wait()
+        is timed too."""
+        end = self.mark() if start is not None else None
+        if end is None:
+            return result
+        if self.cuda:
+            self.spans.setdefault(axis, []).append((start, end))
+        else:
+            self.spans[axis] = self.spans.get(axis, 0.0) + end - start
+        return Timed(result, axis) if async_op and result is not None else result
+
+    def take(self):
+        """Seconds in each group's collectives since the last take (with NCCL, once the
+        device has done the work: at a log step, after its read)."""
+        spans, self.spans = self.spans, {}
+        if not self.cuda:
+            return spans
+        for ev in spans.values():  # done already, unless recorded since the step's read
+            ev[-1][1].synchronize()
+        return {
+            a: sum(s.elapsed_time(e) for s, e in ev) / 1e3 for a, ev in spans.items()
+        }
+
+
+WAITS = Waits()
+
+
+class Timed:
+    """A work handle whose wait() WAITS times, as the group's."""
+
+    def __init__(self, work, axis):
+        self.work, self.axis = work, axis
+
+    def wait(self):
+        start = WAITS.mark()
+        self.work.wait()
+        WAITS.done(self.axis, start)
 
 
 def rank_gpu(local_rank, share_gpu):
@@ -49,6 +111,7 @@ def init_process_group(rank, world_size, timeout, device, share_gpu):
     GPUs, gloo on CPUs and with --share-gpu, which stages every collective (STAGED)."""
     backend = "nccl" if device == "cuda" and not share_gpu else "gloo"
     STAGED[0] = share_gpu
+    WAITS.cuda = backend == "nccl"
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     if attempt == "0":
         dist.init_process_group(backend, timeout=timeout)
@@ -94,10 +157,11 @@ def build_process_groups(rank, mesh, group_axes, timeout, group_mesh=None):
 
 def all_reduce(x, axis, op=dist.ReduceOp.SUM, async_op=False, scalar=False):
     """In place: x becomes the reduction of x over the group."""
-    CALLING[0] = f"all_reduce over {axis}"
+    CALLING[0], start = f"all_reduce over {axis}", WAITS.mark()
     if METER.on:
         METER.count(axis, "all_reduce", x.nbytes, scalar)
-    return staged(dist.all_reduce, [x], [], async_op, op=op, group=GROUPS[axis])
+    work = staged(dist.all_reduce, [x], [], async_op, op=op, group=GROUPS[axis])
+    return WAITS.done(axis, start, work, async_op)
 
 
 def all_gather(x, axis, dim, out=None, async_op=False, scalar=False):
@@ -105,31 +169,31 @@ def all_gather(x, axis, dim, out=None, async_op=False, scalar=False):
     dim 0 of a contiguous buffer; with async_op, the work handle instead)."""
     group = GROUPS[axis]
     n = dist.get_world_size(group)
-    CALLING[0] = f"all_gather over {axis}"
+    CALLING[0], start = f"all_gather over {axis}", WAITS.mark()
     if METER.on:  # the payload is the gathered output
         METER.count(axis, "all_gather", x.nbytes * n, scalar)
     if out is not None:
         work = staged(dist.all_gather_into_tensor, [out], [x], async_op, group=group)
-        return work if async_op else out
+        return WAITS.done(axis, start, work if async_op else out, async_op)
     parts = [torch.empty_like(x) for _ in range(n)]
     staged(dist.all_gather, [parts], [x.contiguous()], group=group)
-    return torch.cat(parts, dim=dim)
+    return WAITS.done(axis, start, torch.cat(parts, dim=dim))
 
 
 def reduce_scatter(x, axis, dim, out=None, async_op=False):
     """x summed over the group, of which this rank keeps its chunk along dim (into `out`
     if given: dim 0 of a contiguous buffer); with async_op, the work handle instead."""
-    CALLING[0] = f"reduce_scatter over {axis}"
+    CALLING[0], start = f"reduce_scatter over {axis}", WAITS.mark()
     if METER.on:  # the payload is the full input
         METER.count(axis, "reduce_scatter", x.nbytes)
     group = GROUPS[axis]
     if out is not None:  # one call, no copy
         work = staged(dist.reduce_scatter_tensor, [out], [x], async_op, group=group)
-        return work if async_op else out
+        return WAITS.done(axis, start, work if async_op else out, async_op)
     parts = [p.contiguous() for p in x.chunk(dist.get_world_size(group), dim=dim)]
     out = torch.empty_like(parts[0])
     work = staged(dist.reduce_scatter, [out], [parts], async_op, group=group)
-    return work if async_op else out
+    return WAITS.done(axis, start, work if async_op else out, async_op)
 
 
 def all_to_all(
@@ -151,18 +215,18 @@ def all_to_all(
 def isend(x, peer, group):
     """Starts sending x to global rank peer (dist.isend; staged: a host copy of x)."""
     if not STAGED[0]:
-        return dist.isend(x, peer, group)
+        return Timed(dist.isend(x, peer, group), group_name(group))
     copy = to_host(x)
-    return Staged(dist.isend(copy, peer, group), [], copy)
+    return Timed(Staged(dist.isend(copy, peer, group), [], copy), group_name(group))
 
 
 def irecv(x, peer, group):
     """Starts receiving x from global rank peer (dist.irecv; staged: into a host buffer,
     copied into x by the handle's wait())."""
     if not STAGED[0]:
-        return dist.irecv(x, peer, group)
+        return Timed(dist.irecv(x, peer, group), group_name(group))
     copy = to_host(x)
-    return Staged(dist.irecv(copy, peer, group), [(x, copy)])
+    return Timed(Staged(dist.irecv(copy, peer, group), [(x, copy)]), group_name(group))
 
 
 def recv(x, peer, group):
@@ -174,11 +238,17 @@ def batch_isend_irecv(ops):
     """dist.batch_isend_irecv of [dist.P2POp]: their handles. Staged, each op is posted on
     its own, as gloo posts a batch (it does not coalesce), on host copies."""
     if not STAGED[0]:
-        return dist.batch_isend_irecv(ops)
+        name = group_name(ops[0].group) if ops else None
+        return [Timed(w, name) for w in dist.batch_isend_irecv(ops)]
     return [
         (isend if op.op is dist.isend else irecv)(op.tensor, op.peer, op.group)
         for op in ops
     ]
+
+
+def group_name(group):
+    """group's key in GROUPS ("pp", ...), for WAITS."""
+    return next((k for k, g in GROUPS.items() if g is group), "world")
 
 
 def to_host(x):

@@ -8,6 +8,8 @@ optimizer's in optimizer.py."""
 import datetime
 import math
 
+import torch
+
 # -----------------------------------------------------------------------------
 # The model: Llama (RMSNorm, rotary positions, SwiGLU MLP, grouped-query attention)
 N_LAYER = 2
@@ -39,6 +41,13 @@ CP = 4  # context parallel: ring attention
 TIMEOUT = datetime.timedelta(seconds=600.0)
 # the plan, as dslc compile was given it: dslc doctor reads it with a hang's state (watchdog.py)
 PLAN_NAME, PLAN_FILE = "long_context_cp4", "plans/long_context.plan"
+# what the plan's cluster promises (health.py holds the run to it): the link each mesh
+# axis's groups cross and its bandwidth, bytes/s each way, as dslc explain times them
+AXIS_LINKS = {"cp": ("shm", 1e10)}
+# a large GEMM on one cpu: its peak x 60% (the calibrated efficiency)
+GEMM_FLOPS = 3e11
+GEMM_DTYPE = torch.float32  # the working dtype of the plan's GEMMs
+HEALTH_CHECK = False  # --health-check's default: on for a plan of several nodes
 
 # -----------------------------------------------------------------------------
 # The gradients: which ranks sum each kind of parameter's gradient

@@ -48,7 +48,6 @@ DATA_ROOT = "../../data"  # the data files' folder, relative to this file (--dat
 DATA = [
     (1.0, "text", "verse.txt", "uint8"),
 ]
-RUN_DIR = os.path.join("runs", "long_context_serial")  # --run-dir
 COMPILE = None  # torch.compile each block; None: on CUDA, not on CPU
 # forward and backward, attention causal, as dslc explain counts
 MODEL_FLOPS_PER_TOKEN = 2_408_448
@@ -72,13 +71,6 @@ parser.add_argument(
     metavar="DIR",
     type=file_name,
     help="where DATA_ROOT is (a pod's data volume)",
-)
-parser.add_argument(
-    "--run-dir",
-    metavar="DIR",
-    type=file_name,
-    default=RUN_DIR,
-    help="what the run writes of itself: stragglers, a hang's state (default: %(default)s)",
 )
 outputs = {  # written after training, so refused now if they cannot be
     "--dump-losses": "the global loss of every step, as JSON",

@@ -54,6 +54,13 @@ CHUNK_RANKS = (0, 1, 2, 3)
 TIMEOUT = datetime.timedelta(seconds=600.0)
 # the plan, as dslc compile was given it: dslc doctor reads it with a hang's state (watchdog.py)
 PLAN_NAME, PLAN_FILE = "mixtral_8x7b", "plans/mixtral_8x7b.plan"
+# what the plan's cluster promises (health.py holds the run to it): the link each mesh
+# axis's groups cross and its bandwidth, bytes/s each way, as dslc explain times them
+AXIS_LINKS = {"pp": ("ib", 5e10), "ep": ("nvlink", 4.5e11)}
+# a large GEMM on one h100_sxm: its peak x 66% (the calibrated efficiency)
+GEMM_FLOPS = 6.5274e14
+GEMM_DTYPE = torch.bfloat16  # the working dtype of the plan's GEMMs
+HEALTH_CHECK = True  # --health-check's default: on for a plan of several nodes
 WORLD_GROUP = "pp+ep"  # every rank (the router's statistics)
 
 # -----------------------------------------------------------------------------
