@@ -213,7 +213,7 @@ def write_line(run_dir, name, record):
     """Appends record to run_dir/name as a JSON line (the folder made when first written)."""
     os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, name), "a") as f:
-        f.write(json.dumps(record) + "\n")
+        f.write(json.dumps(record, allow_nan=False) + "\n")
 
 
 STRAGGLERS = Stragglers()
