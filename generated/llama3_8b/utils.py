@@ -125,13 +125,16 @@ def launched(world_size, layout):
     env = [os.environ.get(k, "unset") for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK")]
     # without torchrun: one process
     got, rank, local_rank = ["1", "0", "0"] if env == ["unset"] * 3 else env
-    if got != str(world_size) and world_size > 1:
-        fail(
-            f"this plan runs on {world_size} processes ({layout}), not {got}: start it with"
-            f" launch.sh or torchrun --nproc-per-node {world_size} train.py"
-        )
     if got != str(world_size):
-        fail(f"this plan runs on 1 process, not {got}: start it with python train.py")
+        runs, start = (
+            (
+                f"{world_size} processes ({layout})",
+                f"launch.sh or torchrun --nproc-per-node {world_size} train.py",
+            )
+            if world_size > 1
+            else ("1 process", "python train.py")
+        )
+        fail(f"this plan runs on {runs}, not {got}: start it with {start}")
     if not all(r.isdecimal() and int(r) < world_size for r in (rank, local_rank)):
         fail(
             f"RANK={rank}, LOCAL_RANK={local_rank}: each must be 0 to {world_size - 1}"
